@@ -1,0 +1,119 @@
+// hopper-attention: the public C++ API.
+//
+// One function computes forward attention with any registered kernel:
+//
+//   O   = softmax(scale * Q K^T + mask) V
+//   LSE = log(sum_j exp(scale * q.k_j + mask_j))      (natural log, per query row)
+//
+// Tensors live on the GPU in BSHD layout, as FlashAttention-3 and diffusers pass them.
+// Every call validates its arguments first and returns a Status whose message names the
+// offending argument; nothing is launched or written when the status is not ok.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hattn {
+
+enum class DType : int { bf16 = 0, fp16 = 1 };
+
+const char* dtype_name(DType dtype);
+// Bytes per element of `dtype`.
+int dtype_size(DType dtype);
+
+enum class StatusCode : int {
+  ok = 0,
+  invalid_argument,  // the problem itself is malformed (bad shape, pointer, stride, ...)
+  not_supported,     // well-formed, but the chosen kernel (or any kernel, for "auto") can't run it
+  no_device,         // no usable CUDA device (none present, or not Hopper sm_90)
+  cuda_error,        // a CUDA call failed; the message carries the CUDA error string
+};
+
+const char* status_code_name(StatusCode code);
+
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return {}; }
+
+  bool ok() const { return code_ == StatusCode::ok; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "invalid_argument: q: pointer is null" style, for logs and exceptions.
+  std::string to_string() const;
+
+ private:
+  StatusCode code_ = StatusCode::ok;
+  std::string message_;
+};
+
+// Element strides of a BSHD tensor; the last (D) dimension is always contiguous.
+struct Strides {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t head = 0;
+};
+
+// Strides of a contiguous [B, S, H, D] tensor.
+Strides contiguous_bshd(int seqlen, int heads, int head_dim);
+
+struct AttentionProblem {
+  DType dtype = DType::bf16;  // q, k, v and out share it
+  int batch = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int heads_q = 0;
+  int heads_kv = 0;  // heads_q % heads_kv == 0: query head h reads kv head h / (heads_q / heads_kv)
+  int head_dim = 0;  // 64, 128 or 256
+
+  const void* q = nullptr;  // [B, Sq, Hq, D]
+  Strides q_strides;
+  const void* k = nullptr;  // [B, Sk, Hkv, D]
+  Strides k_strides;
+  const void* v = nullptr;  // [B, Sk, Hkv, D]
+  Strides v_strides;
+  void* out = nullptr;  // [B, Sq, Hq, D], same dtype as q
+  Strides out_strides;
+  float* lse = nullptr;  // optional [B, Hq, Sq] contiguous fp32; -inf for a fully masked row
+
+  std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
+  // Causal mask aligned to the bottom-right corner: query i sees key j iff
+  // j <= i + (seqlen_k - seqlen_q). Rows that see no key get output 0 and LSE -inf.
+  bool causal = false;
+
+  float scale() const;
+};
+
+struct Options {
+  std::string kernel = "auto";  // a registered kernel's name, or "auto" for the best that supports the problem
+  cudaStream_t stream = nullptr;
+};
+
+// Validates `problem`, picks the kernel and launches it on `options.stream`. Asynchronous:
+// no host synchronization; launch errors are reported, execution errors surface on the stream.
+Status forward(const AttentionProblem& problem, const Options& options = {});
+
+// The same checks as forward() (arguments, kernel support, device), without launching.
+Status check(const AttentionProblem& problem, const std::string& kernel = "auto");
+
+// Checks of the arguments alone: shapes, dtype, pointers' nullness and alignment, strides.
+// Needs no GPU.
+Status validate_arguments(const AttentionProblem& problem);
+
+// Which kernel "auto" (or a given name) resolves to for this problem, without launching.
+Status resolve_kernel(const AttentionProblem& problem, const std::string& kernel, std::string* resolved);
+
+struct KernelInfo {
+  std::string name;         // e.g. "01_naive"
+  std::string description;  // one line: the step's main idea
+};
+
+// The registered kernels in lineage order (the last is the default for "auto").
+std::vector<KernelInfo> kernels();
+
+}  // namespace hattn

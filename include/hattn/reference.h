@@ -1,0 +1,42 @@
+// Attention on the CPU: an fp64 reference, and a same-precision emulation that sets the
+// error budget a GPU kernel is held to (FlashAttention's testing rule: a kernel's error
+// against fp64 may be about twice that of a straightforward low-precision implementation).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hattn/hattn.h"
+
+namespace hattn::ref {
+
+// bf16/fp16 bit patterns <-> float, round to nearest even.
+uint16_t float_to_bits(float x, DType dtype);
+float bits_to_float(uint16_t bits, DType dtype);
+
+// A problem whose tensors live on the host as float (values already rounded to the dtype),
+// in BSHD layout with the given element strides (last dim contiguous).
+struct HostProblem {
+  int batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  const float* q = nullptr;  // [B, Sq, Hq, D]
+  Strides q_strides;
+  const float* k = nullptr;  // [B, Sk, Hkv, D]
+  Strides k_strides;
+  const float* v = nullptr;  // [B, Sk, Hkv, D]
+  Strides v_strides;
+  float scale = 0.f;
+  bool causal = false;
+};
+
+// One output row in fp64: out[0..D) and the natural-log LSE (-inf, and a zero row, when the
+// causal mask hides every key from query i).
+void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, double* lse);
+
+// One output row the way a plain bf16/fp16 implementation computes it: fp32 scores and sums,
+// P rounded to `dtype` before the PV product, the output rounded to `dtype`.
+void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, float* out, float* lse);
+
+// Whole problem in fp64: out [B, Sq, Hq, D] and lse [B, Hq, Sq], both contiguous.
+void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<double>* lse);
+
+}  // namespace hattn::ref

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The main job: build, run the GPU tests and benchmark the lineage, in one go.
+#
+#   scripts/gpu_run.sh [OUT_DIR]
+#
+# Full logs go to OUT_DIR (default: $OUT when set, else build/gpu_run); a compact summary is
+# printed last. Without a Hopper GPU it builds, says so, and stops.
+#
+# Environment knobs:
+#   BENCH_ARGS       extra hattn-bench flags (default: the full grid, all kernels)
+#   GTEST_FILTER     restrict the GPU tests (default: all)
+#   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip the benchmark
+#   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
+#   PYTHON=1         also build the Python package and run its tests and benchmark
+#   PY_BENCH_ARGS    flags for python -m hattn.bench
+#   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-build/gpu_run}}
+mkdir -p "$out"
+export HATTN_COMMIT=${HATTN_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+jobs=$(nproc 2>/dev/null || echo 2)
+summary=()
+note() { summary+=("$*"); echo "== $*"; }
+
+# --- machine --------------------------------------------------------------------------------
+{ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv 2>&1; nvcc --version | tail -1; } |
+  tee "$out/machine.txt"
+
+# --- build (ptxas report kept for registers and spills) --------------------------------------
+build=build-gpu
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHATTN_PTXAS_VERBOSE=ON >"$out/build.log" 2>&1 &&
+  cmake --build "$build" -j "$jobs" >>"$out/build.log" 2>&1
+if [ $? -ne 0 ]; then
+  tail -40 "$out/build.log"
+  echo "BUILD FAILED (log: $out/build.log)"
+  exit 1
+fi
+note "build ok ($(grep -c 'registers' "$out/build.log") ptxas reports in build.log)"
+# Register/spill report per kernel: the function name line followed by its usage lines.
+grep -E "Compiling entry function|registers|spill" "$out/build.log" >"$out/ptxas.txt" || true
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "No NVIDIA GPU here: built everything; GPU tests and the benchmark need an H100/H200 (sm_90)."
+  exit 0
+fi
+
+# --- disassembly: which MMA instructions each kernel uses, and no local memory -------------
+if command -v cuobjdump >/dev/null; then
+  cuobjdump --dump-sass "$build/libhattn.a" >"$out/sass.txt" 2>&1 || true
+  python3 - "$out/sass.txt" >"$out/sass_summary.txt" <<'PY'
+import re, sys, collections
+counts = collections.OrderedDict(); fn = None
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"Function : (\S+)", line)
+    if m: fn = m.group(1); counts[fn] = collections.Counter(); continue
+    if fn:
+        for op in ("HGMMA", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "FFMA", "LDL", "STL", "SYNCS"):
+            if re.search(r"\b%s\b" % op, line): counts[fn][op] += 1
+for fn, c in counts.items():
+    print(f"{fn[:90]:90s} " + " ".join(f"{k}={v}" for k, v in sorted(c.items())))
+PY
+  note "sass: $(wc -l <"$out/sass_summary.txt") kernels summarized in sass_summary.txt"
+fi
+
+# --- GPU tests -------------------------------------------------------------------------------
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  "$build/hattn_tests" --gtest_filter="${GTEST_FILTER:-*}" --gtest_brief=1 >"$out/tests.log" 2>&1
+  rc=$?
+  tail -5 "$out/tests.log"
+  grep -E "^\[  FAILED  \]" "$out/tests.log" | head -20
+  note "gtest: rc=$rc, $(grep -Eo '[0-9]+ tests?, listed below' "$out/tests.log" | head -1 || true) $(grep -E '^\[  PASSED  \]' "$out/tests.log")"
+fi
+
+# --- sanitizers on small shapes ----------------------------------------------------------------
+if [ "${SANITIZE:-0}" = 1 ]; then
+  filter='AllKernels/KernelTest.MatchesFp64Reference/*_[4-7]_*'
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 "$build/hattn_tests" --gtest_filter="$filter" \
+      >"$out/sanitizer_$tool.log" 2>&1
+    note "compute-sanitizer $tool: rc=$? ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?' "$out/sanitizer_$tool.log" | tail -1))"
+  done
+fi
+
+# --- benchmark ---------------------------------------------------------------------------------
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  # shellcheck disable=SC2086
+  "$build/hattn-bench" --csv "$out/bench.csv" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+  note "bench: rc=${PIPESTATUS[0]} -> $out/bench.csv"
+fi
+
+# --- Python package ------------------------------------------------------------------------------
+if [ "${PYTHON:-0}" = 1 ]; then
+  python3 -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1
+  note "pip install: rc=$?"
+  python3 -m pytest -q python/tests >"$out/pytest.log" 2>&1
+  note "pytest: rc=$? $(tail -1 "$out/pytest.log")"
+  if [ -n "${PY_BENCH_ARGS+x}" ]; then
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 python3 -m hattn.bench --out "$out" ${PY_BENCH_ARGS} 2>&1 | tee "$out/py_bench.log"
+    note "python bench: rc=${PIPESTATUS[0]}"
+  fi
+fi
+
+echo
+echo "================ summary (commit $HATTN_COMMIT) ================"
+[ -f "$out/bench.log" ] && sed -n '/^# TFLOP\/s/,$p' "$out/bench.log"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,246 @@
+// forward(): argument validation, device checks, kernel resolution and launch.
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "hattn/hattn.h"
+#include "registry.h"
+
+namespace hattn {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return "bf16";
+    case DType::fp16: return "fp16";
+  }
+  return "unknown";
+}
+
+int dtype_size(DType) { return 2; }
+
+const char* status_code_name(StatusCode code) {
+  switch (code) {
+    case StatusCode::ok: return "ok";
+    case StatusCode::invalid_argument: return "invalid_argument";
+    case StatusCode::not_supported: return "not_supported";
+    case StatusCode::no_device: return "no_device";
+    case StatusCode::cuda_error: return "cuda_error";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  return ok() ? std::string("ok") : std::string(status_code_name(code_)) + ": " + message_;
+}
+
+Strides contiguous_bshd(int seqlen, int heads, int head_dim) {
+  Strides s;
+  s.head = head_dim;
+  s.seq = int64_t(heads) * head_dim;
+  s.batch = int64_t(seqlen) * heads * head_dim;
+  return s;
+}
+
+float AttentionProblem::scale() const {
+  return softmax_scale ? *softmax_scale : 1.0f / std::sqrt(float(head_dim));
+}
+
+const std::vector<const KernelEntry*>& registry() {
+  static const std::vector<const KernelEntry*> entries = {
+      &kernel_01_naive(),
+      &kernel_02_fused_online_softmax(),
+  };
+  return entries;
+}
+
+std::vector<KernelInfo> kernels() {
+  std::vector<KernelInfo> out;
+  for (const KernelEntry* e : registry()) out.push_back({e->name, e->description});
+  return out;
+}
+
+namespace {
+
+Status invalid(const std::string& message) { return {StatusCode::invalid_argument, message}; }
+
+// Kernels index grid dimensions y and z with batch and heads.
+constexpr int kMaxGridYZ = 65535;
+// Rows are read with 16-byte vector loads.
+constexpr int kRowAlignBytes = 16;
+
+Status check_tensor(const char* name, const void* ptr, const Strides& strides, int batch, int seqlen,
+                    int heads, int head_dim, bool is_output) {
+  if (ptr == nullptr) return invalid(std::string(name) + ": pointer is null");
+  if (reinterpret_cast<uintptr_t>(ptr) % kRowAlignBytes != 0)
+    return invalid(std::string(name) + ": pointer must be 16-byte aligned");
+  struct Dim {
+    const char* what;
+    int64_t stride;
+    int64_t extent;
+  };
+  const Dim dims[3] = {{"batch", strides.batch, batch}, {"seq", strides.seq, seqlen}, {"head", strides.head, heads}};
+  const int64_t align_elems = kRowAlignBytes / 2;
+  for (const Dim& d : dims) {
+    if (d.extent == 1) continue;  // a stride over a dimension of extent 1 is never used
+    if (d.stride <= 0 || d.stride % align_elems != 0) {
+      std::ostringstream msg;
+      msg << name << ": " << d.what << " stride " << d.stride
+          << " must be positive and a multiple of 8 elements (16-byte aligned rows)";
+      return invalid(msg.str());
+    }
+  }
+  if (is_output) {
+    // Distinct output elements must not alias, or two threads would race on one address.
+    // Sort the dimensions by stride; each must step past everything spanned by the smaller ones.
+    Dim sorted[4] = {{"dim", 1, head_dim}, dims[0], dims[1], dims[2]};
+    for (int i = 1; i < 4; ++i)
+      for (int j = i; j > 0 && sorted[j].stride < sorted[j - 1].stride; --j) std::swap(sorted[j], sorted[j - 1]);
+    int64_t span = 0;  // largest offset reachable with the dimensions so far
+    for (const Dim& d : sorted) {
+      if (d.extent == 1) continue;
+      if (d.stride <= span) {
+        std::ostringstream msg;
+        msg << name << ": strides make distinct elements overlap (" << d.what << " stride " << d.stride << ")";
+        return invalid(msg.str());
+      }
+      span += d.stride * (d.extent - 1);
+    }
+  }
+  return Status::Ok();
+}
+
+// The device the calling thread has current, checked to be a Hopper (sm_90) GPU.
+Status check_device() {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear, so the caller's next CUDA call does not see our probe's error
+    return {StatusCode::no_device, std::string("no CUDA device is available (") +
+                                       (err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0") + ")"};
+  }
+  int device = 0, major = 0, minor = 0;
+  if ((err = cudaGetDevice(&device)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
+      (err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)) != cudaSuccess) {
+    cudaGetLastError();
+    return {StatusCode::cuda_error, std::string("querying the current device: ") + cudaGetErrorString(err)};
+  }
+  if (major != 9 || minor != 0) {
+    std::ostringstream msg;
+    msg << "hattn kernels are built for Hopper (sm_90a); device " << device << " is sm_" << major << minor;
+    return {StatusCode::no_device, msg.str()};
+  }
+  return Status::Ok();
+}
+
+// A host pointer handed to a kernel would fault the whole context: refuse it here.
+Status check_device_pointer(const char* name, const void* ptr) {
+  if (ptr == nullptr) return Status::Ok();
+  cudaPointerAttributes attr{};
+  cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return {StatusCode::cuda_error, std::string(name) + ": cudaPointerGetAttributes failed: " + cudaGetErrorString(err)};
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+    return invalid(std::string(name) + ": pointer is not GPU memory (device or managed)");
+  return Status::Ok();
+}
+
+const KernelEntry* find_kernel(const std::string& name) {
+  for (const KernelEntry* e : registry())
+    if (name == e->name) return e;
+  return nullptr;
+}
+
+Status resolve(const AttentionProblem& problem, const std::string& kernel, const KernelEntry** out) {
+  if (kernel == "auto") {
+    std::string reasons;
+    const auto& entries = registry();
+    for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+      Status s = (*it)->supports(problem);
+      if (s.ok()) {
+        *out = *it;
+        return s;
+      }
+      reasons += std::string("\n  ") + (*it)->name + ": " + s.message();
+    }
+    return {StatusCode::not_supported, "kernel: no registered kernel supports this problem:" + reasons};
+  }
+  const KernelEntry* entry = find_kernel(kernel);
+  if (entry == nullptr) {
+    std::string known;
+    for (const KernelEntry* e : registry()) known += std::string(known.empty() ? "" : ", ") + e->name;
+    return invalid("kernel: unknown kernel '" + kernel + "' (known: auto, " + known + ")");
+  }
+  Status s = entry->supports(problem);
+  if (!s.ok()) return {StatusCode::not_supported, "kernel " + kernel + ": " + s.message()};
+  *out = entry;
+  return Status::Ok();
+}
+
+Status check_all(const AttentionProblem& problem, const std::string& kernel, const KernelEntry** entry) {
+  Status s = validate_arguments(problem);
+  if (!s.ok()) return s;
+  if (!(s = resolve(problem, kernel, entry)).ok()) return s;
+  if (!(s = check_device()).ok()) return s;
+  const std::pair<const char*, const void*> pointers[] = {
+      {"q", problem.q}, {"k", problem.k}, {"v", problem.v}, {"out", problem.out}, {"lse", problem.lse}};
+  for (const auto& [name, ptr] : pointers)
+    if (!(s = check_device_pointer(name, ptr)).ok()) return s;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status validate_arguments(const AttentionProblem& p) {
+  if (p.dtype != DType::bf16 && p.dtype != DType::fp16)
+    return invalid("dtype: must be bf16 or fp16 (got value " + std::to_string(int(p.dtype)) + ")");
+  const std::pair<const char*, int> sizes[] = {{"batch", p.batch},       {"seqlen_q", p.seqlen_q},
+                                               {"seqlen_k", p.seqlen_k}, {"heads_q", p.heads_q},
+                                               {"heads_kv", p.heads_kv}};
+  for (const auto& [name, value] : sizes)
+    if (value < 1) return invalid(std::string(name) + ": must be >= 1 (got " + std::to_string(value) + ")");
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
+    return invalid("head_dim: must be 64, 128 or 256 (got " + std::to_string(p.head_dim) + ")");
+  if (p.heads_q % p.heads_kv != 0)
+    return invalid("heads_kv: heads_q (" + std::to_string(p.heads_q) + ") must be a multiple of heads_kv (" +
+                   std::to_string(p.heads_kv) + ")");
+  if (p.batch > kMaxGridYZ) return invalid("batch: at most 65535 (got " + std::to_string(p.batch) + ")");
+  if (p.heads_q > kMaxGridYZ) return invalid("heads_q: at most 65535 (got " + std::to_string(p.heads_q) + ")");
+  if (p.softmax_scale && !std::isfinite(*p.softmax_scale)) return invalid("softmax_scale: must be finite");
+
+  Status s;
+  if (!(s = check_tensor("q", p.q, p.q_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false)).ok()) return s;
+  if (!(s = check_tensor("k", p.k, p.k_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false)).ok()) return s;
+  if (!(s = check_tensor("v", p.v, p.v_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false)).ok()) return s;
+  if (!(s = check_tensor("out", p.out, p.out_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true)).ok())
+    return s;
+  if (p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % alignof(float) != 0)
+    return invalid("lse: pointer must be 4-byte aligned");
+  return Status::Ok();
+}
+
+Status resolve_kernel(const AttentionProblem& problem, const std::string& kernel, std::string* resolved) {
+  Status s = validate_arguments(problem);
+  if (!s.ok()) return s;
+  const KernelEntry* entry = nullptr;
+  if (!(s = resolve(problem, kernel, &entry)).ok()) return s;
+  if (resolved) *resolved = entry->name;
+  return s;
+}
+
+Status check(const AttentionProblem& problem, const std::string& kernel) {
+  const KernelEntry* entry = nullptr;
+  return check_all(problem, kernel, &entry);
+}
+
+Status forward(const AttentionProblem& problem, const Options& options) {
+  const KernelEntry* entry = nullptr;
+  Status s = check_all(problem, options.kernel, &entry);
+  if (!s.ok()) return s;
+  return entry->launch(problem, options.stream);
+}
+
+}  // namespace hattn

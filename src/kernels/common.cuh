@@ -1,0 +1,57 @@
+// Small helpers shared by the lineage kernels: element types, conversions, launch checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "hattn/hattn.h"
+
+namespace hattn {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// Status of the last launch on this thread.
+inline Status launch_status(const char* kernel) {
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return Status::Ok();
+  return {StatusCode::cuda_error, std::string(kernel) + ": launch failed: " + cudaGetErrorString(err)};
+}
+
+inline Status cuda_status(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  return {StatusCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err)};
+}
+
+// Calls f.template operator()<T, D>() with the element type and head dim of `problem`:
+// the one place where each kernel's template instantiations are spelled out.
+template <typename F>
+Status dispatch_dtype_headdim(const AttentionProblem& problem, F&& f) {
+  auto by_dim = [&](auto type_tag) -> Status {
+    using T = decltype(type_tag);
+    switch (problem.head_dim) {
+      case 64: return f.template operator()<T, 64>();
+      case 128: return f.template operator()<T, 128>();
+      case 256: return f.template operator()<T, 256>();
+    }
+    return {StatusCode::not_supported, "head_dim " + std::to_string(problem.head_dim)};
+  };
+  return problem.dtype == DType::bf16 ? by_dim(__nv_bfloat16{}) : by_dim(__half{});
+}
+
+}  // namespace hattn

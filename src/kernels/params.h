@@ -1,0 +1,61 @@
+// The problem as the kernels see it: plain values, usable on host and device.
+#pragma once
+
+#include <cstdint>
+
+#include "hattn/hattn.h"
+
+namespace hattn {
+
+struct AttentionParams {
+  const void* q;  // [B, Sq, Hq, D]
+  const void* k;  // [B, Sk, Hkv, D]
+  const void* v;  // [B, Sk, Hkv, D]
+  void* out;      // [B, Sq, Hq, D]
+  float* lse;     // [B, Hq, Sq] or null
+
+  int64_t q_batch_stride, q_seq_stride, q_head_stride;
+  int64_t k_batch_stride, k_seq_stride, k_head_stride;
+  int64_t v_batch_stride, v_seq_stride, v_head_stride;
+  int64_t out_batch_stride, out_seq_stride, out_head_stride;
+
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  int heads_per_kv;   // heads_q / heads_kv
+  float scale;        // softmax scale
+  bool causal;
+  int causal_offset;  // seqlen_k - seqlen_q: query i sees keys j <= i + causal_offset
+};
+
+inline AttentionParams make_params(const AttentionProblem& p) {
+  AttentionParams a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.out = p.out;
+  a.lse = p.lse;
+  a.q_batch_stride = p.q_strides.batch;
+  a.q_seq_stride = p.q_strides.seq;
+  a.q_head_stride = p.q_strides.head;
+  a.k_batch_stride = p.k_strides.batch;
+  a.k_seq_stride = p.k_strides.seq;
+  a.k_head_stride = p.k_strides.head;
+  a.v_batch_stride = p.v_strides.batch;
+  a.v_seq_stride = p.v_strides.seq;
+  a.v_head_stride = p.v_strides.head;
+  a.out_batch_stride = p.out_strides.batch;
+  a.out_seq_stride = p.out_strides.seq;
+  a.out_head_stride = p.out_strides.head;
+  a.batch = p.batch;
+  a.seqlen_q = p.seqlen_q;
+  a.seqlen_k = p.seqlen_k;
+  a.heads_q = p.heads_q;
+  a.heads_kv = p.heads_kv;
+  a.head_dim = p.head_dim;
+  a.heads_per_kv = p.heads_q / p.heads_kv;
+  a.scale = p.scale();
+  a.causal = p.causal;
+  a.causal_offset = p.seqlen_k - p.seqlen_q;
+  return a;
+}
+
+}  // namespace hattn

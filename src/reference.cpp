@@ -1,0 +1,130 @@
+// CPU reference attention (fp64) and the same-precision emulation used for error budgets.
+#include "hattn/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace hattn::ref {
+
+uint16_t float_to_bits(float x, DType dtype) {
+  if (dtype == DType::fp16) {
+    const _Float16 h = static_cast<_Float16>(x);  // IEEE round to nearest even
+    uint16_t bits;
+    std::memcpy(&bits, &h, 2);
+    return bits;
+  }
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even on the 16 dropped bits
+  return uint16_t(u >> 16);
+}
+
+float bits_to_float(uint16_t bits, DType dtype) {
+  if (dtype == DType::fp16) {
+    _Float16 h;
+    std::memcpy(&h, &bits, 2);
+    return static_cast<float>(h);
+  }
+  const uint32_t u = uint32_t(bits) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+namespace {
+
+float round_to(float x, DType dtype) { return bits_to_float(float_to_bits(x, dtype), dtype); }
+
+const float* row_ptr(const float* base, const Strides& s, int b, int t, int h) {
+  return base + b * s.batch + int64_t(t) * s.seq + h * s.head;
+}
+
+// Number of keys query i sees: all, or those j <= i + (Sk - Sq) under the causal mask.
+int visible_keys(const HostProblem& p, int i) {
+  if (!p.causal) return p.seqlen_k;
+  return std::clamp(i + (p.seqlen_k - p.seqlen_q) + 1, 0, p.seqlen_k);
+}
+
+}  // namespace
+
+void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, double* lse) {
+  const int D = p.head_dim;
+  const int hk = h / (p.heads_q / p.heads_kv);
+  const int n = visible_keys(p, i);
+  std::fill(out, out + D, 0.0);
+  if (n == 0) {
+    *lse = -std::numeric_limits<double>::infinity();
+    return;
+  }
+  const float* q = row_ptr(p.q, p.q_strides, b, i, h);
+  std::vector<double> s(n);
+  double m = -std::numeric_limits<double>::infinity();
+  for (int j = 0; j < n; ++j) {
+    const float* k = row_ptr(p.k, p.k_strides, b, j, hk);
+    double dot = 0;
+    for (int d = 0; d < D; ++d) dot += double(q[d]) * double(k[d]);
+    s[j] = dot * double(p.scale);
+    m = std::max(m, s[j]);
+  }
+  double sum = 0;
+  for (int j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  for (int j = 0; j < n; ++j) {
+    const float* v = row_ptr(p.v, p.v_strides, b, j, hk);
+    const double w = s[j] / sum;
+    for (int d = 0; d < D; ++d) out[d] += w * double(v[d]);
+  }
+  *lse = m + std::log(sum);
+}
+
+void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, float* out, float* lse) {
+  const int D = p.head_dim;
+  const int hk = h / (p.heads_q / p.heads_kv);
+  const int n = visible_keys(p, i);
+  std::fill(out, out + D, 0.f);
+  if (n == 0) {
+    *lse = -std::numeric_limits<float>::infinity();
+    return;
+  }
+  const float* q = row_ptr(p.q, p.q_strides, b, i, h);
+  std::vector<float> s(n);
+  float m = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < n; ++j) {
+    const float* k = row_ptr(p.k, p.k_strides, b, j, hk);
+    float dot = 0;
+    for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+    s[j] = dot * p.scale;
+    m = std::max(m, s[j]);
+  }
+  float sum = 0;
+  for (int j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  std::vector<float> acc(D, 0.f);
+  for (int j = 0; j < n; ++j) {
+    const float* v = row_ptr(p.v, p.v_strides, b, j, hk);
+    const float pj = round_to(s[j], dtype);  // P enters the PV product in the input precision
+    for (int d = 0; d < D; ++d) acc[d] += pj * v[d];
+  }
+  for (int d = 0; d < D; ++d) out[d] = round_to(acc[d] / sum, dtype);
+  *lse = m + std::log(sum);
+}
+
+void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<double>* lse) {
+  const int D = p.head_dim;
+  out->assign(size_t(p.batch) * p.seqlen_q * p.heads_q * D, 0.0);
+  lse->assign(size_t(p.batch) * p.heads_q * p.seqlen_q, 0.0);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads_q; ++h)
+      for (int i = 0; i < p.seqlen_q; ++i)
+        attention_row_fp64(p, b, h, i, out->data() + ((size_t(b) * p.seqlen_q + i) * p.heads_q + h) * D,
+                           lse->data() + (size_t(b) * p.heads_q + h) * p.seqlen_q + i);
+}
+
+}  // namespace hattn::ref

@@ -1,0 +1,25 @@
+// The dispatch table: every lineage kernel registers one entry here.
+#pragma once
+
+#include "hattn/hattn.h"
+
+namespace hattn {
+
+struct KernelEntry {
+  const char* name;
+  const char* description;
+  // Ok when the kernel can run `problem` (arguments already validated); otherwise a
+  // not_supported status whose message says what it refuses and why.
+  Status (*supports)(const AttentionProblem& problem);
+  // Launches on `stream`; returns the launch status (no synchronization).
+  Status (*launch)(const AttentionProblem& problem, cudaStream_t stream);
+};
+
+// One accessor per lineage kernel, defined in its own file under src/kernels/.
+const KernelEntry& kernel_01_naive();
+const KernelEntry& kernel_02_fused_online_softmax();
+
+// All entries in lineage order.
+const std::vector<const KernelEntry*>& registry();
+
+}  // namespace hattn

@@ -1,0 +1,202 @@
+// CPU tests: every malformed problem is refused with a status naming the argument.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "gpu_env.h"
+#include "hattn/hattn.h"
+
+namespace hattn {
+namespace {
+
+// Aligned addresses that are never dereferenced: validation must not touch memory.
+const void* fake_ptr(uintptr_t n) { return reinterpret_cast<const void*>(0x100000 + n * 0x10000); }
+
+AttentionProblem valid_problem() {
+  AttentionProblem p;
+  p.dtype = DType::bf16;
+  p.batch = 2;
+  p.seqlen_q = 100;
+  p.seqlen_k = 130;
+  p.heads_q = 8;
+  p.heads_kv = 2;
+  p.head_dim = 128;
+  p.q = fake_ptr(1);
+  p.q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, p.head_dim);
+  p.k = fake_ptr(2);
+  p.k_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, p.head_dim);
+  p.v = fake_ptr(3);
+  p.v_strides = p.k_strides;
+  p.out = const_cast<void*>(fake_ptr(4));
+  p.out_strides = p.q_strides;
+  return p;
+}
+
+void expect_invalid(const AttentionProblem& p, const std::string& argument) {
+  Status s = validate_arguments(p);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  EXPECT_EQ(s.message().rfind(argument + ":", 0), 0u) << "message should start with '" << argument
+                                                      << ":' but is: " << s.message();
+  // forward() runs the same checks first, so it refuses before touching the device.
+  EXPECT_EQ(forward(p).code(), StatusCode::invalid_argument);
+}
+
+TEST(Validation, ValidProblemPasses) { EXPECT_TRUE(validate_arguments(valid_problem()).ok()); }
+
+TEST(Validation, BadDtype) {
+  auto p = valid_problem();
+  p.dtype = static_cast<DType>(7);
+  expect_invalid(p, "dtype");
+}
+
+TEST(Validation, UnsupportedHeadDim) {
+  for (int d : {0, 32, 96, 100, 512}) {
+    auto p = valid_problem();
+    p.head_dim = d;
+    expect_invalid(p, "head_dim");
+  }
+}
+
+TEST(Validation, NonPositiveSizes) {
+  const std::pair<const char*, int AttentionProblem::*> fields[] = {{"batch", &AttentionProblem::batch},
+                                                                     {"seqlen_q", &AttentionProblem::seqlen_q},
+                                                                     {"seqlen_k", &AttentionProblem::seqlen_k},
+                                                                     {"heads_q", &AttentionProblem::heads_q},
+                                                                     {"heads_kv", &AttentionProblem::heads_kv}};
+  for (const auto& [name, field] : fields)
+    for (int value : {0, -3}) {
+      auto p = valid_problem();
+      p.*field = value;
+      expect_invalid(p, name);
+    }
+}
+
+TEST(Validation, HeadsNotDivisible) {
+  auto p = valid_problem();
+  p.heads_kv = 3;
+  expect_invalid(p, "heads_kv");
+}
+
+TEST(Validation, GridLimits) {
+  auto p = valid_problem();
+  p.batch = 70000;
+  expect_invalid(p, "batch");
+}
+
+TEST(Validation, NullPointers) {
+  for (const char* name : {"q", "k", "v", "out"}) {
+    auto p = valid_problem();
+    if (std::string(name) == "q") p.q = nullptr;
+    if (std::string(name) == "k") p.k = nullptr;
+    if (std::string(name) == "v") p.v = nullptr;
+    if (std::string(name) == "out") p.out = nullptr;
+    expect_invalid(p, name);
+  }
+}
+
+TEST(Validation, MisalignedPointers) {
+  auto p = valid_problem();
+  p.k = static_cast<const char*>(p.k) + 2;  // element-aligned but not 16-byte aligned
+  expect_invalid(p, "k");
+  p = valid_problem();
+  p.lse = reinterpret_cast<float*>(0x100002);
+  expect_invalid(p, "lse");
+}
+
+TEST(Validation, BadStrides) {
+  auto p = valid_problem();
+  p.q_strides.seq += 4;  // rows no longer 16-byte aligned
+  expect_invalid(p, "q");
+  p = valid_problem();
+  p.v_strides.head = -128;
+  expect_invalid(p, "v");
+  p = valid_problem();
+  p.k_strides.batch = 0;
+  expect_invalid(p, "k");
+}
+
+TEST(Validation, StrideOfExtentOneDimensionIsIgnored) {
+  auto p = valid_problem();
+  p.batch = 1;
+  p.q_strides.batch = 0;
+  p.out_strides.batch = 12345;  // never used with a single batch
+  EXPECT_TRUE(validate_arguments(p).ok());
+}
+
+TEST(Validation, OverlappingOutputIsRefused) {
+  auto p = valid_problem();
+  p.out_strides.head = 64;  // heads of D = 128 would overlap
+  expect_invalid(p, "out");
+  // Inputs may overlap (a broadcast view is legal to read).
+  p = valid_problem();
+  p.k_strides.head = 64;
+  EXPECT_TRUE(validate_arguments(p).ok());
+}
+
+TEST(Validation, NonFiniteScale) {
+  auto p = valid_problem();
+  p.softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  expect_invalid(p, "softmax_scale");
+}
+
+TEST(Validation, DefaultScale) {
+  auto p = valid_problem();
+  EXPECT_FLOAT_EQ(p.scale(), 1.0f / std::sqrt(128.0f));
+  p.softmax_scale = 0.5f;
+  EXPECT_FLOAT_EQ(p.scale(), 0.5f);
+}
+
+TEST(Dispatch, UnknownKernelNamesTheArgument) {
+  std::string resolved;
+  Status s = resolve_kernel(valid_problem(), "no_such_kernel", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("kernel:"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("01_naive"), std::string::npos) << "should list the known kernels: " << s.message();
+}
+
+TEST(Dispatch, RegistryListsTheLineageInOrder) {
+  const auto list = kernels();
+  ASSERT_GE(list.size(), 2u);
+  EXPECT_EQ(list[0].name, "01_naive");
+  EXPECT_EQ(list[1].name, "02_fused_online_softmax");
+  for (size_t i = 1; i < list.size(); ++i) EXPECT_LT(list[i - 1].name, list[i].name) << "numbered in lineage order";
+  for (const auto& k : list) EXPECT_FALSE(k.description.empty()) << k.name;
+}
+
+TEST(Dispatch, AutoPicksTheLastKernelThatSupportsTheProblem) {
+  std::string resolved;
+  ASSERT_TRUE(resolve_kernel(valid_problem(), "auto", &resolved).ok());
+  EXPECT_EQ(resolved, kernels().back().name);
+}
+
+TEST(Dispatch, NaiveRefusesHugeScoreMatrices) {
+  auto p = valid_problem();
+  p.seqlen_q = p.seqlen_k = 40000;  // S of one head: 6.4 GB
+  p.q_strides = p.out_strides = contiguous_bshd(p.seqlen_q, p.heads_q, p.head_dim);
+  p.k_strides = p.v_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, p.head_dim);
+  std::string resolved;
+  Status s = resolve_kernel(p, "01_naive", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("01_naive"), std::string::npos) << s.message();
+  // "auto" still finds a kernel that can run it.
+  EXPECT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_NE(resolved, "01_naive");
+}
+
+TEST(Device, ForwardWithoutGpuOrWithHostPointersFailsCleanly) {
+  // Valid arguments, but the fake pointers are not GPU memory. Without a GPU the device
+  // check refuses first; with one, the pointer check does. Neither may crash.
+  Status s = forward(valid_problem());
+  if (!testing::gpu_skip_reason().empty()) {
+    EXPECT_EQ(s.code(), StatusCode::no_device) << s.to_string();
+  } else {
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+    EXPECT_EQ(s.message().rfind("q:", 0), 0u) << s.message();
+  }
+}
+
+}  // namespace
+}  // namespace hattn

@@ -1,0 +1,451 @@
+// hattn-bench: times lineage kernels over the FlashAttention-3 benchmark grid.
+//
+// Every kernel is first checked against the fp64 CPU reference on a sample of rows of the
+// same inputs it is then timed on. Times are CUDA-event medians with the L2 flushed before
+// each call; the cuBLAS bf16 GEMM rate measured in the same run is the ceiling.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "hattn/hattn.h"
+#include "hattn/reference.h"
+
+namespace {
+
+using namespace hattn;
+using harness::Shape;
+
+struct Config {
+  std::vector<std::string> kernels;  // empty: all
+  std::vector<int> dims = {64, 128, 256};
+  std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
+  std::vector<bool> causal = {false, true};
+  DType dtype = DType::bf16;
+  int tokens = 16384;  // batch * seqlen
+  int hidden = 2048;   // heads * head_dim
+  bool capstone = false;
+  int max_reps = 20;
+  double seconds_per_point = 1.0;
+  double slow_call_seconds = 2.0;  // a call slower than this is timed once (its check run)
+  int check_rows = 48;
+  bool gemm = true;
+  std::string csv;
+  std::string commit;
+};
+
+void usage() {
+  std::printf(
+      "usage: hattn-bench [options]\n"
+      "  --kernels a,b       kernels to run (default: all; see --list)\n"
+      "  --dims 64,128,256   head dims\n"
+      "  --seqlens 512,...   sequence lengths (default 512..16384)\n"
+      "  --causal no|yes|both (default both)\n"
+      "  --dtype bf16|fp16   (default bf16)\n"
+      "  --tokens N          batch * seqlen (default 16384)\n"
+      "  --hidden N          heads * head_dim (default 2048)\n"
+      "  --capstone          add the video-model shapes (B=1, S=32760/75600, H=12/40, D=128)\n"
+      "  --reps N            most timed calls per point (default 20)\n"
+      "  --seconds S         time budget per point (default 1.0)\n"
+      "  --check-rows N      rows checked against the fp64 reference (default 48)\n"
+      "  --no-gemm           skip the cuBLAS GEMM ceiling\n"
+      "  --csv PATH          write results as CSV\n"
+      "  --commit SHA        commit recorded in the CSV (default $HATTN_COMMIT)\n"
+      "  --list              list kernels and exit\n");
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+bool parse_ints(const std::string& s, std::vector<int>* out) {
+  out->clear();
+  for (const auto& item : split(s)) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (*end != '\0' || v <= 0) return false;
+    out->push_back(int(v));
+  }
+  return !out->empty();
+}
+
+// Returns 0 to run, 1 to exit successfully (--help/--list), 2 on a bad flag.
+int parse(int argc, char** argv, Config* c) {
+  if (const char* env = std::getenv("HATTN_COMMIT")) c->commit = env;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "hattn-bench: %s needs a value\n", flag);
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    const char* v = nullptr;
+    if (a == "--help" || a == "-h") {
+      usage();
+      return 1;
+    } else if (a == "--list") {
+      for (const auto& k : kernels()) std::printf("%-28s %s\n", k.name.c_str(), k.description.c_str());
+      return 1;
+    } else if (a == "--capstone") {
+      c->capstone = true;
+    } else if (a == "--no-gemm") {
+      c->gemm = false;
+    } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
+               a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--check-rows" ||
+               a == "--csv" || a == "--commit") {
+      if (!(v = value(a.c_str()))) return 2;
+      const std::string s = v;
+      bool ok = true;
+      std::vector<int> ints;
+      if (a == "--kernels") {
+        c->kernels = split(s);
+      } else if (a == "--dims") {
+        ok = parse_ints(s, &c->dims);
+      } else if (a == "--seqlens") {
+        ok = parse_ints(s, &c->seqlens);
+      } else if (a == "--causal") {
+        ok = s == "no" || s == "yes" || s == "both";
+        c->causal = s == "no" ? std::vector<bool>{false} : s == "yes" ? std::vector<bool>{true}
+                                                                        : std::vector<bool>{false, true};
+      } else if (a == "--dtype") {
+        ok = s == "bf16" || s == "fp16";
+        c->dtype = s == "fp16" ? DType::fp16 : DType::bf16;
+      } else if (a == "--csv") {
+        c->csv = s;
+      } else if (a == "--commit") {
+        c->commit = s;
+      } else if (a == "--seconds") {
+        c->seconds_per_point = std::atof(s.c_str());
+        ok = c->seconds_per_point > 0;
+      } else {
+        ok = parse_ints(s, &ints) && ints.size() == 1;
+        if (ok) {
+          if (a == "--tokens") c->tokens = ints[0];
+          if (a == "--hidden") c->hidden = ints[0];
+          if (a == "--reps") c->max_reps = ints[0];
+          if (a == "--check-rows") c->check_rows = ints[0];
+        }
+      }
+      if (!ok) {
+        std::fprintf(stderr, "hattn-bench: bad value '%s' for %s\n", v, a.c_str());
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "hattn-bench: unknown option '%s'\n", a.c_str());
+      usage();
+      return 2;
+    }
+  }
+  for (const auto& name : c->kernels) {
+    bool known = false;
+    for (const auto& k : kernels()) known |= k.name == name;
+    if (!known) {
+      std::fprintf(stderr, "hattn-bench: unknown kernel '%s' (see --list)\n", name.c_str());
+      return 2;
+    }
+  }
+  if (c->kernels.empty())
+    for (const auto& k : kernels()) c->kernels.push_back(k.name);
+  return 0;
+}
+
+#define CHECK_CUDA(call)                                                                              \
+  do {                                                                                                \
+    cudaError_t err_ = (call);                                                                        \
+    if (err_ != cudaSuccess) {                                                                        \
+      std::fprintf(stderr, "hattn-bench: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(err_), \
+                   __FILE__, __LINE__);                                                               \
+      return false;                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The SM clock right now, from nvidia-smi (0 when unavailable).
+int sm_clock_mhz() {
+  int device = 0;
+  cudaGetDevice(&device);
+  const std::string cmd =
+      "nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits -i " + std::to_string(device) + " 2>/dev/null";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return 0;
+  int mhz = 0;
+  if (std::fscanf(pipe, "%d", &mhz) != 1) mhz = 0;
+  pclose(pipe);
+  return mhz;
+}
+
+// cuBLAS bf16 GEMM, 8192^3, fp32 accumulation, random inputs: the tensor-core ceiling.
+bool gemm_ceiling(double* tflops) {
+  const int n = 8192;
+  harness::DeviceBuffer a, b, c;
+  if (!a.allocate(size_t(n) * n * 2).ok() || !b.allocate(size_t(n) * n * 2).ok() || !c.allocate(size_t(n) * n * 2).ok())
+    return false;
+  std::vector<uint16_t> host(size_t(n) * n);
+  uint32_t state = 1;
+  for (auto& x : host) {
+    state = state * 1664525u + 1013904223u;
+    x = ref::float_to_bits(float(state >> 8) / float(1 << 24) - 0.5f, DType::bf16);
+  }
+  CHECK_CUDA(cudaMemcpy(a.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(b.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) return false;
+  const float alpha = 1.f, beta = 0.f;
+  auto run = [&] {
+    return cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.get(), CUDA_R_16BF, n, b.get(),
+                        CUDA_R_16BF, n, &beta, c.get(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  std::vector<double> times;
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  bool ok = true;
+  for (int i = 0; i < 23 && ok; ++i) {
+    cudaEventRecord(start);
+    ok = run() == CUBLAS_STATUS_SUCCESS;
+    cudaEventRecord(stop);
+    cudaEventSynchronize(stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 3) times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cublasDestroy(handle);
+  if (!ok) return false;
+  *tflops = 2.0 * n * n * double(n) / (median(times) * 1e-3) / 1e12;
+  return true;
+}
+
+struct Row {
+  std::string kernel;
+  Shape shape;
+  int reps = 0;
+  double ms = 0, tflops = 0;
+  int clock = 0;
+  std::string check;  // PASS, FAIL or why it did not run
+  double max_err = 0, budget = 0;
+};
+
+// Times `kernel` on `w`: an L2 flush, then the call between events, repeated.
+bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& kernel, void* flush, size_t flush_bytes,
+                 double first_call_ms, Row* row) {
+  Options options;
+  options.kernel = kernel;
+  if (first_call_ms > cfg.slow_call_seconds * 1e3) {
+    row->reps = 1;
+    row->ms = first_call_ms;
+    return true;
+  }
+  const int reps = std::clamp(int(cfg.seconds_per_point * 1e3 / std::max(first_call_ms, 1e-3)), 3, cfg.max_reps);
+  std::vector<cudaEvent_t> events(2 * reps);
+  for (auto& e : events) CHECK_CUDA(cudaEventCreate(&e));
+  // Warm-up call (module load, smem attribute setting) outside the timed ones.
+  if (!forward(w.problem, options).ok()) return false;
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));  // evict q, k, v and out from L2
+    CHECK_CUDA(cudaEventRecord(events[2 * r]));
+    Status s = forward(w.problem, options);
+    if (!s.ok()) return false;
+    CHECK_CUDA(cudaEventRecord(events[2 * r + 1]));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> ms(reps);
+  for (int r = 0; r < reps; ++r) {
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, events[2 * r], events[2 * r + 1]));
+    ms[r] = t;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  row->reps = reps;
+  row->ms = median(ms);
+  return true;
+}
+
+std::vector<Shape> grid(const Config& cfg) {
+  std::vector<Shape> shapes;
+  for (int d : cfg.dims)
+    for (bool causal : cfg.causal)
+      for (int s : cfg.seqlens) {
+        Shape sh;
+        sh.batch = std::max(1, cfg.tokens / s);
+        sh.seqlen_q = sh.seqlen_k = s;
+        sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
+        sh.head_dim = d;
+        sh.causal = causal;
+        sh.dtype = cfg.dtype;
+        shapes.push_back(sh);
+      }
+  if (cfg.capstone)
+    for (int s : {32760, 75600})
+      for (int h : {12, 40}) {
+        Shape sh;
+        sh.batch = 1;
+        sh.seqlen_q = sh.seqlen_k = s;
+        sh.heads_q = sh.heads_kv = h;
+        sh.head_dim = 128;
+        sh.dtype = cfg.dtype;
+        shapes.push_back(sh);
+      }
+  return shapes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config cfg;
+  if (int rc = parse(argc, argv, &cfg)) return rc == 1 ? 0 : rc;
+
+  Status dev = check(AttentionProblem{}, "auto");  // argument errors aside, tells whether a GPU is usable
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr,
+                 "hattn-bench: no CUDA GPU on this machine; the benchmark needs an H200/H100 (sm_90). "
+                 "Build and tests still work without one.\n");
+    return 3;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  if (prop.major != 9 || prop.minor != 0) {
+    std::fprintf(stderr, "hattn-bench: GPU %s is sm_%d%d; the kernels need Hopper (sm_90)\n", prop.name, prop.major,
+                 prop.minor);
+    return 3;
+  }
+  (void)dev;
+  const std::string gpu = prop.name;
+  std::printf("# hattn-bench on %s (%d SMs), commit %s\n", gpu.c_str(), prop.multiProcessorCount,
+              cfg.commit.empty() ? "unknown" : cfg.commit.c_str());
+
+  double gemm = 0;
+  if (cfg.gemm) {
+    if (!gemm_ceiling(&gemm)) std::fprintf(stderr, "hattn-bench: cuBLAS GEMM ceiling failed\n");
+    std::printf("# cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s (SM clock %d MHz)\n", gemm, sm_clock_mhz());
+  }
+
+  harness::DeviceBuffer flush;
+  const size_t flush_bytes = size_t(256) << 20;  // > 4x the 60 MB L2
+  if (!flush.allocate(flush_bytes).ok()) return 4;
+
+  const std::vector<Shape> shapes = grid(cfg);
+  std::vector<Row> rows;
+  bool all_passed = true;
+  const size_t total = shapes.size() * cfg.kernels.size();
+  size_t done = 0;
+  std::printf("%-9s %-26s %4s %-6s %6s %5s %10s %9s %7s %9s %s\n", "progress", "kernel", "D", "mask", "S", "BxH",
+              "ms", "TFLOP/s", "%gemm", "max_err", "check");
+  for (const Shape& shape : shapes) {
+    harness::Workload w;
+    Status ws = harness::make_workload(shape, 1234 + done, &w);
+    if (!ws.ok()) {
+      std::fprintf(stderr, "hattn-bench: %s: %s\n", harness::describe(shape).c_str(), ws.to_string().c_str());
+      return 4;
+    }
+    const auto sample = harness::sample_rows(shape, cfg.check_rows, 42 + done);
+    for (const std::string& kernel : cfg.kernels) {
+      ++done;
+      Row row;
+      row.kernel = kernel;
+      row.shape = shape;
+      Options options;
+      options.kernel = kernel;
+      Status s = check(w.problem, kernel);
+      if (!s.ok()) {
+        row.check = s.code() == StatusCode::not_supported ? "unsupported" : "error";
+      } else if (!harness::poison_outputs(&w).ok()) {
+        row.check = "error";
+      } else {
+        // The checked call doubles as the first timing, which decides how many reps fit.
+        cudaEvent_t a, b;
+        cudaEventCreate(&a);
+        cudaEventCreate(&b);
+        cudaEventRecord(a);
+        s = forward(w.problem, options);
+        cudaEventRecord(b);
+        const bool ran = s.ok() && cudaDeviceSynchronize() == cudaSuccess;
+        float first_ms = 0;
+        cudaEventElapsedTime(&first_ms, a, b);
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+        if (!ran) {
+          row.check = "error";
+          std::fprintf(stderr, "hattn-bench: %s: %s / %s\n", kernel.c_str(), s.to_string().c_str(),
+                       cudaGetErrorString(cudaGetLastError()));
+        } else {
+          const harness::CheckResult r = harness::check_outputs(w, sample);
+          row.check = r.passed ? "PASS" : "FAIL";
+          row.max_err = r.max_err;
+          row.budget = r.budget;
+          if (!r.passed) std::fprintf(stderr, "hattn-bench: %s %s: %s\n", kernel.c_str(),
+                                      harness::describe(shape).c_str(), r.summary().c_str());
+          if (!time_kernel(cfg, w, kernel, flush.get(), flush_bytes, first_ms, &row)) row.check = "error";
+          row.tflops = harness::forward_flops(shape) / (row.ms * 1e-3) / 1e12;
+          row.clock = sm_clock_mhz();
+        }
+      }
+      all_passed &= row.check == "PASS" || row.check == "unsupported";
+      char progress[32];
+      std::snprintf(progress, sizeof progress, "[%zu/%zu]", done, total);
+      std::printf("%-9s %-26s %4d %-6s %6d %2dx%-2d %10.3f %9.1f %7.1f %9.2e %s\n", progress, kernel.c_str(),
+                  shape.head_dim, shape.causal ? "causal" : "full", shape.seqlen_q, shape.batch, shape.heads_q, row.ms,
+                  row.tflops, gemm > 0 ? 100 * row.tflops / gemm : 0.0, row.max_err, row.check.c_str());
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+  }
+
+  if (!cfg.csv.empty()) {
+    std::ofstream csv(cfg.csv);
+    csv << "commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
+           "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check\n";
+    for (const Row& r : rows) {
+      csv << (cfg.commit.empty() ? "unknown" : cfg.commit) << ',' << gpu << ',' << r.clock << ',' << gemm << ','
+          << r.kernel << ',' << dtype_name(r.shape.dtype) << ',' << r.shape.head_dim << ',' << int(r.shape.causal)
+          << ',' << r.shape.batch << ',' << r.shape.seqlen_q << ',' << r.shape.seqlen_k << ',' << r.shape.heads_q
+          << ',' << r.shape.heads_kv << ',' << r.reps << ',' << r.ms << ',' << r.tflops << ','
+          << (gemm > 0 ? 100 * r.tflops / gemm : 0) << ',' << r.max_err << ',' << r.budget << ',' << r.check << '\n';
+    }
+    std::printf("# wrote %s\n", cfg.csv.c_str());
+  }
+
+  // Compact summary: TFLOP/s per shape (rows) and kernel (columns).
+  std::printf("\n# TFLOP/s (%s; cuBLAS GEMM ceiling %.0f)\n%-22s", dtype_name(cfg.dtype), gemm, "shape");
+  for (const auto& k : cfg.kernels) std::printf(" %10.10s", k.c_str());
+  std::printf("\n");
+  for (size_t i = 0; i < rows.size(); i += cfg.kernels.size()) {
+    const Shape& s = rows[i].shape;
+    char label[64];
+    std::snprintf(label, sizeof label, "D%d %s S%d H%d", s.head_dim, s.causal ? "causal" : "full", s.seqlen_q,
+                  s.heads_q);
+    std::printf("%-22s", label);
+    for (size_t k = 0; k < cfg.kernels.size(); ++k) {
+      const Row& r = rows[i + k];
+      if (r.check == "PASS") std::printf(" %10.1f", r.tflops);
+      else std::printf(" %10s", r.check.c_str());
+    }
+    std::printf("\n");
+  }
+  if (!all_passed) std::printf("# SOME CHECKS FAILED\n");
+  return all_passed ? 0 : 1;
+}

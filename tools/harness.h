@@ -1,0 +1,102 @@
+// Test and benchmark harness: builds attention workloads on the GPU in several memory
+// layouts, poisons the outputs, and checks results against the CPU reference.
+// Shared by tests/ and the benchmark CLI so both check kernels the same way.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hattn/hattn.h"
+#include "hattn/reference.h"
+
+namespace hattn::harness {
+
+enum class Layout {
+  contiguous,  // [B, S, H, D] dense
+  padded,      // every stride padded: rows, heads and batches do not touch
+  packed_qkv,  // q, k, v interleaved in one [B, S, 3, H, D] buffer (needs Sq == Sk, Hq == Hkv)
+};
+const char* layout_name(Layout layout);
+
+struct Shape {
+  int batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 64;
+  bool causal = false;
+  DType dtype = DType::bf16;
+  Layout layout = Layout::contiguous;
+  bool with_lse = true;
+};
+std::string describe(const Shape& shape);
+
+// FLOPs of the forward: 4 * B * Hq * Sq * Sk * D, halved when causal with Sq == Sk
+// (the FlashAttention benchmark convention); counts the visible entries otherwise.
+double forward_flops(const Shape& shape);
+
+// Owns one cudaMalloc'd allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  Status allocate(size_t bytes);
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// One input/output allocation: its device memory and a host image of the same elements as
+// float (values rounded to the dtype), at the same element offsets.
+struct Storage {
+  DeviceBuffer device;
+  std::vector<float> host;
+  size_t elements = 0;
+};
+
+struct Workload {
+  Shape shape;
+  Storage inputs;  // q, k and v live inside this one allocation (packed or one after another)
+  Storage output;  // out, maybe with gaps that the kernel must not touch
+  DeviceBuffer lse;
+  std::vector<char> is_output_element;  // 1 where `output` holds an element of out, 0 in gaps
+  AttentionProblem problem;             // device pointers and strides
+  ref::HostProblem host;                // the same tensors on the host
+};
+
+// Random inputs (uniform with unit variance around a non-zero mean), fresh for each seed.
+Status make_workload(const Shape& shape, uint64_t seed, Workload* workload);
+
+// Fills out (gaps included) with NaN and lse with NaN, so unwritten elements cannot pass.
+Status poison_outputs(Workload* workload);
+
+struct CheckResult {
+  bool passed = false;
+  double max_err = 0;      // max |out - fp64 reference|
+  double budget = 0;       // 2 * max |same-precision emulation - reference| + atol
+  double lse_max_err = 0;  // over rows with a finite reference LSE
+  double lse_budget = 0;
+  int64_t nan_outputs = 0;     // NaN or inf in out (includes unwritten elements)
+  int64_t touched_gaps = 0;    // gap elements of the output allocation that changed
+  int64_t lse_mismatches = 0;  // -inf where the reference is finite or the reverse, or NaN
+  int rows_checked = 0;
+  std::string summary() const;
+};
+
+// Rows to check, as (batch, head, query) triples.
+struct RowId {
+  int b, h, i;
+};
+std::vector<RowId> all_rows(const Shape& shape);
+// A sample for large problems: the first/last rows, rows around the causal diagonal's
+// edges and random rows of the first and last (batch, head).
+std::vector<RowId> sample_rows(const Shape& shape, int count, uint64_t seed);
+
+// Copies the outputs back and checks `rows` (gaps and NaN are checked over the whole output).
+CheckResult check_outputs(const Workload& workload, const std::vector<RowId>& rows);
+
+}  // namespace hattn::harness
