@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Regenerates the result tables in README.md and docs/guide/*.md from results files.
+
+Tables live between marker lines, so the prose around them is never touched:
+
+    <!-- results:lineage -->          the README's lineage summary
+    <!-- results:KERNEL_NAME -->      a guide chapter's grid for one kernel
+    <!-- /results -->
+
+Numbers come only from hattn-bench CSV files (default: results/lineage.csv).
+Usage: tools/gen_docs.py [--results results/lineage.csv] [--check]
+"""
+import argparse
+import csv
+import math
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"(<!-- results:([\w.-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
+
+
+def load(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for key in ("head_dim", "seqlen_q", "batch", "heads_q", "causal", "reps"):
+            r[key] = int(r[key])
+        for key in ("ms", "tflops", "pct_gemm", "gemm_tflops", "sm_clock_mhz"):
+            r[key] = float(r[key])
+    return rows
+
+
+def provenance(rows, path):
+    first = rows[0]
+    clocks = sorted({int(r["sm_clock_mhz"]) for r in rows if r["sm_clock_mhz"] > 0})
+    clock = f"{clocks[0]}-{clocks[-1]} MHz" if len(clocks) > 1 else f"{clocks[0]} MHz" if clocks else "unknown"
+    return (f"_{first['gpu']}, commit `{first['commit']}`, SM clock {clock}, "
+            f"cuBLAS bf16 GEMM ceiling {first['gemm_tflops']:.0f} TFLOP/s in the same run; "
+            f"from `{path.relative_to(ROOT)}` by `tools/gen_docs.py`._\n")
+
+
+def fmt(r):
+    if r is None:
+        return "–"
+    if r["check"] != "PASS":
+        return r["check"]
+    return f"{r['tflops']:.1f}"
+
+
+def kernel_table(rows, kernel, previous, path):
+    mine = [r for r in rows if r["kernel"] == kernel and r["seqlen_q"] == int(r["seqlen_k"])]
+    if not mine:
+        return f"_No results for {kernel} yet in `{path.relative_to(ROOT)}`._\n"
+    seqlens = sorted({r["seqlen_q"] for r in mine})
+    index = {(r["head_dim"], r["causal"], r["seqlen_q"]): r for r in mine}
+    out = ["TFLOP/s, bf16 forward, batch × seqlen = 16384, heads × D = 2048:\n", "",
+           "| D | mask | " + " | ".join(f"S={s}" for s in seqlens) + " |",
+           "|---|---|" + "---|" * len(seqlens)]
+    for d in sorted({r["head_dim"] for r in mine}):
+        for causal in (0, 1):
+            if not any(k[0] == d and k[1] == causal for k in index):
+                continue
+            cells = [fmt(index.get((d, causal, s))) for s in seqlens]
+            out.append(f"| {d} | {'causal' if causal else 'full'} | " + " | ".join(cells) + " |")
+    out.append("")
+    if previous:
+        prev = {(r["head_dim"], r["causal"], r["seqlen_q"]): r for r in rows if r["kernel"] == previous}
+        ratios = [index[k]["tflops"] / prev[k]["tflops"] for k in index
+                  if k in prev and index[k]["check"] == prev[k]["check"] == "PASS" and prev[k]["tflops"] > 0]
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            out.append(f"Against the previous step ({previous}): {geo:.2f}× (geometric mean over "
+                       f"{len(ratios)} shapes; range {min(ratios):.2f}× to {max(ratios):.2f}×).\n")
+    out.append(provenance(rows, path))
+    return "\n".join(out) + "\n"
+
+
+def lineage_table(rows, kernels, descriptions, path):
+    points = [(128, 0, 4096), (128, 0, 16384), (128, 1, 16384), (64, 0, 16384), (256, 0, 16384)]
+    index = {(r["kernel"], r["head_dim"], r["causal"], r["seqlen_q"]): r for r in rows}
+    head = " | ".join(f"D={d} {'causal' if c else 'full'} S={s // 1024}k" for d, c, s in points)
+    out = ["TFLOP/s, bf16 forward (batch × seqlen = 16384, heads × D = 2048):\n", "",
+           f"| step | main idea | {head} |", "|---|---|" + "---|" * len(points)]
+    for k in kernels:
+        cells = [fmt(index.get((k, d, c, s))) for d, c, s in points]
+        link = f"[{k}](docs/guide/{k}.md)"
+        out.append(f"| {link} | {descriptions.get(k, '')} | " + " | ".join(cells) + " |")
+    out += ["", provenance(rows, path)]
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=str(ROOT / "results" / "lineage.csv"))
+    ap.add_argument("--check", action="store_true", help="exit 1 if any file would change")
+    args = ap.parse_args()
+    path = pathlib.Path(args.results).resolve()
+    rows = load(path)
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    descriptions = {}
+    for line in (ROOT / "src").glob("kernels/*.cu"):
+        m = re.search(r'KernelEntry entry\{\s*"(\w+)",\s*"([^"]+)"', line.read_text())
+        if m:
+            descriptions[m.group(1)] = m.group(2)
+
+    def render(name):
+        if name == "lineage":
+            return lineage_table(rows, kernels, descriptions, path)
+        previous = None
+        names = sorted(set(kernels) | {name})
+        i = names.index(name)
+        if i > 0 and names[i - 1] in kernels:
+            previous = names[i - 1]
+        return kernel_table(rows, name, previous, path)
+
+    changed = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]:
+        if not doc.exists():
+            continue
+        text = doc.read_text()
+        new = MARKER.sub(lambda m: m.group(1) + render(m.group(2)) + m.group(4), text)
+        if new != text:
+            changed.append(doc.relative_to(ROOT))
+            if not args.check:
+                doc.write_text(new)
+    for c in changed:
+        print(("would update " if args.check else "updated ") + str(c))
+    return 1 if args.check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
