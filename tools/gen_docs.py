@@ -55,7 +55,7 @@ def kernel_table(rows, kernel, previous, path):
         return f"_No results for {kernel} yet in `{path.relative_to(ROOT)}`._\n"
     seqlens = sorted({r["seqlen_q"] for r in mine})
     index = {(r["head_dim"], r["causal"], r["seqlen_q"]): r for r in mine}
-    out = ["TFLOP/s, bf16 forward, batch × seqlen = 16384, heads × D = 2048:\n", "",
+    out = ["TFLOP/s, bf16 forward, batch × seqlen = 16384, heads × D = 2048:", "",
            "| D | mask | " + " | ".join(f"S={s}" for s in seqlens) + " |",
            "|---|---|" + "---|" * len(seqlens)]
     for d in sorted({r["head_dim"] for r in mine}):
@@ -81,7 +81,7 @@ def lineage_table(rows, kernels, descriptions, path):
     points = [(128, 0, 4096), (128, 0, 16384), (128, 1, 16384), (64, 0, 16384), (256, 0, 16384)]
     index = {(r["kernel"], r["head_dim"], r["causal"], r["seqlen_q"]): r for r in rows}
     head = " | ".join(f"D={d} {'causal' if c else 'full'} S={s // 1024}k" for d, c, s in points)
-    out = ["TFLOP/s, bf16 forward (batch × seqlen = 16384, heads × D = 2048):\n", "",
+    out = ["TFLOP/s, bf16 forward (batch × seqlen = 16384, heads × D = 2048):", "",
            f"| step | main idea | {head} |", "|---|---|" + "---|" * len(points)]
     for k in kernels:
         cells = [fmt(index.get((k, d, c, s))) for d, c, s in points]
@@ -100,10 +100,18 @@ def main():
     rows = load(path)
     kernels = list(dict.fromkeys(r["kernel"] for r in rows))
     descriptions = {}
-    for line in (ROOT / "src").glob("kernels/*.cu"):
-        m = re.search(r'KernelEntry entry\{\s*"(\w+)",\s*"([^"]+)"', line.read_text())
-        if m:
-            descriptions[m.group(1)] = m.group(2)
+    for source in sorted((ROOT / "src" / "kernels").glob("*.cu")):
+        # The entry is `KernelEntry entry{NAME, "description" "maybe continued", ...}`, where
+        # NAME is a literal or kName, defined as `kName = "..."`.
+        text = source.read_text()
+        m = re.search(r'KernelEntry entry\{\s*(kName|"\w+"),\s*((?:"[^"]*"\s*)+)', text)
+        if not m:
+            continue
+        name = m.group(1).strip('"')
+        if name == "kName":
+            k = re.search(r'kName = "(\w+)"', text)
+            name = k.group(1) if k else source.stem
+        descriptions[name] = "".join(re.findall(r'"([^"]*)"', m.group(2)))
 
     def render(name):
         if name == "lineage":
