@@ -50,6 +50,11 @@ const std::vector<const KernelEntry*>& registry() {
   static const std::vector<const KernelEntry*> entries = {
       &kernel_01_naive(),
       &kernel_02_fused_online_softmax(),
+      &kernel_03_mma_sync(),
+      &kernel_04_swizzle(),
+      &kernel_05_cp_async_pipeline(),
+      &kernel_07_wgmma(),
+      &kernel_08_warp_specialization(),
   };
   return entries;
 }

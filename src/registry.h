@@ -18,6 +18,11 @@ struct KernelEntry {
 // One accessor per lineage kernel, defined in its own file under src/kernels/.
 const KernelEntry& kernel_01_naive();
 const KernelEntry& kernel_02_fused_online_softmax();
+const KernelEntry& kernel_03_mma_sync();
+const KernelEntry& kernel_04_swizzle();
+const KernelEntry& kernel_05_cp_async_pipeline();
+const KernelEntry& kernel_07_wgmma();
+const KernelEntry& kernel_08_warp_specialization();
 
 // All entries in lineage order.
 const std::vector<const KernelEntry*>& registry();

@@ -1,0 +1,26 @@
+// Register-fragment helpers shared by the tensor-core kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace hattn::frag {
+
+// Two floats rounded to T and packed in one 32-bit register, `lo` in the low half (the lower
+// column of an mma/wgmma A fragment).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return reinterpret_cast<const uint32_t&>(h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return reinterpret_cast<const uint32_t&>(h);
+}
+
+}  // namespace hattn::frag

@@ -1,0 +1,18 @@
+// Shared-memory addresses in the form PTX shared-space instructions take.
+//
+// ldmatrix, cp.async and friends address shared memory with a 32-bit offset in the .shared
+// window, not a generic 64-bit pointer. __cvta_generic_to_shared is the compiler's spelling of
+// `cvta.to.shared.u64` (PTX ISA: Data Movement and Conversion Instructions: cvta,
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-cvta).
+#pragma once
+
+#include <cstdint>
+
+namespace hattn::ptx {
+
+// The .shared-window address of a pointer into this block's shared memory.
+__device__ __forceinline__ uint32_t cvta_to_shared_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+}  // namespace hattn::ptx

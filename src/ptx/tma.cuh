@@ -1,0 +1,39 @@
+// TMA: bulk tensor copies between global and shared memory, described by a tensor map.
+//
+// PTX ISA: Data Movement and Conversion Instructions: cp.async.bulk.tensor,
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-cp-async-bulk-tensor
+// The tensor map (a CUtensorMap built on the host by cuTensorMapEncodeTiled) must live in
+// param/const/global memory: kernels take it as a `const __grid_constant__` parameter.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "ptx/smem.cuh"
+
+namespace hattn::ptx {
+
+// prefetch.tensormap: pulls the descriptor into the cache ahead of the first copy.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// cp.async.bulk.tensor.4d global -> shared, completing on `bar` (its bytes count towards the
+// barrier's expect_tx). Coordinates are innermost first; out-of-bounds elements read as 0.
+__device__ __forceinline__ void cp_async_bulk_tensor_4d_g2s(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                            int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(cvta_to_shared_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(cvta_to_shared_u32(bar))
+      : "memory");
+}
+
+// fence.proxy.async.shared::cta: orders this thread's generic-proxy shared-memory writes
+// before later async-proxy (TMA, wgmma) accesses of the same memory.
+__device__ __forceinline__ void fence_proxy_async_shared_cta() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+}  // namespace hattn::ptx
