@@ -53,8 +53,10 @@ const std::vector<const KernelEntry*>& registry() {
       &kernel_03_mma_sync(),
       &kernel_04_swizzle(),
       &kernel_05_cp_async_pipeline(),
+      &kernel_06_tma_mbarrier(),
       &kernel_07_wgmma(),
       &kernel_08_warp_specialization(),
+      &kernel_09_pingpong(),
   };
   return entries;
 }

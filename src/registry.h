@@ -21,8 +21,10 @@ const KernelEntry& kernel_02_fused_online_softmax();
 const KernelEntry& kernel_03_mma_sync();
 const KernelEntry& kernel_04_swizzle();
 const KernelEntry& kernel_05_cp_async_pipeline();
+const KernelEntry& kernel_06_tma_mbarrier();
 const KernelEntry& kernel_07_wgmma();
 const KernelEntry& kernel_08_warp_specialization();
+const KernelEntry& kernel_09_pingpong();
 
 // All entries in lineage order.
 const std::vector<const KernelEntry*>& registry();

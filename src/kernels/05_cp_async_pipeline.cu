@@ -24,23 +24,26 @@
 //   4. S = Q K^T, masks, online softmax, O += P V on stage t % kStages, exactly as in 04,
 //      while the copies of step 3 run.
 //   epilogue: as in 04.
-// Timeline with kStages = 2 (L = copies in flight, C = compute):
-//   copies:  L0 L1 ...... L2 ...... L3 ......
-//   compute:    |wait L0| C0 |wait L1| C1 | ...      the copy of tile t+1 hides behind C t
+// Timeline with kStages = 2 (Lt = copies of tile t in flight, Ct = compute on tile t):
+//   copies:   L0 ------->| L1 ------->| L2 ------->| L3 ...
+//   compute:  (wait L0)  | C0         | C1         | C2 ...
+//   each L t+1 is issued at the start of C t and hides behind it.
 //
 // Why: in 04 every tile costs load latency + compute, and the tensor cores sit idle during the
-// load (a few microseconds of L2/HBM latency per tile is comparable to the tile's MMA time).
+// load (the latency of an L2/HBM round trip is comparable to one tile's MMA time).
 // With the copy of the next tile in flight during this tile's MMAs, a tile costs about
 // max(load, compute). cp.async also frees the registers 04 spent staging 16-byte loads.
 // Expected effect: FlashAttention-2 territory on H200 for D = 64 and 128 at long sequences;
 // measured in results/, see docs/guide/05_cp_async_pipeline.md.
 // Known limits: still mma.sync, a fraction of Hopper's wgmma rate; every warp re-reads all of
-// K and V from shared memory (16 query rows per warp); address generation and the copies are
-// issued by the same warps that compute (the TMA and warp specialization steps remove both).
+// K and V from shared memory for only 16 or 32 query rows; address generation and the copies
+// are issued by the same warps that compute (the TMA and warp specialization steps remove
+// both).
 #include <cmath>
 #include <cstdint>
 
 #include "common.cuh"
+#include "fragment.cuh"
 #include "params.h"
 #include "ptx/cp_async.cuh"
 #include "ptx/ex2.cuh"
@@ -59,17 +62,22 @@ template <int D>
 struct Config {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRowsPerWarp = 16;                 // one m16 MMA tile of query rows per warp
+  // m16 MMA tiles of query rows per warp. With two, every K or V fragment a warp loads from
+  // shared memory feeds two MMAs instead of one: half the shared-memory bytes per MMA, at the
+  // price of a second set of O and S accumulators. That fits in 255 registers only for D = 64
+  // (D = 128 spills; D = 256's O alone takes 128 registers per m tile).
+  static constexpr int kMTiles = D == 64 ? 2 : 1;
+  static constexpr int kRowsPerWarp = 16 * kMTiles;
   static constexpr int kBlockM = kRowsPerWarp * kWarps;   // query rows per CTA
   static constexpr int kBlockN = D == 256 ? 32 : 64;      // keys per K/V tile
   static constexpr int kStages = 2;                       // K/V tiles in the shared-memory ring
-  // D = 256: the O accumulator alone takes 128 registers per lane; 64 more for Q would not fit
-  // beside it, so Q's fragments are re-read from shared memory each tile.
-  static constexpr bool kQInRegisters = D != 256;
+  // Q's A fragments take kMTiles * D / 4 registers per lane: kept for the whole K/V loop when
+  // that is at most 32 (D = 64), otherwise re-read from shared memory with ldmatrix per tile.
+  static constexpr bool kQInRegisters = kMTiles * D / 4 <= 32;
 
   static_assert(D % 16 == 0, "ldmatrix_x4 covers 16 columns of D at a time");
   static_assert(kBlockN % 16 == 0, "P V consumes keys 16 at a time (the k of m16n8k16)");
-  static_assert(kRowsPerWarp == 16, "the fragment code assumes one m16 tile per warp");
+  static_assert(kMTiles >= 1, "a warp owns at least one m16 tile of query rows");
   static_assert(kStages >= 2, "a pipeline needs one stage to compute on and one to load into");
   static_assert((kBlockM * D / 8) % kThreads == 0 && (kBlockN * D / 8) % kThreads == 0,
                 "tile loads give every thread the same number of 16-byte chunks");
@@ -111,21 +119,6 @@ __device__ __forceinline__ uint32_t tile_addr(uint32_t tile, uint32_t lane_off, 
   return tile + (lane_off ^ (col / kChunkElems % 8 * 16)) + sizeof(T) * (row * D + col / 64 * 64);
 }
 
-// Two floats rounded to T and packed in one register, `lo` in the low half (the lower
-// column of an mma fragment).
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return reinterpret_cast<const uint32_t&>(h);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return reinterpret_cast<const uint32_t&>(h);
-}
-
 // Issues cp.async copies of rows [row0, row0 + kRows) of a [n_rows, D] matrix whose rows are
 // `stride` elements apart into a shared tile, 16 bytes per thread per step; consecutive
 // threads take consecutive chunks of a row (coalesced), and each thread keeps one column,
@@ -139,7 +132,8 @@ __device__ __forceinline__ void load_tile_async(T* tile /* [kRows, D] */, const 
   constexpr int kChunksPerRow = D / kChunkElems;
   constexpr int kRowsPerStep = kThreads / kChunksPerRow;
   constexpr int kSteps = kRows / kRowsPerStep;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerStep == 0, "whole rows per step, whole steps per tile");
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerStep == 0,
+                "whole rows per step, whole steps per tile");
   const int row = int(threadIdx.x) / kChunksPerRow, col = int(threadIdx.x) % kChunksPerRow * kChunkElems;
   const int rows_left = n_rows - row0 - row;  // rows from this thread's first one to the end of the matrix
   const T* from = src + int64_t(row0 + row) * stride + col;  // handed to the copy only while in range
@@ -157,6 +151,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(Config<D>::kThreads) cp_async_kernel(const AttentionParams p) {
   using Cfg = Config<D>;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
+  constexpr int kMTiles = Cfg::kMTiles;  // m16 tiles of query rows per warp
   constexpr int kDTiles = D / 8;        // n8 tiles of O across D
   constexpr int kNTiles = kBlockN / 8;  // n8 tiles of S across the keys of a tile
 
@@ -216,23 +211,32 @@ __global__ void __launch_bounds__(Config<D>::kThreads) cp_async_kernel(const Att
   //                           (keys 8-15, d 8-15) = b0, b1 of d tile 2j, b0, b1 of d tile 2j+1
   const int v_row = lane % 16, v_col = lane / 16 * 8;
 
-  // Byte offsets of this lane's ldmatrix row pointers inside the three tiles.
+  // Byte offsets of this lane's ldmatrix row pointers inside the three tiles (Q: m tile 0).
   const uint32_t q_lane = sizeof(T) * tile_offset<D>(warp_row + a_row, a_col);
   const uint32_t k_lane = sizeof(T) * tile_offset<D>(k_row, k_col);
   const uint32_t v_lane = sizeof(T) * tile_offset<D>(v_row, v_col);
 
-  uint32_t q_frag[Cfg::kQInRegisters ? D / 16 : 1][4];  // A fragments of Q, one per 16 columns of D
+  // A fragments of Q, per m tile and 16 columns of D (when they stay in registers).
+  constexpr int kQFragTiles = Cfg::kQInRegisters ? kMTiles : 1, kQFragSteps = Cfg::kQInRegisters ? D / 16 : 1;
+  uint32_t q_frag[kQFragTiles][kQFragSteps][4];
   if constexpr (Cfg::kQInRegisters) {
 #pragma unroll
-    for (int kd = 0; kd < D / 16; ++kd) ptx::ldmatrix_x4(q_frag[kd], tile_addr<T, D>(q_smem, q_lane, 0, kd * 16));
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int kd = 0; kd < D / 16; ++kd)
+        ptx::ldmatrix_x4(q_frag[mt][kd], tile_addr<T, D>(q_smem, q_lane, mt * 16, kd * 16));
   }
 
-  // This lane's rows: row0 (fragment elements 0, 1) and row0 + 8 (elements 2, 3); index r.
+  // This lane's rows: row0 + 16 mt + 8 r for m tile mt and fragment half r (elements 2r, 2r+1).
   const int row0 = m_block + warp_row + group;
-  float o_acc[kDTiles][4] = {};                // O, d tile dt: columns dt * 8 + 2 tig + {0, 1}
-  float row_max[2] = {-INFINITY, -INFINITY};   // running max of x, in log2 units
-  float row_sum[2] = {0.f, 0.f};               // running sum of 2^(x - max) over this lane's columns
-  const float scale_log2 = p.scale * kLog2e;   // x = s * scale * log2(e): e^(scale s) = 2^x
+  float o_acc[kMTiles][kDTiles][4] = {};  // O, d tile dt: columns dt * 8 + 2 tig + {0, 1}
+  float row_max[kMTiles][2];              // running max of x, in log2 units
+  float row_sum[kMTiles][2];              // running sum of 2^(x - max) over this lane's columns
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_max[mt][r] = -INFINITY, row_sum[mt][r] = 0.f;
+  const float scale_log2 = p.scale * kLog2e;  // x = s * scale * log2(e): e^(scale s) = 2^x
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int n_start = tile * kBlockN;
@@ -241,125 +245,152 @@ __global__ void __launch_bounds__(Config<D>::kThreads) cp_async_kernel(const Att
     // RAW: every thread's copies of this tile are visible to all warps. WAR: every warp has
     // finished its ldmatrix reads of the previous tile, whose stage the prefetch below refills.
     __syncthreads();
-    if (tile + Cfg::kStages - 1 < n_tiles) load_kv_async(tile + Cfg::kStages - 1, (tile + Cfg::kStages - 1) % Cfg::kStages);
+    const int prefetch = tile + Cfg::kStages - 1;  // into the stage of tile - 1
+    if (prefetch < n_tiles) load_kv_async(prefetch, prefetch % Cfg::kStages);
     ptx::cp_async_commit_group();  // possibly empty: one group per iteration keeps wait_group's count right
     const uint32_t k_stage = k_smem + stage * uint32_t(sizeof(smem.k[0]));
     const uint32_t v_stage = v_smem + stage * uint32_t(sizeof(smem.v[0]));
 
-    // S = Q K^T for this warp's 16 rows and the tile's kBlockN keys.
-    float s[kNTiles][4] = {};
+    // S = Q K^T for this warp's rows and the tile's kBlockN keys. Each K fragment pair feeds
+    // the MMAs of every m tile.
+    float s[kMTiles][kNTiles][4] = {};
 #pragma unroll
     for (int kd = 0; kd < D / 16; ++kd) {
-      uint32_t a[4];
-      if constexpr (Cfg::kQInRegisters) {
+      uint32_t a[kMTiles][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = q_frag[kd][i];
-      } else {
-        ptx::ldmatrix_x4(a, tile_addr<T, D>(q_smem, q_lane, 0, kd * 16));
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        if constexpr (Cfg::kQInRegisters) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[mt][i] = q_frag[mt][kd][i];
+        } else {
+          ptx::ldmatrix_x4(a[mt], tile_addr<T, D>(q_smem, q_lane, mt * 16, kd * 16));
+        }
       }
 #pragma unroll
       for (int j = 0; j < kNTiles / 2; ++j) {
         uint32_t b[4];
         ptx::ldmatrix_x4(b, tile_addr<T, D>(k_stage, k_lane, j * 16, kd * 16));
-        ptx::mma_m16n8k16<T>(s[2 * j], a, b[0], b[1]);
-        ptx::mma_m16n8k16<T>(s[2 * j + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          ptx::mma_m16n8k16<T>(s[mt][2 * j], a[mt], b[0], b[1]);
+          ptx::mma_m16n8k16<T>(s[mt][2 * j + 1], a[mt], b[2], b[3]);
+        }
       }
     }
 
     // Scores to log2 units; masked entries to -inf. Only the tile that crosses Sk and the
     // tiles that cross this warp's part of the causal diagonal need the mask.
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
     const bool need_mask = n_start + kBlockN > p.seqlen_k ||
                            (p.causal && n_start + kBlockN - 1 > m_block + warp_row + p.causal_offset);
     if (need_mask) {
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n_start + nt * 8 + 2 * tig + e % 2;
-          const int row = row0 + e / 2 * 8;
-          if (col >= p.seqlen_k || (p.causal && col > row + p.causal_offset)) s[nt][e] = -INFINITY;
-        }
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n_start + nt * 8 + 2 * tig + e % 2;
+            const int row = row0 + mt * 16 + e / 2 * 8;
+            if (col >= p.seqlen_k || (p.causal && col > row + p.causal_offset)) s[mt][nt][e] = -INFINITY;
+          }
     }
 
     // Online softmax on the registers: each row lives in one quad (4 lanes, same group).
-    float alpha[2];  // 2^(m_old - m_new): rescales what was accumulated so far
+    float alpha[kMTiles][2];  // 2^(m_old - m_new): rescales what was accumulated so far
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m = row_max[r];
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) m = fmaxf(m, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      // A row that has seen no key yet still has max -inf; subtracting 0 instead keeps
-      // 2^(-inf - (-inf)) from making a NaN: its weights and alpha are then simply 0.
-      const float m_safe = m == -INFINITY ? 0.f : m;
-      alpha[r] = ptx::ex2_approx_ftz_f32(row_max[r] - m_safe);
-      row_max[r] = m;
-      float sum = 0.f;
+      for (int r = 0; r < 2; ++r) {
+        float m = row_max[mt][r];
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+        for (int nt = 0; nt < kNTiles; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        // A row that has seen no key yet still has max -inf; subtracting 0 instead keeps
+        // 2^(-inf - (-inf)) from making a NaN: its weights and alpha are then simply 0.
+        const float m_safe = m == -INFINITY ? 0.f : m;
+        alpha[mt][r] = ptx::ex2_approx_ftz_f32(row_max[mt][r] - m_safe);
+        row_max[mt][r] = m;
+        float sum = 0.f;
 #pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[nt][e] = ptx::ex2_approx_ftz_f32(s[nt][e] - m_safe);
-          sum += s[nt][e];
-        }
-      row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
+        for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-      o_acc[dt][0] *= alpha[0];
-      o_acc[dt][1] *= alpha[0];
-      o_acc[dt][2] *= alpha[1];
-      o_acc[dt][3] *= alpha[1];
-    }
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[mt][nt][e] = ptx::ex2_approx_ftz_f32(s[mt][nt][e] - m_safe);
+            sum += s[mt][nt][e];
+          }
+        row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;
+      }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        o_acc[mt][dt][0] *= alpha[mt][0];
+        o_acc[mt][dt][1] *= alpha[mt][0];
+        o_acc[mt][dt][2] *= alpha[mt][1];
+        o_acc[mt][dt][3] *= alpha[mt][1];
+      }
 
     // O += P V, 16 keys per step. The A fragment of P[16 rows, keys 16 kk .. 16 kk + 15] is
     // the accumulators of S tiles 2 kk (keys + 0..7) and 2 kk + 1 (keys + 8..15):
     //   a[0] = P[g][2t, 2t+1]   = s[2kk][0, 1]       a[1] = P[g+8][2t, 2t+1]   = s[2kk][2, 3]
     //   a[2] = P[g][2t+8, 2t+9] = s[2kk+1][0, 1]     a[3] = P[g+8][2t+8, 2t+9] = s[2kk+1][2, 3]
+    // Each V fragment pair feeds the MMAs of every m tile.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        a[mt][0] = frag::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = frag::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = frag::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = frag::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int j = 0; j < kDTiles / 2; ++j) {
         uint32_t b[4];
         ptx::ldmatrix_x4_trans(b, tile_addr<T, D>(v_stage, v_lane, kk * 16, j * 16));
-        ptx::mma_m16n8k16<T>(o_acc[2 * j], a, b[0], b[1]);
-        ptx::mma_m16n8k16<T>(o_acc[2 * j + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          ptx::mma_m16n8k16<T>(o_acc[mt][2 * j], a[mt], b[0], b[1]);
+          ptx::mma_m16n8k16<T>(o_acc[mt][2 * j + 1], a[mt], b[2], b[3]);
+        }
       }
     }
   }
 
   // Epilogue. Finish the row sums across the quad; a row that saw no key has sum 0 and gets
   // output 0 and LSE -inf.
-  float inv_sum[2];
+  float inv_sum[kMTiles][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-    inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
-  }
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_sum[mt][r] += __shfl_xor_sync(0xffffffffu, row_sum[mt][r], 1);
+      row_sum[mt][r] += __shfl_xor_sync(0xffffffffu, row_sum[mt][r], 2);
+      inv_sum[mt][r] = row_sum[mt][r] > 0.f ? 1.f / row_sum[mt][r] : 0.f;
+    }
 
-  // Stage the warp's 16 x D block of O in its own 16 rows of the Q tile (no other warp reads
-  // them), then store whole 16-byte chunks, coalesced, skipping rows past Sq.
+  // Stage the warp's block of O in its own rows of the Q tile (no other warp reads them),
+  // then store whole 16-byte chunks, coalesced, skipping rows past Sq.
   __syncwarp();  // WAR: all lanes' ldmatrix reads of these Q rows are done before they are overwritten
 #pragma unroll
-  for (int dt = 0; dt < kDTiles; ++dt) {
-    const int col = dt * 8 + 2 * tig;
-    *reinterpret_cast<uint32_t*>(smem.q + tile_offset<D>(warp_row + group, col)) =
-        pack2<T>(o_acc[dt][0] * inv_sum[0], o_acc[dt][1] * inv_sum[0]);
-    *reinterpret_cast<uint32_t*>(smem.q + tile_offset<D>(warp_row + group + 8, col)) =
-        pack2<T>(o_acc[dt][2] * inv_sum[1], o_acc[dt][3] * inv_sum[1]);
-  }
-  __syncwarp();  // RAW: the whole 16 x D block is in shared memory before lanes read chunks others wrote
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      const int row = warp_row + mt * 16 + group, col = dt * 8 + 2 * tig;
+      *reinterpret_cast<uint32_t*>(smem.q + tile_offset<D>(row, col)) =
+          frag::pack2<T>(o_acc[mt][dt][0] * inv_sum[mt][0], o_acc[mt][dt][1] * inv_sum[mt][0]);
+      *reinterpret_cast<uint32_t*>(smem.q + tile_offset<D>(row + 8, col)) =
+          frag::pack2<T>(o_acc[mt][dt][2] * inv_sum[mt][1], o_acc[mt][dt][3] * inv_sum[mt][1]);
+    }
+  __syncwarp();  // RAW: the warp's whole block is in shared memory before lanes read chunks others wrote
   constexpr int kChunksPerRow = D / kChunkElems;
 #pragma unroll
   for (int step = 0; step < Cfg::kRowsPerWarp * kChunksPerRow / 32; ++step) {
@@ -374,12 +405,14 @@ __global__ void __launch_bounds__(Config<D>::kThreads) cp_async_kernel(const Att
   // LSE = ln(sum_j e^(scale s_j)) = ln(2^max * sum) = max ln 2 + ln sum, written by one lane per quad.
   if (p.lse != nullptr && tig == 0) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + r * 8;
-      if (row < p.seqlen_q)
-        p.lse[(int64_t(batch) * p.heads_q + head_q) * p.seqlen_q + row] =
-            row_sum[r] > 0.f ? row_max[r] * kLn2 + logf(row_sum[r]) : -INFINITY;
-    }
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + mt * 16 + r * 8;
+        if (row < p.seqlen_q)
+          p.lse[(int64_t(batch) * p.heads_q + head_q) * p.seqlen_q + row] =
+              row_sum[mt][r] > 0.f ? row_max[mt][r] * kLn2 + logf(row_sum[mt][r]) : -INFINITY;
+      }
   }
 }
 
