@@ -57,6 +57,7 @@ const std::vector<const KernelEntry*>& registry() {
       &kernel_07_wgmma(),
       &kernel_08_warp_specialization(),
       &kernel_09_pingpong(),
+      &kernel_10_intra_warpgroup_overlap(),
   };
   return entries;
 }

@@ -25,6 +25,7 @@ const KernelEntry& kernel_06_tma_mbarrier();
 const KernelEntry& kernel_07_wgmma();
 const KernelEntry& kernel_08_warp_specialization();
 const KernelEntry& kernel_09_pingpong();
+const KernelEntry& kernel_10_intra_warpgroup_overlap();
 
 // All entries in lineage order.
 const std::vector<const KernelEntry*>& registry();

@@ -30,6 +30,9 @@ Status encode_fn(PFN_cuTensorMapEncodeTiled_v12000* out) {
 
 Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                             int head_dim, const Strides& strides, int box_rows, int box_cols) {
+  if (box_cols * 2 != 128)  // the kernels' swizzled tile layout assumes 128-byte box rows
+    return {StatusCode::invalid_argument, "tensor map: box_cols * 2 bytes must be 128 (got " +
+                                              std::to_string(box_cols) + " columns)"};
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   Status s = encode_fn(&encode);
   if (!s.ok()) return s;

@@ -16,7 +16,7 @@
 //
 // Dataflow of one CTA:
 //   0. thread 0: Q on q_full; K/V tiles 0 .. kStages-1 on k_full/v_full of their stage.
-//      All threads wait q_full; Q -> registers (ldmatrix).
+//      All threads wait q_full; Q -> registers (ldmatrix) where they fit (see Config).
 //   for each K/V tile (stage = tile % kStages, parity = (tile / kStages) % 2):
 //   1. wait k_full[stage]; S = Q K^T; masks; online softmax (as in 05).
 //   2. wait v_full[stage]; O += P V.

@@ -10,7 +10,7 @@
 //   3. O += P V takes P from registers (the S accumulators, rounded and packed in place: the
 //      wgmma accumulator layout of two n8 column tiles is the A-fragment layout of one k16
 //      step) and V from shared memory, read N-major (V is stored [key][d], the B operand wants
-//      [d][key]: the descriptor's transpose bit does it).
+//      [d][key]: the instruction's imm-trans-b operand, rs<1>, does it).
 //   4. The fence / commit / wait discipline: wgmma_fence() before wgmmas that read registers
 //      written by ordinary instructions, commit after issuing, wait_group<0> before reading the
 //      accumulators.
@@ -265,6 +265,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)  // P was read by the wgmmas until the wait above
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ptx::fence_operand(p_frag[kk][i]);
 
     __syncthreads();  // WAR: both warpgroups' wgmmas have finished reading this stage's K and V
     if (threadIdx.x == 0 && tile + Cfg::kStages < n_tiles)

@@ -1,4 +1,4 @@
-// Lineage step 8: warp specialization: a producer warp feeds consumer warpgroups.
+// Lineage step 8: warp specialization: a producer warpgroup feeds consumer warpgroups.
 //
 // Kernel 8 focus (what changed from 07_wgmma):
 //   1. Roles. Warpgroup 0 is the producer: one thread issues every TMA copy, the rest of the
@@ -57,9 +57,12 @@ struct Config {
   static constexpr int kBlockN = D == 256 ? 64 : 128;  // keys per K/V tile (the N of S = Q K^T)
   static constexpr int kStages = 2;                    // K/V tiles in flight
   static constexpr int kColBlocks = D / 64;            // 64-element (128-byte) column blocks of a row
-  // Register budgets per thread: 24 + 2 x 240 = 504 <= 512 (the file's 64K registers / 128).
+  // Register budgets per thread after setmaxnreg: every 128-thread warpgroup draws on the
+  // 64K-register file, so the budgets of the 1 + kConsumers warpgroups may sum to 512.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
+  static_assert(kProducerRegisters + kConsumers * kConsumerRegisters <= 65536 / 128,
+                "setmaxnreg budgets exceed the register file");
 
   static_assert(D % 64 == 0, "tiles are stored as 64-column blocks, the width of a 128-byte swizzle atom");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
@@ -273,6 +276,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     ptx::wgmma_wait_group<0>();
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)  // P was read by the wgmmas until the wait above
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ptx::fence_operand(p_frag[kk][i]);
 
     // Release the stage: this warp's wgmmas that read K and V have completed (wait_group<0>).
     if (lane == 0) ptx::mbarrier_arrive(&smem.kv_empty[stage]);
@@ -337,7 +344,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const KernelEntry& kernel_08_warp_specialization() {
-  static const KernelEntry entry{kName, "producer warp + consumer warpgroups, K/V ring with full/empty barriers, setmaxnreg",
+  static const KernelEntry entry{kName, "producer warpgroup (one TMA thread) + consumer warpgroups, K/V ring with full/empty barriers, setmaxnreg",
                                  supports, launch};
   return entry;
 }

@@ -1,0 +1,393 @@
+// Lineage step 10: intra-warpgroup overlap: the softmax of tile t runs beside PV of tile t-1.
+//
+// Kernel 10 focus (what changed from 09_pingpong):
+//   1. A warpgroup issues S(t) = Q K(t)^T and, right behind it, O += P(t-1) V(t-1), then
+//      waits only for S(t) (wait_group<1>). The softmax of tile t runs while PV(t-1) is still
+//      on the tensor cores; P(t) is packed once PV(t-1) has released P(t-1)'s registers
+//      (wait_group<0>). The last tile's PV runs after the loop.
+//   2. O is rescaled by tile t-1's alpha between the two issues: PV(t-2) has completed, and
+//      PV(t-1) must accumulate into an O already scaled to tile t-1's running max.
+//   3. The ping-pong turn now covers both issues, so the tensor cores see
+//      S(wg0, t) PV(wg0, t-1) S(wg1, t) PV(wg1, t-1) ... while each warpgroup's softmax runs
+//      beside the other's GEMMs.
+//   4. K and V are released separately: K(t) as soon as S(t) has completed, V(t-1) after
+//      PV(t-1). With V consumed a tile later than K, one release per stage would hold K's
+//      half of the ring for a whole extra tile.
+//
+// Per consumer iteration t (stage st = t % kStages, use u = t / kStages):
+//   wait k_full[st] (u % 2); take the turn; issue S(t); [t > 0: O *= alpha(t-1);
+//   wait v_full of t-1; issue PV(t-1)]; pass the turn; wait_group<1>: S(t) done;
+//   lane 0 of each warp arrives k_empty[st]; mask + softmax(t) -> alpha(t), P(t) as floats;
+//   [t > 0: wait_group<0>: PV(t-1) done; lane 0 arrives v_empty of t-1]; pack P(t).
+//
+// Barriers (who arrives -> who waits):
+//   q_full, k_full[s], v_full[s]   producer's expect_tx + TMA bytes -> every consumer thread
+//   k_empty[s]      lane 0 of each of the 8 consumer warps once S has read K -> the producer,
+//                   before it loads the next K into stage s
+//   v_empty[s]      lane 0 of each consumer warp once PV has read V -> the producer, before it
+//                   loads the next V into stage s
+//   kTurnConsumer0/1 (named): as in 09, around the issue of S(t) and PV(t-1)
+//
+// Why: in 09 a warpgroup still idles from issuing S(t) until it completes and again from
+// issuing PV(t) until it completes; now the exp2/max/sum work of tile t hides behind PV(t-1).
+// Expected effect: the largest gain of the Hopper steps after wgmma itself; see results/.
+// Known limits: one S accumulator set per warpgroup (no two-tile lookahead); the epilogue
+// stores from registers; no persistent scheduling (steps 11 and 12).
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common.cuh"
+#include "fragment.cuh"
+#include "params.h"
+#include "ptx/ex2.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/named_barrier.cuh"
+#include "ptx/setmaxnreg.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+#include "registry.h"
+#include "tensor_map.h"
+
+namespace hattn {
+namespace {
+
+constexpr const char* kName = "10_intra_warpgroup_overlap";
+
+// Named barrier ids (0 is __syncthreads): one "turn" barrier per consumer warpgroup.
+enum NamedBarrier : int { kTurnConsumer0 = 1, kTurnConsumer1 = 2 };
+constexpr int kTurnThreads = 2 * 128;  // the waiting warpgroup + the arriving one
+
+template <int D>
+struct Config {
+  static constexpr int kConsumers = 2;                  // consumer warpgroups
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
+  static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA: 64 per consumer
+  static constexpr int kBlockN = D == 256 ? 64 : 128;  // keys per K/V tile (the N of S = Q K^T)
+  static constexpr int kStages = 2;                    // K/V tiles in flight
+  static constexpr int kColBlocks = D / 64;            // 64-element (128-byte) column blocks of a row
+  // Register budgets per thread after setmaxnreg: every 128-thread warpgroup draws on the
+  // 64K-register file, so the budgets of the 1 + kConsumers warpgroups may sum to 512.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(kProducerRegisters + kConsumers * kConsumerRegisters <= 65536 / 128,
+                "setmaxnreg budgets exceed the register file");
+
+  static_assert(D % 64 == 0, "tiles are stored as 64-column blocks, the width of a 128-byte swizzle atom");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kSwizzleBytes = 128;  // one row of a 64-column block
+constexpr int kAtomBytes = 1024;    // 8 rows x 128 bytes: the swizzle pattern's period
+
+// Every tile is [kColBlocks][rows][64]: TMA writes one 64-column box per block, 128B-swizzled.
+template <typename T, int D>
+struct SharedStorage {
+  using Cfg = Config<D>;
+  alignas(kAtomBytes) T q[Cfg::kColBlocks][Cfg::kBlockM * 64];
+  alignas(kAtomBytes) T k[Cfg::kStages][Cfg::kColBlocks][Cfg::kBlockN * 64];
+  alignas(kAtomBytes) T v[Cfg::kStages][Cfg::kColBlocks][Cfg::kBlockN * 64];
+  uint64_t q_full;
+  uint64_t k_full[Cfg::kStages];
+  uint64_t v_full[Cfg::kStages];
+  uint64_t k_empty[Cfg::kStages];
+  uint64_t v_empty[Cfg::kStages];
+};
+
+template <typename T, int D>
+constexpr int smem_bytes() {
+  return int(sizeof(SharedStorage<T, D>)) + kAtomBytes;  // + slack to align the base to 1024
+}
+
+// Issues the TMA copies of one K or V tile (`tile` of the keys) into `dst`, completing on
+// `full` (the producer thread only): one 64-column box per column block.
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(T (&dst)[Config<D>::kColBlocks][Config<D>::kBlockN * 64],
+                                          const CUtensorMap* map, int tile, int head_kv, int batch, uint64_t* full) {
+  using Cfg = Config<D>;
+  ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * D * sizeof(T));
+#pragma unroll
+  for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
+    ptx::cp_async_bulk_tensor_4d_g2s(dst[cb], map, cb * 64, tile * Cfg::kBlockN, head_kv, batch, full);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(Config<D>::kThreads, 1)
+    overlap_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                 const __grid_constant__ CUtensorMap v_map, const AttentionParams p) {
+  using Cfg = Config<D>;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  constexpr int kNTiles = kBlockN / 8;  // n8 column tiles of S in the accumulator
+  constexpr int kDTiles = D / 8;        // n8 column tiles of O
+
+  extern __shared__ unsigned char smem_raw[];
+  // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
+  // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
+  auto& smem = *reinterpret_cast<SharedStorage<T, D>*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) / kAtomBytes * kAtomBytes);
+
+  const int warpgroup = int(threadIdx.x) / 128 - 1;  // consumer index; -1 is the producer
+  const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
+  const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
+  const int m_block = int(blockIdx.x) * kBlockM;
+  const int head_q = int(blockIdx.y), batch = int(blockIdx.z);
+  const int head_kv = head_q / p.heads_per_kv;
+
+  int n_end = p.seqlen_k;
+  if (p.causal) n_end = max(0, min(n_end, min(m_block + kBlockM, p.seqlen_q) + p.causal_offset));
+  const int n_tiles = (n_end + kBlockN - 1) / kBlockN;
+
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&q_map);
+    ptx::prefetch_tensormap(&k_map);
+    ptx::prefetch_tensormap(&v_map);
+    ptx::mbarrier_init(&smem.q_full, 1);
+#pragma unroll
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbarrier_init(&smem.k_full[s], 1);
+      ptx::mbarrier_init(&smem.v_full[s], 1);
+      ptx::mbarrier_init(&smem.k_empty[s], Cfg::kConsumers * 4);  // one arrival per consumer warp
+      ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumers * 4);
+    }
+    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+  }
+  __syncthreads();  // no thread waits on a barrier before it is initialized
+
+  if (warpgroup < 0) {
+    // Producer. Every warp of the warpgroup must execute setmaxnreg; one thread then loads.
+    ptx::setmaxnreg_dec<Cfg::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      ptx::mbarrier_arrive_expect_tx(&smem.q_full, kBlockM * D * sizeof(T));
+#pragma unroll
+      for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
+        ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb], &q_map, cb * 64, m_block, head_q, batch, &smem.q_full);
+      for (int tile = 0; tile < n_tiles; ++tile) {
+        const int stage = tile % Cfg::kStages;
+        const uint32_t previous_use = (tile / Cfg::kStages - 1) % 2;
+        // WAR: the consumers have released this stage's K (then V) of tile - kStages.
+        if (tile >= Cfg::kStages) ptx::mbarrier_wait(&smem.k_empty[stage], previous_use);
+        load_tile<T, D>(smem.k[stage], &k_map, tile, head_kv, batch, &smem.k_full[stage]);
+        if (tile >= Cfg::kStages) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
+        load_tile<T, D>(smem.v[stage], &v_map, tile, head_kv, batch, &smem.v_full[stage]);
+      }
+    }
+    return;
+  }
+  ptx::setmaxnreg_inc<Cfg::kConsumerRegisters>();
+
+  // This thread's rows: row0 (accumulator elements 0, 1 of each n8 tile) and row0 + 8 (2, 3).
+  const int warp_row = warpgroup * 64 + warp_in_wg * 16;  // first row of this warp inside the CTA tile
+  const int row0 = m_block + warp_row + group;
+  float o[kDTiles * 4] = {};  // O: n8 tile dt holds columns 8 dt + 2 t + {0, 1}
+  float s[kNTiles * 4];       // S / P of the current tile
+  float row_max[2] = {-INFINITY, -INFINITY};  // running max of x = s * scale * log2(e)
+  float row_sum[2] = {0.f, 0.f};              // running sum of 2^(x - max) over this thread's columns
+  const float scale_log2 = p.scale * kLog2e;
+
+  ptx::mbarrier_wait(&smem.q_full, 0);  // Q has landed (also before exit: no copy outlives the CTA)
+
+  const int my_turn = warpgroup == 0 ? kTurnConsumer0 : kTurnConsumer1;
+  const int next_turn = warpgroup == 0 ? kTurnConsumer1 : kTurnConsumer0;
+  if (warpgroup == 1) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);  // consumer 0 goes first
+
+  uint32_t p_frag[kBlockN / 16][4];  // P of the previous tile, as wgmma A fragments
+  float alpha[2] = {1.f, 1.f};        // the previous tile's rescale factor, not yet applied to O
+
+  // O *= alpha, then O += P V(tile) issued (not waited for). PV(tile - 1) has completed, so O
+  // is not being written; P and the rescaled O are fenced in before the wgmmas read them.
+  auto issue_pv = [&](int tile) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      o[dt * 4 + 0] *= alpha[0];
+      o[dt * 4 + 1] *= alpha[0];
+      o[dt * 4 + 2] *= alpha[1];
+      o[dt * 4 + 3] *= alpha[1];
+    }
+    ptx::mbarrier_wait(&smem.v_full[tile % Cfg::kStages], (tile / Cfg::kStages) % 2);
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
+    ptx::wgmma_fence();
+    // Per 16 keys one wgmma with N = D. V is read N-major: 16 keys = 2048 bytes down the tile;
+    // the 64-column blocks are kBlockN * 128 bytes apart (LBO).
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const T* v_tile = smem.v[tile % Cfg::kStages][0] + kk * 16 * 64;
+      ptx::WgmmaM64K16<T, D>::template rs<1>(
+          o, p_frag[kk], ptx::make_smem_desc_sw128(v_tile, kBlockN * kSwizzleBytes, kAtomBytes), 1);
+    }
+    ptx::wgmma_commit_group();
+  };
+  // After wait_group<0>: PV(tile) has read V and P; release V's stage.
+  auto finish_pv = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) ptx::fence_operand(p_frag[kk][i]);
+    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[tile % Cfg::kStages]);
+  };
+
+  // One K/V tile: S(t) and, after the first tile, PV(t - 1) issued in the turn, then the
+  // softmax of t beside PV(t - 1). kHasPrevious is a compile-time flag: a wgmma under a
+  // run-time branch makes ptxas serialize every wgmma of the kernel (C7518), so the first
+  // tile is peeled off instead.
+  auto step = [&](int tile, auto has_previous) {
+    constexpr bool kHasPrevious = decltype(has_previous)::value;
+    const int stage = tile % Cfg::kStages;
+    const uint32_t parity = (tile / Cfg::kStages) % 2;
+    const int n_start = tile * kBlockN;
+
+    // In the turn: S(t) = Q K(t)^T, then PV(t - 1) right behind it.
+    ptx::mbarrier_wait(&smem.k_full[stage], parity);
+    ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the other warpgroup has issued its GEMMs
+#pragma unroll
+    for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const T* q_tile = smem.q[kk / 4] + warpgroup * 64 * 64 + kk % 4 * 16;
+      const T* k_tile = smem.k[stage][kk / 4] + kk % 4 * 16;
+      ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::make_smem_desc_sw128(q_tile, 16, kAtomBytes),
+                                                   ptx::make_smem_desc_sw128(k_tile, 16, kAtomBytes), kk > 0);
+    }
+    ptx::wgmma_commit_group();
+    if constexpr (kHasPrevious) issue_pv(tile - 1);
+    // Pass the turn on. Consumer 1's last hand-off would have no matching bar.sync.
+    if (warpgroup == 0 || tile + 1 < n_tiles) ptx::bar_arrive(next_turn, kTurnThreads);
+    ptx::wgmma_wait_group<kHasPrevious ? 1 : 0>();  // S(t) has completed; PV(t - 1) may still run
+#pragma unroll
+    for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
+    if (lane == 0) ptx::mbarrier_arrive(&smem.k_empty[stage]);  // S(t) has read K(t)
+
+    // Scores to log2 units; masked entries to -inf (only tiles crossing Sk or the diagonal).
+#pragma unroll
+    for (int i = 0; i < kNTiles * 4; ++i) s[i] *= scale_log2;
+    const bool need_mask = n_start + kBlockN > p.seqlen_k ||
+                           (p.causal && n_start + kBlockN - 1 > m_block + warp_row + p.causal_offset);
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n_start + nt * 8 + 2 * tig + e % 2;
+          const int row = row0 + e / 2 * 8;
+          if (col >= p.seqlen_k || (p.causal && col > row + p.causal_offset)) s[nt * 4 + e] = -INFINITY;
+        }
+    }
+
+    // Online softmax (a row lives in the 4 threads of a quad), beside PV(t - 1). alpha(t) is
+    // applied to O just before PV(t) is issued.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = row_max[r];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) m = fmaxf(m, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float m_safe = m == -INFINITY ? 0.f : m;  // a row with no visible key yet: weights 0, not NaN
+      alpha[r] = ptx::ex2_approx_ftz_f32(row_max[r] - m_safe);
+      row_max[r] = m;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[nt * 4 + e] = ptx::ex2_approx_ftz_f32(s[nt * 4 + e] - m_safe);
+          sum += s[nt * 4 + e];
+        }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
+
+    if constexpr (kHasPrevious) {
+      ptx::wgmma_wait_group<0>();  // PV(t - 1) has completed: P(t - 1)'s registers are free
+      finish_pv(tile - 1);
+    }
+    // P(t) as wgmma A fragments, one per 16 keys: S tiles 2kk and 2kk+1, rows g and g+8.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      p_frag[kk][0] = frag::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      p_frag[kk][1] = frag::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      p_frag[kk][2] = frag::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      p_frag[kk][3] = frag::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+
+  // A CTA whose rows see no key (causal, Sq > Sk) skips the GEMMs: O = 0, LSE = -inf below.
+  if (n_tiles > 0) {
+    step(0, std::false_type{});
+    for (int tile = 1; tile < n_tiles; ++tile) step(tile, std::true_type{});
+    issue_pv(n_tiles - 1);  // the last tile's PV
+    ptx::wgmma_wait_group<0>();
+    finish_pv(n_tiles - 1);
+  }
+
+  // Epilogue: finish the row sums across the quad; rows that saw no key output 0, LSE -inf.
+  float inv_sum[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+    inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+  }
+  T* out = static_cast<T*>(p.out) + batch * p.out_batch_stride + head_q * p.out_head_stride;  // [Sq, D]
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + r * 8;
+    if (row >= p.seqlen_q) continue;
+    T* out_row = out + row * p.out_seq_stride;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+      *reinterpret_cast<uint32_t*>(out_row + dt * 8 + 2 * tig) =
+          frag::pack2<T>(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+    if (p.lse != nullptr && tig == 0)
+      p.lse[(int64_t(batch) * p.heads_q + head_q) * p.seqlen_q + row] =
+          row_sum[r] > 0.f ? row_max[r] * kLn2 + logf(row_sum[r]) : -INFINITY;
+  }
+}
+
+template <typename T, int D>
+Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
+  using Cfg = Config<D>;
+  constexpr int kSmem = smem_bytes<T, D>();
+  static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
+  CUtensorMap q_map, k_map, v_map;
+  Status s = make_bshd_tensor_map(&q_map, problem.q, problem.dtype, problem.batch, problem.seqlen_q, problem.heads_q,
+                                  D, problem.q_strides, Cfg::kBlockM, 64);
+  if (s.ok())
+    s = make_bshd_tensor_map(&k_map, problem.k, problem.dtype, problem.batch, problem.seqlen_k, problem.heads_kv, D,
+                             problem.k_strides, Cfg::kBlockN, 64);
+  if (s.ok())
+    s = make_bshd_tensor_map(&v_map, problem.v, problem.dtype, problem.batch, problem.seqlen_k, problem.heads_kv, D,
+                             problem.v_strides, Cfg::kBlockN, 64);
+  if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
+  const auto kernel = overlap_kernel<T, D>;
+  s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                  "10_intra_warpgroup_overlap: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (!s.ok()) return s;
+  const dim3 grid(unsigned((problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(problem.heads_q),
+                  unsigned(problem.batch));
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(q_map, k_map, v_map, make_params(problem));
+  return launch_status(kName);
+}
+
+Status supports(const AttentionProblem&) { return Status::Ok(); }
+
+Status launch(const AttentionProblem& problem, cudaStream_t stream) {
+  return dispatch_dtype_headdim(problem,
+                                [&]<typename T, int D>() -> Status { return launch_typed<T, D>(problem, stream); });
+}
+
+}  // namespace
+
+const KernelEntry& kernel_10_intra_warpgroup_overlap() {
+  static const KernelEntry entry{kName, "S(t) and PV(t-1) issued together: the softmax of a tile runs beside the previous tile's PV",
+                                 supports, launch};
+  return entry;
+}
+
+}  // namespace hattn
