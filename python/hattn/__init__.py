@@ -1,0 +1,39 @@
+"""hattn: FlashAttention-class forward attention for NVIDIA Hopper GPUs (sm_90a).
+
+    import torch, hattn
+    q = torch.randn(2, 4096, 16, 128, device="cuda", dtype=torch.bfloat16)  # [B, S, H, D]
+    k = torch.randn(2, 4096, 4, 128, device="cuda", dtype=torch.bfloat16)   # GQA: 4 K/V heads
+    v = torch.randn_like(k)
+    out = hattn.attention(q, k, v, causal=True)                              # [B, S, H, D]
+    out, lse = hattn.attention(q, k, v, return_lse=True)                     # lse [B, H, S] fp32
+
+The op is registered as torch.ops.hattn.attention_fwd (works with torch.compile and CUDA graphs).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import List, NamedTuple
+
+# torch first: it loads the CUDA runtime that the extension module shares with it.
+import torch  # noqa: F401
+
+from . import _C
+from .ops import attention, launch, resolve_kernel
+
+__all__ = ["attention", "kernels", "KernelInfo", "launch", "resolve_kernel", "__version__"]
+
+try:
+    __version__ = version("hattn")
+except PackageNotFoundError:  # a build tree on PYTHONPATH rather than an installed package
+    __version__ = "0.0.0+local"
+
+
+class KernelInfo(NamedTuple):
+    name: str  # e.g. "01_naive"; pass it as attention(..., kernel=name)
+    description: str  # the lineage step's main idea
+
+
+def kernels() -> List[KernelInfo]:
+    """The registered kernels in lineage order; "auto" prefers the last one that supports a problem."""
+    return [KernelInfo(name, description) for name, description in _C.kernels()]

@@ -1,0 +1,438 @@
+"""python -m hattn.bench: hattn's kernels against torch SDPA, on the same tensors, in one process.
+
+For every shape it makes BSHD q, k, v (randn + 0.5: never zeros), runs each implementation once
+and checks its output against the reference (SDPA's cuDNN result on contiguous BHSD copies), then
+times the correct ones: CUDA events around each call, warm-up first, a write of a >= 256 MB buffer
+before every call so that no call finds its inputs in L2, the median of --reps calls (fewer, at
+least 5, where they would take more than --budget-s; the count is recorded). hattn kernels are
+timed through hattn.attention (the torch op, as users call it).
+
+Anchors (torch.nn.attention.sdpa_kernel picks the backend; SDPA takes BHSD):
+  sdpa_cudnn       cuDNN on contiguous BHSD copies (its best layout; the reference output)
+  sdpa_cudnn_bshd  cuDNN on q.transpose(1, 2) views of the BSHD tensors (what a BSHD caller gets)
+  sdpa_flash       the FLASH backend (FlashAttention-2) on the same views
+
+Correctness bound: max |out - reference| <= max(2 * max |sdpa_flash - reference| + eps(dtype)/2 * max |reference|,
+4 * eps(dtype) * max |reference|): the tests' rule with FlashAttention-2 as the independent
+same-precision baseline, and a floor of 4 ulps at the largest output. It catches broken kernels;
+the fp64-referenced bounds are the tests' job (python/tests). NaN always fails.
+
+FLOPs = 4 * B * Hq * Sq * Sk * D, halved when causal. Output: a table on stdout (with progress
+lines while it runs) and pybench.csv, pybench.json, pybench_lineage.png, pybench_vs_anchors.png in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import report
+
+GRID_TOKENS = 16384  # batch * seqlen
+GRID_WIDTH = 2048  # heads * head_dim
+GRID_DIMS = (64, 128, 256)
+GRID_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+CAPSTONE_SEQLENS = (32760, 75600)
+CAPSTONE_HEADS = (12, 40)
+CAPSTONE_DIM = 128
+ANCHORS = ("sdpa_cudnn", "sdpa_cudnn_bshd", "sdpa_flash")
+SLOW_PREFIXES = ("01_", "02_")  # the CUDA-core steps of the lineage
+INPUT_MEAN = 0.5
+
+
+@dataclass(frozen=True)
+class Shape:
+    tag: str  # "grid" or "capstone"
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    causal: bool
+
+    @property
+    def flops(self) -> float:
+        return (
+            4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim / (2 if self.causal else 1)
+        )
+
+
+def grid_shapes(dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool]) -> List[Shape]:
+    """The FlashAttention-3 benchmark grid: batch*seqlen = 16384, heads*D = 2048."""
+    return [
+        Shape("grid", max(1, GRID_TOKENS // s), s, s, GRID_WIDTH // d, GRID_WIDTH // d, d, c)
+        for d in dims
+        for s in seqlens
+        for c in causal
+    ]
+
+
+def capstone_shapes() -> List[Shape]:
+    """The video-transformer shapes: B=1, 32,760 or 75,600 tokens, 12 or 40 heads of D=128, no mask."""
+    return [Shape("capstone", 1, s, s, h, h, CAPSTONE_DIM, False) for s in CAPSTONE_SEQLENS for h in CAPSTONE_HEADS]
+
+
+def parse_int_list(text: str) -> List[int]:
+    """ "512,1k,16k" -> [512, 1024, 16384]."""
+    out = []
+    for item in text.split(","):
+        item = item.strip().lower()
+        if not item:
+            continue
+        out.append(int(item[:-1]) * 1024 if item.endswith("k") else int(item))
+    return out
+
+
+def is_slow(name: str) -> bool:
+    return name.startswith(SLOW_PREFIXES)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str] = ()) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m hattn.bench",
+        description="Time hattn kernels against torch SDPA (cuDNN, FLASH) on the FlashAttention-3 grid "
+        "and the capstone shapes.",
+    )
+    p.add_argument("--kernels", default=None,
+                   help="comma-separated hattn kernels (from hattn.kernels(), or auto); default: all")  # fmt: skip
+    p.add_argument(
+        "--anchors", default=",".join(ANCHORS), help=f"comma-separated anchors (default: {','.join(ANCHORS)})"
+    )
+    p.add_argument("--dims", default=",".join(map(str, GRID_DIMS)), help="head dims of the grid (default: 64,128,256)")
+    p.add_argument(
+        "--seqlens", default="512,1k,2k,4k,8k,16k", help="sequence lengths of the grid (default: 512,1k,2k,4k,8k,16k)"
+    )
+    p.add_argument("--causal", choices=("both", "yes", "no"), default="both", help="grid masks (default: both)")
+    p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True, help="run the grid (default: yes)")
+    p.add_argument("--capstone", action=argparse.BooleanOptionalAction, default=True,
+                   help="add the capstone shapes (default: yes)")  # fmt: skip
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--reps", type=int, default=30, help="timed calls per measurement; the median counts (default: 30)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed calls first (default: 5)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=2.0,
+        help="fewer reps (at least 5) where --reps calls take longer (default: 2)",
+    )
+    p.add_argument(
+        "--flush-mb", type=int, default=256, help="L2 flush buffer written before every call, MB (default: 256)"
+    )
+    p.add_argument("--slow-flop-budget", type=float, default=5e11,
+                   help="kernels 01_*/02_* skip shapes above this many FLOPs (default: 5e11)")  # fmt: skip
+    p.add_argument("--all", action="store_true", help="run slow kernels on every shape")
+    p.add_argument("--out", default="results", help="output folder (default: results/)")
+    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="draw PNG plots (default: yes)")
+    args = p.parse_args(argv)
+
+    args.kernel_list = [k for k in (args.kernels.split(",") if args.kernels else kernel_names) if k]
+    unknown = [k for k in args.kernel_list if k != "auto" and kernel_names and k not in kernel_names]
+    if unknown:
+        p.error(f"--kernels: unknown {', '.join(unknown)} (known: auto, {', '.join(kernel_names)})")
+    args.anchor_list = [a for a in args.anchors.split(",") if a]
+    bad = [a for a in args.anchor_list if a not in ANCHORS]
+    if bad:
+        p.error(f"--anchors: unknown {', '.join(bad)} (known: {', '.join(ANCHORS)})")
+    try:
+        args.dim_list = parse_int_list(args.dims)
+        args.seqlen_list = parse_int_list(args.seqlens)
+    except ValueError as e:
+        p.error(f"--dims/--seqlens: {e}")
+    if args.reps < 1 or args.warmup < 0:
+        p.error("--reps must be >= 1 and --warmup >= 0")
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    args.shapes = (grid_shapes(args.dim_list, args.seqlen_list, causal) if args.grid else []) + (
+        capstone_shapes() if args.capstone else []
+    )
+    return args
+
+
+# --- environment -----------------------------------------------------------------------------------
+
+
+def _run(cmd: Sequence[str]) -> Optional[str]:
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def sm_clock_mhz() -> Optional[str]:
+    """The current SM clock of each GPU, from nvidia-smi (comma-separated when several)."""
+    out = _run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"])
+    return ",".join(out.split()) if out else None
+
+
+def commit() -> str:
+    return os.environ.get("HATTN_COMMIT") or _run(["git", "rev-parse", "HEAD"]) or "unknown"
+
+
+def environment() -> Dict:
+    import hattn
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "gpu": props.name,
+        "sm_count": props.multi_processor_count,
+        "capability": f"{props.major}.{props.minor}",
+        "sm_clock_mhz_start": sm_clock_mhz(),
+        "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "hattn": hattn.__version__,
+        "commit": commit(),
+        "python": sys.version.split()[0],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "kernels": {k.name: k.description for k in hattn.kernels()},
+    }
+
+
+# --- measuring -------------------------------------------------------------------------------------
+
+
+class Timer:
+    """Median CUDA-event time of a call, with the L2 flushed before each call.
+
+    The first warm-up call is timed to size the rest: warm-up and timed calls of one measurement
+    take about budget_s (the remaining warm-ups at most a tenth of it), with at least MIN_REPS
+    timed calls, so slow lineage steps on the large shapes do not dominate the run.
+    """
+
+    MIN_REPS = 5
+
+    def __init__(self, flush_mb: int, warmup: int, reps: int, budget_s: float):
+        self.flush = torch.empty(flush_mb * (1 << 20), dtype=torch.uint8, device="cuda")
+        self.warmup, self.reps, self.budget_ms = warmup, reps, budget_s * 1e3
+
+    def _timed(self, fn: Callable[[], object], n: int) -> List[float]:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in events:
+            self.flush.zero_()  # evicts q, k, v and out from L2; also hides the next call's launch latency
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in events]
+
+    def __call__(self, fn: Callable[[], object]) -> Tuple[float, int]:
+        """(median ms, number of timed calls)."""
+        first = self._timed(fn, 1)[0] if self.warmup > 0 else None
+        reps = self.reps
+        if first is not None:
+            for _ in range(min(self.warmup - 1, int(self.budget_ms / 10 / max(first, 1e-3)))):
+                fn()
+            reps = max(min(self.reps, self.MIN_REPS), min(self.reps, int(self.budget_ms / max(first, 1e-3))))
+        return statistics.median(self._timed(fn, reps)), reps
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(seqlen, heads):
+        t = torch.randn(shape.batch, seqlen, heads, shape.head_dim, device="cuda", dtype=dtype, generator=gen)
+        return t.add_(INPUT_MEAN)
+
+    return (
+        rand(shape.seqlen_q, shape.heads_q),
+        rand(shape.seqlen_k, shape.heads_kv),
+        rand(shape.seqlen_k, shape.heads_kv),
+    )
+
+
+def anchor_fn(name: str, q, k, v, causal: bool, bhsd) -> Callable[[], torch.Tensor]:
+    """A call of torch SDPA returning BSHD output; `bhsd` holds contiguous BHSD copies of q, k, v."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
+    args = bhsd if name == "sdpa_cudnn" else tuple(t.transpose(1, 2) for t in (q, k, v))
+    gqa = q.shape[2] != k.shape[2]
+
+    def call():
+        with sdpa_kernel(backend):
+            kwargs = {"enable_gqa": True} if gqa else {}
+            return sdpa(*args, is_causal=causal, **kwargs).transpose(1, 2)
+
+    return call
+
+
+def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| in fp32, head by head (bounded memory); NaN anywhere gives NaN."""
+    err = 0.0
+    for h in range(out.shape[2]):
+        diff = (out[:, :, h].float() - ref[:, :, h].float()).abs()
+        if torch.isnan(diff).any():
+            return float("nan")
+        err = max(err, diff.max().item())
+    return err
+
+
+def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: Callable[[Dict], None]) -> List[Dict]:
+    import hattn
+
+    base = dict(asdict(shape), dtype=args.dtype, flops=shape.flops)
+    records: List[Dict] = []
+
+    def record(name, kind, status, ms=None, reps=None, err=None, tol=None, note=""):
+        r = dict(base, name=name, kind=kind, status=status, ms=ms, reps=reps, max_err=err, tol=tol, note=note,
+                 tflops=shape.flops / (ms * 1e9) if ms else None, ratio=None, best_anchor=None)  # fmt: skip
+        records.append(r)
+        progress(r)
+
+    q, k, v = make_inputs(shape, dtype)
+    bhsd = tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+    # Reference first: cuDNN on BHSD copies; FLASH when cuDNN refuses the shape.
+    calls: Dict[str, Callable[[], torch.Tensor]] = {a: anchor_fn(a, q, k, v, shape.causal, bhsd) for a in ANCHORS}
+    ref = ref_name = None
+    for name in ("sdpa_cudnn", "sdpa_flash"):
+        try:
+            ref, ref_name = calls[name]().clone(), name
+            break
+        except RuntimeError:
+            continue
+    ref_max = ref.abs().max().item() if ref is not None else None
+    eps = torch.finfo(dtype).eps
+
+    def check(out: torch.Tensor, tol: Optional[float]):
+        if ref is None:
+            return None, "reference unavailable"
+        err = max_error(out, ref)
+        if math.isnan(err):
+            return err, "NaN in the output"
+        if tol is not None and err > tol:
+            return err, f"max err {err:.3g} > tol {tol:.3g} vs {ref_name}"
+        return err, None
+
+    # The FLASH anchor's distance from the reference sets the bound for everyone else, with a
+    # floor of 4 ulps at the largest output (two implementations that both round P to the input
+    # dtype differ by a few ulps; a broken kernel is off by far more).
+    tol = 4 * eps * ref_max if ref_max is not None else None
+    if ref_name == "sdpa_cudnn":
+        try:
+            flash_err = max_error(calls["sdpa_flash"](), ref)
+            if math.isfinite(flash_err):
+                tol = max(tol, 2 * flash_err + 0.5 * eps * ref_max)
+        except RuntimeError:
+            pass
+
+    for name in args.anchor_list:
+        try:
+            err, why = check(calls[name](), None if name == ref_name else tol)
+            if why and why != "reference unavailable":
+                record(name, "anchor", "FAIL", err=err, tol=tol, note=why)
+                continue
+            record(name, "anchor", "ok", *timer(calls[name]), err=err, tol=tol)
+        except RuntimeError as e:  # SDPA: no kernel for this shape
+            record(name, "anchor", "unsupported", note=str(e).splitlines()[0][:160])
+
+    for name in args.kernel_list:
+        if is_slow(name) and shape.flops > args.slow_flop_budget and not args.all:
+            record(name, "hattn", "skipped", note=f"over --slow-flop-budget {args.slow_flop_budget:.3g}")
+            continue
+
+        def call(name=name):
+            return hattn.attention(q, k, v, causal=shape.causal, kernel=name)
+
+        try:
+            out = call()
+            torch.cuda.synchronize()
+        except NotImplementedError as e:
+            record(name, "hattn", "unsupported", note=str(e).splitlines()[0][:160])
+            continue
+        except (RuntimeError, ValueError) as e:
+            record(name, "hattn", "error", note=str(e).splitlines()[0][:160])
+            continue
+        err, why = check(out, tol)
+        del out
+        if why and why != "reference unavailable":
+            record(name, "hattn", "FAIL", err=err, tol=tol, note=why)
+            continue
+        label = name if name != "auto" else f"auto={hattn.resolve_kernel(q, k, v, shape.causal)}"
+        record(label, "hattn", "ok", *timer(call), err=err, tol=tol, note=why or "")
+
+    report.fill_ratios(records)
+    return records
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import hattn
+
+    args = parse_args(argv, [k.name for k in hattn.kernels()])
+    if not torch.cuda.is_available():
+        print(
+            "hattn.bench: no CUDA GPU is available; the benchmark needs an NVIDIA Hopper GPU (sm_90).", file=sys.stderr
+        )
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    meta = environment()
+    meta["args"] = {k: v for k, v in vars(args).items() if k != "shapes"}
+    meta.update(
+        dtype=args.dtype, reps=args.reps, warmup=args.warmup, budget_s=args.budget_s, flush_mb=args.flush_mb,
+        input_mean=INPUT_MEAN,
+    )  # fmt: skip
+    print(f"# {meta['gpu']} | SM clock {meta['sm_clock_mhz_start']} MHz | torch {meta['torch']} "
+          f"| cuDNN {meta['cudnn']} | commit {meta['commit']}")  # fmt: skip
+    print(f"# {len(args.shapes)} shapes x ({', '.join(args.anchor_list + args.kernel_list)}), {args.dtype}, "
+          f"median of {args.reps} after {args.warmup} warm-up (at least 5 within {args.budget_s} s), "
+          f"{args.flush_mb} MB L2 flush")  # fmt: skip
+
+    timer = Timer(args.flush_mb, args.warmup, args.reps, args.budget_s)
+    records: List[Dict] = []
+    started = time.time()
+    for i, shape in enumerate(args.shapes):
+        prefix = f"[{i + 1}/{len(args.shapes)}] {report.shape_label(asdict(shape))}"
+
+        def progress(r, prefix=prefix):
+            ms = f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s" if r["ms"] else f"{'':28s}"
+            err = f"err {r['max_err']:.2e}" if r["max_err"] is not None else ""
+            print(f"{prefix}  {r['name']:24s} {ms}  {err:13s} {r['status']} {r['note']}".rstrip(), flush=True)
+
+        try:
+            records += bench_shape(shape, args, timer, dtype, progress)
+        except torch.cuda.OutOfMemoryError as e:
+            print(f"{prefix}  out of memory: {str(e).splitlines()[0]}", flush=True)
+        torch.cuda.empty_cache()
+
+    meta["sm_clock_mhz_end"] = sm_clock_mhz()
+    meta["seconds"] = round(time.time() - started, 1)
+    csv_path, json_path = (os.path.join(args.out, f"pybench.{ext}") for ext in ("csv", "json"))
+    report.write_csv(records, csv_path)
+    report.write_json(meta, records, json_path)
+    written = [csv_path, json_path]
+    if args.plots:
+        order = [k.name for k in hattn.kernels()]
+        for name, fn in (("lineage", lambda p: report.plot_lineage(records, order, p)),
+                         ("vs_anchors", lambda p: report.plot_vs_anchors(records, p))):  # fmt: skip
+            path = os.path.join(args.out, f"pybench_{name}.png")
+            try:
+                if fn(path):
+                    written.append(path)
+            except Exception as e:  # a plot must not cost the measurements, already written above
+                print(f"plot {path} failed: {type(e).__name__}: {e}", file=sys.stderr)
+    print()
+    print(report.format_table(records))
+    print()
+    print(f"# TFLOP/s summary ({args.dtype}; ratio = best hattn kernel / best anchor; SM clock "
+          f"{meta['sm_clock_mhz_start']} -> {meta['sm_clock_mhz_end']} MHz)")  # fmt: skip
+    print(report.format_summary(records))
+    print("wrote " + ", ".join(written))
+    return 1 if any(r["status"] in ("FAIL", "error") for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

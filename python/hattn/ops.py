@@ -1,0 +1,262 @@
+"""The PyTorch op: hattn::attention_fwd over the raw-pointer binding hattn._C.forward.
+
+Layout rules (BSHD, [batch, seqlen, heads, head_dim]):
+  * A q/k/v tensor is passed to the kernel as it is, without a copy, when its last dim is
+    contiguous (stride 1), its data pointer is 16-byte aligned and every other stride is a
+    positive multiple of 8 elements (dims of extent 1 are exempt). That covers contiguous
+    tensors, transposed BHSD storage seen as BSHD, and slices of a packed qkv [B, S, 3, H, D].
+  * Any other layout (last dim strided, odd strides, stride 0 from expand(), misaligned
+    storage offset) is first copied to a contiguous tensor: correct, but one extra read and
+    write of that input.
+  * out is always allocated contiguous [B, Sq, Hq, D] in the input dtype; lse is contiguous
+    fp32 [B, Hq, Sq] (an empty tensor when return_lse is False).
+
+The launch runs on torch.cuda.current_stream() of q's device, with no host synchronization, so
+the op can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+
+from . import _C
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ARG_NAMES = ("q", "k", "v")
+
+# Kernel rows must be 16-byte aligned: 8 elements of a 2-byte dtype.
+_ALIGN_BYTES = 16
+_ALIGN_ELEMS = 8
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_names() -> Tuple[str, ...]:
+    """The registered kernels' names in lineage order (the last is what "auto" prefers)."""
+    return tuple(name for name, _ in _C.kernels())
+
+
+def _check_types(q, k, v) -> None:
+    # Before the op: its dispatcher would refuse a non-tensor with a less helpful message.
+    for name, t in zip(_ARG_NAMES, (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str) -> None:
+    """Checks that need only shapes and dtypes (so they also run on fake and meta tensors).
+
+    The C++ library validates the rest (head_dim, sizes, strides, pointers, kernel support)
+    and its messages name the argument too.
+    """
+    _check_types(q, k, v)
+    for name, t in zip(_ARG_NAMES, (q, k, v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: must be 4-D [batch, seqlen, heads, head_dim] (BSHD), got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPE_NAMES:
+            raise ValueError(f"{name}: dtype must be torch.bfloat16 or torch.float16, got {t.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype {t.dtype} must match q's dtype {q.dtype}")
+    if v.shape != k.shape:
+        raise ValueError(
+            f"v: shape {tuple(v.shape)} must equal k's shape {tuple(k.shape)} [batch, seqlen_k, heads_kv, head_dim]"
+        )
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"k: batch {k.shape[0]} must equal q's batch {q.shape[0]}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"k: head_dim {k.shape[3]} must equal q's head_dim {q.shape[3]}")
+    if k.shape[2] < 1 or q.shape[2] % k.shape[2] != 0:
+        raise ValueError(f"k: q's heads ({q.shape[2]}) must be a multiple of k/v's heads ({k.shape[2]}) (GQA/MQA)")
+    if kernel != "auto" and kernel not in kernel_names():
+        raise ValueError(f"kernel: unknown kernel {kernel!r} (known: auto, {', '.join(kernel_names())})")
+
+
+def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in zip(_ARG_NAMES, (q, k, v)):
+        if t.device.type != "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    "hattn: no suitable GPU is present: torch sees no CUDA device, and hattn runs only on an "
+                    f"NVIDIA Hopper GPU (sm_90, H100/H200); {name} is on {t.device}"
+                )
+            raise ValueError(f"{name}: must be a CUDA tensor, got device {t.device}")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+
+
+def _kernel_layout_ok(t: torch.Tensor) -> bool:
+    """True when the kernels can read `t` in place (see the module docstring)."""
+    if t.stride(3) != 1 or t.data_ptr() % _ALIGN_BYTES != 0:
+        return False
+    return all(
+        size == 1 or (stride > 0 and stride % _ALIGN_ELEMS == 0) for size, stride in zip(t.shape[:3], t.stride()[:3])
+    )
+
+
+def _as_kernel_input(t: torch.Tensor) -> torch.Tensor:
+    # clone() rather than contiguous(): a contiguous tensor at a misaligned offset needs a copy too.
+    return t if _kernel_layout_ok(t) else t.clone(memory_format=torch.contiguous_format)
+
+
+def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
+    return (t.stride(0), t.stride(1), t.stride(2))
+
+
+def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel):
+    """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    return dict(
+        dtype=_DTYPE_NAMES[q.dtype],
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=k.shape[1],
+        heads_q=heads_q,
+        heads_kv=k.shape[2],
+        head_dim=head_dim,
+        q=q.data_ptr(),
+        q_strides=_strides(q),
+        k=k.data_ptr(),
+        k_strides=_strides(k),
+        v=v.data_ptr(),
+        v_strides=_strides(v),
+        out=out.data_ptr(),
+        out_strides=_strides(out),
+        lse=0 if lse is None else lse.data_ptr(),
+        softmax_scale=softmax_scale,
+        causal=causal,
+        kernel=kernel,
+    )
+
+
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: Optional[torch.Tensor],
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    kernel: str = "auto",
+) -> None:
+    """Runs a kernel into caller-provided `out` (and `lse`), without copies or allocation.
+
+    Low level (the tests use it to poison outputs): q, k, v and out must already have a layout
+    the kernels accept (stride 1 in the last dim, 16-byte aligned); lse, when given, is a
+    contiguous fp32 [B, Hq, Sq] tensor. Not a torch op: torch.compile does not trace into it.
+    """
+    _check_inputs(q, k, v, kernel)
+    _check_device(q, k, v)
+    for name, t in (("out", out), ("lse", lse)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+    if out.dtype != q.dtype or out.shape != q.shape:
+        raise ValueError(f"out: must be {q.dtype} of q's shape {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+    for name, t in zip(("q", "k", "v", "out"), (q, k, v, out)):
+        if t.stride(3) != 1:
+            raise ValueError(f"{name}: the last (head_dim) dimension must be contiguous, got stride {t.stride(3)}")
+    if lse is not None:
+        expected = (q.shape[0], q.shape[2], q.shape[1])
+        if lse.dtype != torch.float32 or tuple(lse.shape) != expected or not lse.is_contiguous():
+            raise ValueError(
+                f"lse: must be a contiguous float32 tensor of shape {expected}, got {lse.dtype} {tuple(lse.shape)}"
+            )
+    _forward(q, k, v, out, lse, causal, softmax_scale, kernel)
+
+
+def _forward(q, k, v, out, lse, causal, softmax_scale, kernel) -> None:
+    # The current device decides where the C++ side checks the GPU and launches.
+    with torch.cuda.device(q.device):
+        _C.forward(
+            **_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel),
+            stream=torch.cuda.current_stream(q.device).cuda_stream,
+        )
+
+
+@torch.library.custom_op("hattn::attention_fwd", mutates_args=())
+def attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    softmax_scale: Optional[float],
+    kernel: str,
+    return_lse: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """hattn::attention_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
+    _check_inputs(q, k, v, kernel)
+    _check_device(q, k, v)
+    q, k, v = (_as_kernel_input(t) for t in (q, k, v))
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel)
+    return out, lse
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, kernel, return_lse):
+    _check_inputs(q, k, v, kernel)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
+    lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    kernel: str = "auto",
+    return_lse: bool = False,
+):
+    """Forward attention O = softmax(scale * Q K^T + mask) V on BSHD tensors.
+
+    Args:
+        q: [B, Sq, Hq, D] CUDA tensor, torch.bfloat16 or torch.float16; D in {64, 128, 256}.
+        k, v: [B, Sk, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
+        causal: bottom-right aligned causal mask: query i sees key j iff j <= i + Sk - Sq.
+            Rows that see no key give output 0 and LSE -inf.
+        softmax_scale: default 1/sqrt(D).
+        kernel: "auto" (the newest kernel that supports the problem) or a name from hattn.kernels().
+        return_lse: also return the row log-sum-exp (natural log), fp32 [B, Hq, Sq].
+
+    Returns:
+        out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
+
+    Raises:
+        TypeError / ValueError: malformed arguments (the message names the argument).
+        NotImplementedError: the chosen kernel (or every kernel, for "auto") does not support the problem.
+        RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
+
+    Runs on torch.cuda.current_stream() without host synchronization; works under
+    torch.compile(fullgraph=True) and CUDA-graph capture. Forward only (no autograd).
+    """
+    _check_types(q, k, v)
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    out, lse = torch.ops.hattn.attention_fwd(q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse))
+    return (out, lse) if return_lse else out
+
+
+def resolve_kernel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, kernel: str = "auto"
+) -> str:
+    """The kernel that `kernel` ("auto" or a name) resolves to for these tensors; launches nothing.
+
+    Raises NotImplementedError when no kernel (or not the named one) supports the problem.
+    Needs no GPU.
+    """
+    _check_inputs(q, k, v, kernel)
+    q, k, v = (_as_kernel_input(t) for t in (q, k, v))
+    # Resolution looks at shapes, not memory: q's pointer stands in for a contiguous output.
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out_strides = (seqlen_q * heads_q * head_dim, heads_q * head_dim, head_dim)
+    kwargs = _problem_kwargs(q, k, v, q, None, causal, None, kernel)
+    kwargs["out_strides"] = out_strides
+    return _C.resolve_kernel(**kwargs)

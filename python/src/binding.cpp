@@ -1,0 +1,137 @@
+// hattn._C: the Python module over the public C++ API.
+//
+// It binds at the level of raw device pointers and integer element strides, so it needs no
+// torch headers: the build stays fast and works with any torch version. The torch op in
+// python/hattn/ops.py turns tensors into these arguments.
+//
+// Errors become Python exceptions whose text is Status::to_string() ("code: message"):
+//   invalid_argument -> ValueError            (the problem is malformed; the message names the argument)
+//   not_supported    -> NotImplementedError   (well-formed, but the chosen kernel, or every kernel for
+//                                              "auto", refuses it)
+//   no_device        -> RuntimeError          (no CUDA device, or not a Hopper sm_90 GPU)
+//   cuda_error       -> RuntimeError          (a CUDA call failed)
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "hattn/hattn.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// (batch, seq, head) element strides, as the Python side passes them.
+using StrideTuple = std::tuple<int64_t, int64_t, int64_t>;
+
+hattn::Strides to_strides(const StrideTuple& s) { return {std::get<0>(s), std::get<1>(s), std::get<2>(s)}; }
+
+hattn::DType parse_dtype(const std::string& name) {
+  if (name == "bf16" || name == "bfloat16") return hattn::DType::bf16;
+  if (name == "fp16" || name == "float16") return hattn::DType::fp16;
+  PyErr_SetString(PyExc_ValueError, ("dtype: must be 'bf16' or 'fp16' (got '" + name + "')").c_str());
+  throw nb::python_error();
+}
+
+// Raises the Python exception that stands for a failed status.
+[[noreturn]] void raise_status(const hattn::Status& status) {
+  PyObject* type = PyExc_RuntimeError;
+  switch (status.code()) {
+    case hattn::StatusCode::invalid_argument: type = PyExc_ValueError; break;
+    case hattn::StatusCode::not_supported: type = PyExc_NotImplementedError; break;
+    default: break;
+  }
+  PyErr_SetString(type, status.to_string().c_str());
+  throw nb::python_error();
+}
+
+// Defines `name` on `m` with the keyword signature of a problem plus kernel and stream, and
+// calls fn(problem, kernel, stream). The Python side passes keywords; the signature is written once.
+template <typename Fn>
+void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* doc) {
+  m.def(
+      name,
+      [fn](const std::string& dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
+           uintptr_t q, const StrideTuple& q_strides, uintptr_t k, const StrideTuple& k_strides, uintptr_t v,
+           const StrideTuple& v_strides, uintptr_t out, const StrideTuple& out_strides, uintptr_t lse,
+           std::optional<float> softmax_scale, bool causal, const std::string& kernel, uintptr_t stream) {
+        hattn::AttentionProblem p;
+        p.dtype = parse_dtype(dtype);
+        p.batch = batch;
+        p.seqlen_q = seqlen_q;
+        p.seqlen_k = seqlen_k;
+        p.heads_q = heads_q;
+        p.heads_kv = heads_kv;
+        p.head_dim = head_dim;
+        p.q = reinterpret_cast<const void*>(q);
+        p.q_strides = to_strides(q_strides);
+        p.k = reinterpret_cast<const void*>(k);
+        p.k_strides = to_strides(k_strides);
+        p.v = reinterpret_cast<const void*>(v);
+        p.v_strides = to_strides(v_strides);
+        p.out = reinterpret_cast<void*>(out);
+        p.out_strides = to_strides(out_strides);
+        p.lse = reinterpret_cast<float*>(lse);
+        p.softmax_scale = softmax_scale;
+        p.causal = causal;
+        return fn(p, kernel, stream);
+      },
+      nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
+      nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("q"), nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"),
+      nb::arg("v"), nb::arg("v_strides"), nb::arg("out"), nb::arg("out_strides"), nb::arg("lse") = 0,
+      nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("kernel") = "auto",
+      nb::arg("stream") = 0, doc);
+}
+
+void forward(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t stream) {
+  hattn::Options options;
+  options.kernel = kernel;
+  options.stream = reinterpret_cast<cudaStream_t>(stream);
+  hattn::Status status;
+  {
+    // Validation and launch touch no Python object; let other Python threads run.
+    nb::gil_scoped_release release;
+    status = hattn::forward(problem, options);
+  }
+  if (!status.ok()) raise_status(status);
+}
+
+std::string resolve_kernel(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t /*stream*/) {
+  std::string resolved;
+  const hattn::Status status = hattn::resolve_kernel(problem, kernel, &resolved);
+  if (!status.ok()) raise_status(status);
+  return resolved;
+}
+
+std::vector<std::pair<std::string, std::string>> kernels() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const hattn::KernelInfo& k : hattn::kernels()) out.emplace_back(k.name, k.description);
+  return out;
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() =
+      "hattn._C: raw-pointer bindings of the hopper-attention C++ API. Use hattn.attention() for tensors.\n"
+      "Errors: ValueError (invalid_argument), NotImplementedError (not_supported), "
+      "RuntimeError (no_device, cuda_error); the text starts with the status code.";
+  def_problem_function(
+      m, "forward", &forward,
+      "Validates the problem and launches `kernel` on `stream` (a cudaStream_t as int). Asynchronous.\n"
+      "Pointers are device addresses as ints; strides are (batch, seq, head) in elements, the head dim\n"
+      "contiguous; lse is 0 or a contiguous fp32 [B, Hq, Sq] buffer; softmax_scale None means 1/sqrt(D).");
+  def_problem_function(
+      m, "resolve_kernel", &resolve_kernel,
+      "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");
+  m.def("kernels", &kernels, "The registered kernels in lineage order as (name, description); the last is the default.");
+}

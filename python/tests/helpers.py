@@ -1,0 +1,97 @@
+"""Test helpers: which GPU tests can run here, reference attention in torch, the error bounds."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import pytest
+import torch
+
+
+def hopper_skip_reason() -> Optional[str]:
+    """None when an sm_90 GPU is present, else why the GPU tests skip."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (torch.cuda.is_available() is False); GPU tests need an NVIDIA Hopper GPU (sm_90)"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"GPU tests need a Hopper GPU (sm_90); found {torch.cuda.get_device_name()} (sm_{major}{minor})"
+    return None
+
+
+requires_hopper = pytest.mark.skipif(hopper_skip_reason() is not None, reason=hopper_skip_reason() or "")
+
+# Inputs have a non-zero mean (all-positive offsets make scores and outputs non-trivial).
+INPUT_MEAN = 0.5
+
+
+def make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, device="cuda", seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(seqlen, heads):
+        return torch.randn(batch, seqlen, heads, head_dim, device=device, dtype=dtype, generator=gen) + INPUT_MEAN
+
+    return rand(seqlen_q, heads_q), rand(seqlen_k, heads_kv), rand(seqlen_k, heads_kv)
+
+
+def masked_rows(seqlen_q: int, seqlen_k: int, causal: bool) -> torch.Tensor:
+    """[Sq] bool: rows that see no key (bottom-right causal with Sq > Sk)."""
+    rows = torch.arange(seqlen_q)
+    return rows + (seqlen_k - seqlen_q) < 0 if causal else torch.zeros(seqlen_q, dtype=torch.bool)
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    upcast: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, Sq, Hq, D], lse [B, Hq, Sq]) of BSHD inputs.
+
+    upcast=True: everything in float64, the reference. upcast=False: the straightforward
+    implementation in the inputs' dtype (scores, softmax and P rounded to it, as a plain torch
+    program computes them): the baseline whose error sets the bound.
+    GQA by repeat_interleave of the K/V heads; causal aligned to the bottom-right corner; a
+    fully masked row gives out 0 and lse -inf.
+    """
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    dtype = torch.float64 if upcast else q.dtype
+    qh = q.to(dtype).transpose(1, 2)  # [B, Hq, Sq, D]
+    kh = k.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
+    vh = v.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # [B, Hq, Sq, Sk]
+    if causal:
+        i = torch.arange(seqlen_q, device=q.device)[:, None]
+        j = torch.arange(seqlen_k, device=q.device)[None, :]
+        scores = scores.masked_fill(j > i + (seqlen_k - seqlen_q), float("-inf"))
+    lse = torch.logsumexp(scores.to(torch.float64 if upcast else torch.float32), dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    dead = masked_rows(seqlen_q, seqlen_k, causal).to(q.device)
+    probs = probs.masked_fill(dead[:, None], 0.0)  # softmax of an all -inf row is NaN
+    out = torch.matmul(probs, vh).transpose(1, 2)
+    return out, lse
+
+
+def error_bound(ref: torch.Tensor, naive: torch.Tensor, dtype: torch.dtype) -> float:
+    """max |out - ref| allowed: 2 * max |naive - ref| + atol.
+
+    The rule of FlashAttention's tests: a kernel may be at most about twice as far from the fp64
+    reference as a straightforward implementation in the same precision. The atol covers the one
+    rounding every correct result goes through, that of the output to its dtype: half an ulp at the
+    largest output magnitude (bf16: 2^-8 * max|ref| ~ 2e-3 here; fp16: 2^-11 * max|ref| ~ 2.4e-4),
+    which matters only where the baseline happens to be nearly exact (e.g. rows that see one key).
+    """
+    atol = 0.5 * torch.finfo(dtype).eps * ref.abs().max().item() + 1e-6
+    return 2 * (naive.double() - ref).abs().max().item() + atol
+
+
+def lse_bound(ref: torch.Tensor, naive: torch.Tensor) -> float:
+    """The same rule for the fp32 LSE; the atol is a few fp32 ulps at |lse| ~ 10."""
+    finite = torch.isfinite(ref)
+    if not finite.any():
+        return 1e-4
+    return 2 * (naive.double() - ref)[finite].abs().max().item() + 1e-4

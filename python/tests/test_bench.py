@@ -1,0 +1,137 @@
+"""The benchmark's shapes, flags and reports (no GPU needed; the timed run itself needs one)."""
+
+import csv
+import json
+
+import hattn
+import pytest
+from hattn import bench, report
+
+KERNELS = [k.name for k in hattn.kernels()]
+
+
+def test_grid_is_the_flashattention3_grid():
+    shapes = bench.grid_shapes(bench.GRID_DIMS, bench.GRID_SEQLENS, (False, True))
+    assert len(shapes) == 3 * 6 * 2
+    for s in shapes:
+        assert s.batch * s.seqlen_q == 16384 and s.heads_q * s.head_dim == 2048
+        assert s.seqlen_q == s.seqlen_k and s.heads_q == s.heads_kv
+    caps = bench.capstone_shapes()
+    assert {(s.seqlen_q, s.heads_q) for s in caps} == {(32760, 12), (32760, 40), (75600, 12), (75600, 40)}
+    assert all(s.batch == 1 and s.head_dim == 128 and not s.causal for s in caps)
+
+
+def test_flops():
+    s = bench.Shape("grid", 4, 4096, 4096, 16, 16, 128, False)
+    assert s.flops == 4 * 4 * 16 * 4096 * 4096 * 128
+    assert bench.Shape("grid", 4, 4096, 4096, 16, 16, 128, True).flops == s.flops / 2
+
+
+def test_default_flags():
+    args = bench.parse_args([], KERNELS)
+    assert args.kernel_list == KERNELS
+    assert args.anchor_list == list(bench.ANCHORS)
+    assert len(args.shapes) == 36 + 4
+    assert args.out == "results" and args.reps >= 10 and args.flush_mb >= 256
+
+
+def test_subset_flags():
+    args = bench.parse_args(
+        [
+            "--dims",
+            "128",
+            "--seqlens",
+            "1k,4096",
+            "--causal",
+            "yes",
+            "--no-capstone",
+            "--kernels",
+            f"{KERNELS[0]},auto",
+            "--reps",
+            "3",
+        ],
+        KERNELS,
+    )
+    assert [(s.head_dim, s.seqlen_q, s.causal) for s in args.shapes] == [(128, 1024, True), (128, 4096, True)]
+    assert args.kernel_list == [KERNELS[0], "auto"] and args.reps == 3
+    only_capstone = bench.parse_args(["--no-grid"], KERNELS)
+    assert [s.tag for s in only_capstone.shapes] == ["capstone"] * 4
+
+
+@pytest.mark.parametrize(
+    "flags", [["--kernels", "99_nope"], ["--anchors", "sdpa_math"], ["--seqlens", "x"], ["--reps", "0"]]
+)
+def test_bad_flags(flags, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(flags, KERNELS)
+    assert "error" in capsys.readouterr().err
+
+
+def test_slow_kernels():
+    assert bench.is_slow("01_naive") and bench.is_slow("02_fused_online_softmax")
+    assert not bench.is_slow("03_mma_sync") and not bench.is_slow("auto")
+
+
+def synthetic_records():
+    """Records as bench_shape makes them, for two grid shapes and a capstone shape."""
+    records = []
+    shapes = [
+        bench.Shape("grid", 32, 512, 512, 16, 16, 128, False),
+        bench.Shape("grid", 16, 1024, 1024, 16, 16, 128, True),
+        bench.Shape("capstone", 1, 32760, 32760, 12, 12, 128, False),
+    ]
+    for i, shape in enumerate(shapes):
+        base = dict(tag=shape.tag, batch=shape.batch, seqlen_q=shape.seqlen_q, seqlen_k=shape.seqlen_k,
+                    heads_q=shape.heads_q, heads_kv=shape.heads_kv, head_dim=shape.head_dim, causal=shape.causal,
+                    dtype="bf16", flops=shape.flops, ratio=None, best_anchor=None, tol=0.01, note="")  # fmt: skip
+        for name, kind, ms, status in [("sdpa_cudnn", "anchor", 1.0, "ok"), ("sdpa_flash", "anchor", 2.0, "ok"),
+                                       (KERNELS[0], "hattn", 50.0, "ok"), (KERNELS[-1], "hattn", 0.9 + i, "ok"),
+                                       ("99_broken", "hattn", None, "FAIL")]:  # fmt: skip
+            tflops = shape.flops / (ms * 1e9) if ms else None
+            err = float("nan") if status == "FAIL" else 0.004
+            records.append(dict(base, name=name, kind=kind, ms=ms, tflops=tflops, max_err=err, status=status))
+    report.fill_ratios(records)
+    return records
+
+
+def test_ratios_and_summary():
+    records = synthetic_records()
+    first = [r for r in records if r["seqlen_q"] == 512]
+    assert all(r["best_anchor"] == "sdpa_cudnn" for r in first)
+    by_name = {r["name"]: r for r in first}
+    assert by_name["sdpa_cudnn"]["ratio"] == pytest.approx(1.0)
+    assert by_name[KERNELS[-1]]["ratio"] == pytest.approx(1.0 / 0.9)
+    assert by_name["99_broken"]["ratio"] is None
+    table = report.format_table(records)
+    assert "sdpa_flash" in table and "FAIL" in table and "0.50x" in table
+    summary = report.format_summary(records)
+    assert "FAILED" in summary and KERNELS[-1] in summary
+
+
+def test_csv_and_json(tmp_path):
+    records = synthetic_records()
+    report.write_csv(records, tmp_path / "r.csv")
+    rows = list(csv.DictReader(open(tmp_path / "r.csv")))
+    assert len(rows) == len(records) and set(rows[0]) == set(report.FIELDS)
+    report.write_json({"gpu": "test"}, records, tmp_path / "r.json")
+    data = json.load(open(tmp_path / "r.json"))  # valid JSON: NaN written as null
+    assert data["meta"]["gpu"] == "test" and len(data["results"]) == len(records)
+    assert any(r["max_err"] is None and r["status"] == "FAIL" for r in data["results"])
+
+
+def test_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    records = synthetic_records()
+    assert report.plot_lineage(records, KERNELS, str(tmp_path / "lineage.png"))
+    assert report.plot_vs_anchors(records, str(tmp_path / "anchors.png"))
+    for name in ("lineage.png", "anchors.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_main_without_gpu_says_so(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the benchmark would run")
+    assert bench.main(["--no-capstone", "--dims", "64", "--seqlens", "512"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
