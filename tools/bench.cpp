@@ -344,6 +344,18 @@ int main(int argc, char** argv) {
     std::printf("# cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s (SM clock %d MHz)\n", gemm, sm_clock_mhz());
   }
 
+  // Rows are appended as they complete, so an interrupted run still leaves its results.
+  std::ofstream csv;
+  if (!cfg.csv.empty()) {
+    csv.open(cfg.csv);
+    if (!csv) {
+      std::fprintf(stderr, "hattn-bench: cannot write %s\n", cfg.csv.c_str());
+      return 2;
+    }
+    csv << "commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
+           "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check\n";
+  }
+
   harness::DeviceBuffer flush;
   const size_t flush_bytes = size_t(256) << 20;  // > 4x the 60 MB L2
   if (!flush.allocate(flush_bytes).ok()) return 4;
@@ -411,21 +423,20 @@ int main(int argc, char** argv) {
                   shape.head_dim, shape.causal ? "causal" : "full", shape.seqlen_q, shape.batch, shape.heads_q, row.ms,
                   row.tflops, gemm > 0 ? 100 * row.tflops / gemm : 0.0, row.max_err, row.check.c_str());
       std::fflush(stdout);
+      if (csv.is_open()) {
+        csv << (cfg.commit.empty() ? "unknown" : cfg.commit) << ',' << gpu << ',' << row.clock << ',' << gemm << ','
+            << row.kernel << ',' << dtype_name(shape.dtype) << ',' << shape.head_dim << ',' << int(shape.causal) << ','
+            << shape.batch << ',' << shape.seqlen_q << ',' << shape.seqlen_k << ',' << shape.heads_q << ','
+            << shape.heads_kv << ',' << row.reps << ',' << row.ms << ',' << row.tflops << ','
+            << (gemm > 0 ? 100 * row.tflops / gemm : 0) << ',' << row.max_err << ',' << row.budget << ','
+            << row.check << '\n'
+            << std::flush;
+      }
       rows.push_back(row);
     }
   }
 
-  if (!cfg.csv.empty()) {
-    std::ofstream csv(cfg.csv);
-    csv << "commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
-           "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check\n";
-    for (const Row& r : rows) {
-      csv << (cfg.commit.empty() ? "unknown" : cfg.commit) << ',' << gpu << ',' << r.clock << ',' << gemm << ','
-          << r.kernel << ',' << dtype_name(r.shape.dtype) << ',' << r.shape.head_dim << ',' << int(r.shape.causal)
-          << ',' << r.shape.batch << ',' << r.shape.seqlen_q << ',' << r.shape.seqlen_k << ',' << r.shape.heads_q
-          << ',' << r.shape.heads_kv << ',' << r.reps << ',' << r.ms << ',' << r.tflops << ','
-          << (gemm > 0 ? 100 * r.tflops / gemm : 0) << ',' << r.max_err << ',' << r.budget << ',' << r.check << '\n';
-    }
+  if (csv.is_open()) {
     std::printf("# wrote %s\n", cfg.csv.c_str());
   }
 

@@ -4,9 +4,9 @@
 //   1. In 08 both consumer warpgroups issue their S = Q K^T at about the same moment, wait for
 //      it together, then both run the softmax while the tensor cores idle. Here a pair of
 //      named barriers hands a "turn" back and forth: a warpgroup issues its S GEMM only in
-//      its turn and passes the turn on right after issuing. The tensor cores then see
-//      S(wg0), S(wg1), PV(wg0), S(wg0, next tile), PV(wg1), ... and each warpgroup's softmax
-//      runs while the other's GEMMs occupy the tensor cores.
+//      its turn and passes the turn on right after issuing, so the S GEMMs of the two
+//      warpgroups alternate (the PV GEMMs fall in wherever their softmax finishes), and one
+//      warpgroup's softmax can run while the other's GEMMs occupy the tensor cores.
 //   2. Consumer 1 hands consumer 0 the first turn before the loop; it skips its last hand-off
 //      so that every bar.sync meets exactly one matching bar.arrive (no barrier is left half
 //      arrived when the CTA exits).
@@ -20,7 +20,9 @@
 //
 // Why: the softmax (exp2, max, sum, rescale: CUDA-core work) of one warpgroup now hides
 // behind the other's matrix work, instead of the tensor cores idling during both softmaxes.
-// Expected effect: a clear gain over 08 at D = 128 and 256; see results/ and docs/guide.
+// Measured effect: none by itself (within noise of 08, see results/): each warpgroup still
+// waits for its own S and PV before it has other work, so there is little to overlap; the
+// turn pays off once step 10 gives each warpgroup independent work.
 // Known limits: inside one warpgroup the softmax of tile t still waits for S(t), and the
 // PV GEMM for the softmax (step 10 overlaps them).
 #include <cuda.h>
@@ -183,7 +185,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 
   const int my_turn = warpgroup == 0 ? kTurnConsumer0 : kTurnConsumer1;
   const int next_turn = warpgroup == 0 ? kTurnConsumer1 : kTurnConsumer0;
-  if (warpgroup == 1) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);  // consumer 0 goes first
+  // Consumer 0 goes first. A CTA without keys takes no turns, so it hands none out either.
+  if (warpgroup == 1 && n_tiles > 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int stage = tile % Cfg::kStages;
@@ -193,7 +196,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     // S = Q K^T: per 16 columns of D one wgmma; K-major operands advance 32 bytes inside the
     // 128-byte swizzled row, then jump to the next 64-column block.
     ptx::mbarrier_wait(&smem.k_full[stage], parity);
-    ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the other warpgroup has issued its S
+    ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the other warpgroup has issued its S (or, for
+                                           // consumer 0's first tile, handed out the first turn)
 #pragma unroll
     for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
     ptx::wgmma_fence();
