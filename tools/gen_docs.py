@@ -5,9 +5,11 @@ Tables live between marker lines, so the prose around them is never touched:
 
     <!-- results:lineage -->          the README's lineage summary
     <!-- results:KERNEL_NAME -->      a guide chapter's grid for one kernel
+    <!-- results:anchors -->          our kernels beside cuDNN and FlashAttention-2 (python -m hattn.bench)
     <!-- /results -->
 
-Numbers come only from hattn-bench CSV files (default: results/lineage.csv).
+Numbers come only from results files: hattn-bench's CSV (default results/lineage.csv) and
+python -m hattn.bench's pybench.csv/pybench.json (default results/pybench.*).
 Usage: tools/gen_docs.py [--results results/lineage.csv] [--check]
 """
 import argparse
@@ -91,9 +93,51 @@ def lineage_table(rows, kernels, descriptions, path):
     return "\n".join(out) + "\n"
 
 
+def anchors_table(csv_path):
+    """Our kernels beside the SDPA anchors, all timed in one process on the same tensors."""
+    json_path = csv_path.with_suffix(".json")
+    if not csv_path.exists() or not json_path.exists():
+        return f"_No side-by-side results yet (`{csv_path.relative_to(ROOT)}`)._\n"
+    import json
+    meta = json.loads(json_path.read_text())["meta"]
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    anchors = [n for n in names if n.startswith("sdpa_")]
+    ours = [n for n in names if not n.startswith("sdpa_")]
+    label = {"sdpa_cudnn": "cuDNN", "sdpa_cudnn_bshd": "cuDNN (BSHD views)", "sdpa_flash": "FA2 (SDPA FLASH)"}
+    shapes = list(dict.fromkeys((r["tag"], int(r["head_dim"]), r["causal"] == "True", int(r["seqlen_q"]),
+                                 int(r["batch"]), int(r["heads_q"])) for r in rows))
+    index = {(r["tag"], int(r["head_dim"]), r["causal"] == "True", int(r["seqlen_q"]), int(r["batch"]),
+              int(r["heads_q"]), r["name"]): r for r in rows}
+    cols = anchors + ours
+    out = ["TFLOP/s, bf16 forward; our kernels and torch SDPA timed in one process on the same tensors "
+           "(`python -m hattn.bench`). The last column is our best kernel over the best anchor.", "",
+           "| shape | " + " | ".join(label.get(c, c) for c in cols) + " | ours / best anchor |",
+           "|---|" + "---|" * (len(cols) + 1)]
+    for tag, d, causal, s, b, h in shapes:
+        cells, best_anchor, best_ours = [], 0.0, 0.0
+        for c in cols:
+            r = index.get((tag, d, causal, s, b, h, c))
+            ok = r is not None and r["status"] == "ok"
+            t = float(r["tflops"]) if ok else 0.0
+            cells.append(f"{t:.0f}" if ok else (r["status"] if r else "–"))
+            if c in anchors:
+                best_anchor = max(best_anchor, t)
+            else:
+                best_ours = max(best_ours, t)
+        ratio = f"{best_ours / best_anchor:.2f}" if best_anchor > 0 else "–"
+        name = f"{'capstone ' if tag == 'capstone' else ''}D={d} {'causal' if causal else 'full'} S={s} B={b} H={h}"
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
+    out += ["", f"_{meta['gpu']}, commit `{meta['commit']}`, torch {meta['torch']}, cuDNN {meta['cudnn']}; "
+            f"from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._\n"]
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(ROOT / "results" / "lineage.csv"))
+    ap.add_argument("--pybench", default=str(ROOT / "results" / "pybench.csv"))
     ap.add_argument("--check", action="store_true", help="exit 1 if any file would change")
     args = ap.parse_args()
     path = pathlib.Path(args.results).resolve()
@@ -116,6 +160,8 @@ def main():
     def render(name):
         if name == "lineage":
             return lineage_table(rows, kernels, descriptions, path)
+        if name == "anchors":
+            return anchors_table(pathlib.Path(args.pybench).resolve())
         previous = None
         names = sorted(set(kernels) | {name})
         i = names.index(name)
