@@ -1,7 +1,10 @@
 // forward(): argument validation, device checks, kernel resolution and launch.
+//
+// Messages are built with std::string and std::to_string, not iostreams: inside a Python
+// extension loaded beside torch, ostream formatting crashed in libstdc++'s locale code (seen on
+// the H200 image), and validation must never crash.
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 
 #include "hattn/hattn.h"
@@ -92,10 +95,8 @@ Status check_tensor(const char* name, const void* ptr, const Strides& strides, i
   for (const Dim& d : dims) {
     if (d.extent == 1) continue;  // a stride over a dimension of extent 1 is never used
     if (d.stride <= 0 || d.stride % align_elems != 0) {
-      std::ostringstream msg;
-      msg << name << ": " << d.what << " stride " << d.stride
-          << " must be positive and a multiple of 8 elements (16-byte aligned rows)";
-      return invalid(msg.str());
+      return invalid(std::string(name) + ": " + d.what + " stride " + std::to_string(d.stride) +
+                     " must be positive and a multiple of 8 elements (16-byte aligned rows)");
     }
   }
   if (is_output) {
@@ -108,9 +109,8 @@ Status check_tensor(const char* name, const void* ptr, const Strides& strides, i
     for (const Dim& d : sorted) {
       if (d.extent == 1) continue;
       if (d.stride <= span) {
-        std::ostringstream msg;
-        msg << name << ": strides make distinct elements overlap (" << d.what << " stride " << d.stride << ")";
-        return invalid(msg.str());
+        return invalid(std::string(name) + ": strides make distinct elements overlap (" + d.what + " stride " +
+                       std::to_string(d.stride) + ")");
       }
       span += d.stride * (d.extent - 1);
     }
@@ -135,9 +135,8 @@ Status check_device() {
     return {StatusCode::cuda_error, std::string("querying the current device: ") + cudaGetErrorString(err)};
   }
   if (major != 9 || minor != 0) {
-    std::ostringstream msg;
-    msg << "hattn kernels are built for Hopper (sm_90a); device " << device << " is sm_" << major << minor;
-    return {StatusCode::no_device, msg.str()};
+    return {StatusCode::no_device, "hattn kernels are built for Hopper (sm_90a); device " + std::to_string(device) +
+                                       " is sm_" + std::to_string(major) + std::to_string(minor)};
   }
   return Status::Ok();
 }
