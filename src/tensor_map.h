@@ -13,4 +13,12 @@ namespace hattn {
 Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                             int head_dim, const Strides& strides, int box_rows, int box_cols);
 
+// The three maps of an attention problem: q with boxes of q_box_rows rows, k and v with
+// boxes of kv_box_rows rows, all 64 columns wide. Errors name `kernel`.
+struct QkvTensorMaps {
+  CUtensorMap q, k, v;
+};
+Status make_qkv_tensor_maps(const AttentionProblem& problem, int q_box_rows, int kv_box_rows, const char* kernel,
+                            QkvTensorMaps* maps);
+
 }  // namespace hattn

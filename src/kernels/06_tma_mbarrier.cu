@@ -425,16 +425,9 @@ template <typename T, int D>
 Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   using Cfg = Config<D>;
   constexpr int kSmemBytes = int(sizeof(SharedStorage<T, D>)) + kAtomBytes;  // + slack to align the base
-  CUtensorMap q_map, k_map, v_map;
-  Status s = make_bshd_tensor_map(&q_map, problem.q, problem.dtype, problem.batch, problem.seqlen_q, problem.heads_q,
-                                  D, problem.q_strides, Cfg::kBlockM, 64);
-  if (s.ok())
-    s = make_bshd_tensor_map(&k_map, problem.k, problem.dtype, problem.batch, problem.seqlen_k, problem.heads_kv, D,
-                             problem.k_strides, Cfg::kBlockN, 64);
-  if (s.ok())
-    s = make_bshd_tensor_map(&v_map, problem.v, problem.dtype, problem.batch, problem.seqlen_k, problem.heads_kv, D,
-                             problem.v_strides, Cfg::kBlockN, 64);
-  if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
+  QkvTensorMaps maps;
+  Status s = make_qkv_tensor_maps(problem, Cfg::kBlockM, Cfg::kBlockN, kName, &maps);
+  if (!s.ok()) return s;
   const auto kernel = tma_kernel<T, D>;
   if constexpr (kSmemBytes > 48 * 1024) {  // above 48 KB a kernel must opt in to dynamic shared memory
     s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
@@ -443,7 +436,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   }
   const dim3 grid(unsigned((problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(problem.heads_q),
                   unsigned(problem.batch));
-  kernel<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(q_map, k_map, v_map, make_params(problem));
+  kernel<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(maps.q, maps.k, maps.v, make_params(problem));
   return launch_status(kName);
 }
 

@@ -314,23 +314,16 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   using Cfg = Config<D>;
   constexpr int kSmem = smem_bytes<T, D>();
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-  CUtensorMap q_map, k_map, v_map;
-  Status s = make_bshd_tensor_map(&q_map, problem.q, problem.dtype, problem.batch, problem.seqlen_q, problem.heads_q,
-                                  D, problem.q_strides, Cfg::kBlockM, 64);
-  if (s.ok())
-    s = make_bshd_tensor_map(&k_map, problem.k, problem.dtype, problem.batch, problem.seqlen_k, problem.heads_kv, D,
-                             problem.k_strides, Cfg::kBlockN, 64);
-  if (s.ok())
-    s = make_bshd_tensor_map(&v_map, problem.v, problem.dtype, problem.batch, problem.seqlen_k, problem.heads_kv, D,
-                             problem.v_strides, Cfg::kBlockN, 64);
-  if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
+  QkvTensorMaps maps;
+  Status s = make_qkv_tensor_maps(problem, Cfg::kBlockM, Cfg::kBlockN, kName, &maps);
+  if (!s.ok()) return s;
   const auto kernel = warp_specialized_kernel<T, D>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   "08_warp_specialization: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
   const dim3 grid(unsigned((problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(problem.heads_q),
                   unsigned(problem.batch));
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(q_map, k_map, v_map, make_params(problem));
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, make_params(problem));
   return launch_status(kName);
 }
 
