@@ -318,7 +318,6 @@ int main(int argc, char** argv) {
   Config cfg;
   if (int rc = parse(argc, argv, &cfg)) return rc == 1 ? 0 : rc;
 
-  Status dev = check(AttentionProblem{}, "auto");  // argument errors aside, tells whether a GPU is usable
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr,
@@ -333,7 +332,6 @@ int main(int argc, char** argv) {
                  prop.minor);
     return 3;
   }
-  (void)dev;
   const std::string gpu = prop.name;
   std::printf("# hattn-bench on %s (%d SMs), commit %s\n", gpu.c_str(), prop.multiProcessorCount,
               cfg.commit.empty() ? "unknown" : cfg.commit.c_str());
