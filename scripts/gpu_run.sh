@@ -14,6 +14,7 @@
 #   PYTHON=1         also build the Python package and run its tests and benchmark
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
 #   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
+#   TEST_TIMEOUT     seconds before a hung GPU test run is killed (default 1200)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-build/gpu_run}}
@@ -65,7 +66,7 @@ fi
 
 # --- GPU tests -------------------------------------------------------------------------------
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  "$build/hattn_tests" --gtest_filter="${GTEST_FILTER:-*}" --gtest_brief=1 >"$out/tests.log" 2>&1
+  timeout "${TEST_TIMEOUT:-1200}" "$build/hattn_tests" --gtest_filter="${GTEST_FILTER:-*}" --gtest_brief=1 >"$out/tests.log" 2>&1
   rc=$?
   tail -5 "$out/tests.log"
   grep -E "^\[  FAILED  \]" "$out/tests.log" | head -20

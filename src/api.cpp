@@ -61,6 +61,8 @@ const std::vector<const KernelEntry*>& registry() {
       &kernel_08_warp_specialization(),
       &kernel_09_pingpong(),
       &kernel_10_intra_warpgroup_overlap(),
+      &kernel_11_persistent(),
+      &kernel_12_epilogue_hot_loop(),
   };
   return entries;
 }

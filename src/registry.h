@@ -26,6 +26,8 @@ const KernelEntry& kernel_07_wgmma();
 const KernelEntry& kernel_08_warp_specialization();
 const KernelEntry& kernel_09_pingpong();
 const KernelEntry& kernel_10_intra_warpgroup_overlap();
+const KernelEntry& kernel_11_persistent();
+const KernelEntry& kernel_12_epilogue_hot_loop();
 
 // All entries in lineage order.
 const std::vector<const KernelEntry*>& registry();

@@ -59,6 +59,11 @@ std::vector<Shape> test_shapes() {
       make(1, 257, 257, 2, 2, 256, true, fp, Layout::packed_qkv),
       make(1, 96, 513, 4, 2, 256, false, bf, Layout::padded),
       make(3, 33, 77, 4, 4, 256, true, bf, Layout::contiguous),
+      // More query blocks than an H200 has SMs (132), so persistent CTAs run several items
+      // each: the K/V ring and Q's phases carry across items.
+      make(2, 130, 130, 80, 20, 64, false, bf, Layout::contiguous),    // 320 items, GQA 4
+      make(2, 300, 100, 48, 8, 128, true, fp, Layout::padded),         // 288 items, a third without keys
+      make(2, 140, 140, 64, 64, 256, true, bf, Layout::contiguous),    // 256 items
   };
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };

@@ -290,32 +290,57 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
   // Below the rounding step of either dtype near 1: slack for outputs near zero.
   const double atol = dtype == DType::bf16 ? 1e-3 : 2e-4;
   const double lse_atol = 2e-4;
-  double lowp_err = 0, lowp_lse_err = 0;
-  std::vector<double> ref_out(D);
-  std::vector<float> lowp_out(D);
+  // Rows are independent: split them over a few threads, each with its own maxima, then merge.
+  struct Partial {
+    double max_err = 0, lowp_err = 0, lse_max_err = 0, lowp_lse_err = 0;
+    int lse_mismatches = 0;
+  };
   const Strides& os = w.problem.out_strides;
-  for (const RowId& row : rows) {
-    double ref_lse;
-    float lowp_lse;
-    ref::attention_row_fp64(w.host, row.b, row.h, row.i, ref_out.data(), &ref_lse);
-    ref::attention_row_lowp(w.host, dtype, row.b, row.h, row.i, lowp_out.data(), &lowp_lse);
-    const size_t base = size_t(row.b * os.batch + int64_t(row.i) * os.seq + row.h * os.head);
-    for (int d = 0; d < D; ++d) {
-      const double got = ref::bits_to_float(out_bits[base + d], dtype);
-      if (std::isfinite(got)) r.max_err = std::max(r.max_err, std::abs(got - ref_out[d]));
-      lowp_err = std::max(lowp_err, std::abs(double(lowp_out[d]) - ref_out[d]));
-    }
-    if (s.with_lse) {
-      const double got = lse[(size_t(row.b) * s.heads_q + row.h) * s.seqlen_q + row.i];
-      if (std::isinf(ref_lse)) {
-        if (!(std::isinf(got) && got < 0)) ++r.lse_mismatches;
-      } else if (!std::isfinite(got)) {
-        ++r.lse_mismatches;
-      } else {
-        r.lse_max_err = std::max(r.lse_max_err, std::abs(got - ref_lse));
-        lowp_lse_err = std::max(lowp_lse_err, std::abs(double(lowp_lse) - ref_lse));
+  auto check_rows = [&](size_t begin, size_t end, Partial* part) {
+    std::vector<double> ref_out(D);
+    std::vector<float> lowp_out(D);
+    for (size_t n = begin; n < end; ++n) {
+      const RowId& row = rows[n];
+      double ref_lse;
+      float lowp_lse;
+      ref::attention_row_fp64(w.host, row.b, row.h, row.i, ref_out.data(), &ref_lse);
+      ref::attention_row_lowp(w.host, dtype, row.b, row.h, row.i, lowp_out.data(), &lowp_lse);
+      const size_t base = size_t(row.b * os.batch + int64_t(row.i) * os.seq + row.h * os.head);
+      for (int d = 0; d < D; ++d) {
+        const double got = ref::bits_to_float(out_bits[base + d], dtype);
+        if (std::isfinite(got)) part->max_err = std::max(part->max_err, std::abs(got - ref_out[d]));
+        part->lowp_err = std::max(part->lowp_err, std::abs(double(lowp_out[d]) - ref_out[d]));
+      }
+      if (s.with_lse) {
+        const double got = lse[(size_t(row.b) * s.heads_q + row.h) * s.seqlen_q + row.i];
+        if (std::isinf(ref_lse)) {
+          if (!(std::isinf(got) && got < 0)) ++part->lse_mismatches;
+        } else if (!std::isfinite(got)) {
+          ++part->lse_mismatches;
+        } else {
+          part->lse_max_err = std::max(part->lse_max_err, std::abs(got - ref_lse));
+          part->lowp_lse_err = std::max(part->lowp_lse_err, std::abs(double(lowp_lse) - ref_lse));
+        }
       }
     }
+  };
+  const size_t work = rows.size() * size_t(s.seqlen_k) * size_t(D);  // multiply-adds, about
+  const size_t n_threads =
+      work < (size_t(1) << 22) ? 1 : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
+  std::vector<Partial> parts(n_threads);
+  std::vector<std::thread> pool;
+  const size_t step = (rows.size() + n_threads - 1) / n_threads;
+  for (size_t t = 1; t < n_threads; ++t)
+    pool.emplace_back(check_rows, std::min(rows.size(), t * step), std::min(rows.size(), (t + 1) * step), &parts[t]);
+  check_rows(0, std::min(rows.size(), step), &parts[0]);
+  for (auto& th : pool) th.join();
+  double lowp_err = 0, lowp_lse_err = 0;
+  for (const Partial& part : parts) {
+    r.max_err = std::max(r.max_err, part.max_err);
+    r.lse_max_err = std::max(r.lse_max_err, part.lse_max_err);
+    r.lse_mismatches += part.lse_mismatches;
+    lowp_err = std::max(lowp_err, part.lowp_err);
+    lowp_lse_err = std::max(lowp_lse_err, part.lowp_lse_err);
   }
   r.rows_checked = int(rows.size());
   r.budget = 2 * lowp_err + atol;

@@ -66,11 +66,11 @@ struct Config {
   // shared memory feeds two MMAs instead of one: half the shared-memory bytes per MMA, at the
   // price of a second set of O and S accumulators. That fits in 255 registers only for D = 64
   // (D = 128 spills; D = 256's O alone takes 128 registers per m tile).
-  static constexpr int kMTiles = D == 64 ? 2 : 1;
+  static constexpr int kMTiles = D <= 128 ? 2 : 1;
   static constexpr int kRowsPerWarp = 16 * kMTiles;
   static constexpr int kBlockM = kRowsPerWarp * kWarps;   // query rows per CTA
-  static constexpr int kBlockN = D == 256 ? 32 : 64;      // keys per K/V tile
-  static constexpr int kStages = 2;                       // K/V tiles in the shared-memory ring
+  static constexpr int kBlockN = D == 64 ? 64 : 32;       // keys per K/V tile
+  static constexpr int kStages = D == 128 ? 4 : 2;        // K/V tiles in the shared-memory ring
   // Q's A fragments take kMTiles * D / 4 registers per lane: kept for the whole K/V loop when
   // that is at most 32 (D = 64), otherwise re-read from shared memory with ldmatrix per tile.
   static constexpr bool kQInRegisters = kMTiles * D / 4 <= 32;
@@ -137,12 +137,17 @@ __device__ __forceinline__ void load_tile_async(T* tile /* [kRows, D] */, const 
   const int row = int(threadIdx.x) / kChunksPerRow, col = int(threadIdx.x) % kChunksPerRow * kChunkElems;
   const int rows_left = n_rows - row0 - row;  // rows from this thread's first one to the end of the matrix
   const T* from = src + int64_t(row0 + row) * stride + col;  // handed to the copy only while in range
+  // When a step moves a multiple of 8 rows, row % 8 and so the swizzle stay the same: one
+  // address plus a constant per step (else the compiler may keep one address per step).
+  const uint32_t dst = ptx::cvta_to_shared_u32(tile + tile_offset<D>(row, col));
 #pragma unroll
   for (int i = 0; i < kSteps; ++i) {
     const bool in_bounds = i * kRowsPerStep < rows_left;
+    const uint32_t to = kRowsPerStep % 8 == 0
+                            ? dst + uint32_t(sizeof(T) * i * kRowsPerStep * D)
+                            : ptx::cvta_to_shared_u32(tile + tile_offset<D>(row + i * kRowsPerStep, col));
     // A zero-filled row still names a source address: row 0, which always exists.
-    ptx::cp_async_cg_shared_global_16(ptx::cvta_to_shared_u32(tile + tile_offset<D>(row + i * kRowsPerStep, col)),
-                                      in_bounds ? from : src, in_bounds);
+    ptx::cp_async_cg_shared_global_16(to, in_bounds ? from : src, in_bounds);
     from += kRowsPerStep * stride;
   }
 }

@@ -36,4 +36,33 @@ __device__ __forceinline__ void fence_proxy_async_shared_cta() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// cp.async.bulk.tensor.4d shared -> global, tracked by this thread's bulk async-groups (not by
+// an mbarrier). Out-of-bounds elements of the box are not written. The shared data must have
+// been written before a fence.proxy.async (generic-proxy writes, async-proxy read).
+__device__ __forceinline__ void cp_async_bulk_tensor_4d_s2g(const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                                            const void* src) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(cvta_to_shared_u32(src))
+               : "memory");
+}
+
+// cp.async.bulk.commit_group: closes this thread's bulk copies issued so far into a group.
+__device__ __forceinline__ void cp_async_bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// cp.async.bulk.wait_group.read: waits until at most kPending of this thread's bulk groups
+// still read their shared-memory source (the source may then be overwritten; the global
+// writes may still be in flight).
+template <int kPending>
+__device__ __forceinline__ void cp_async_bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// cp.async.bulk.wait_group: waits until at most kPending of this thread's bulk groups are
+// still in flight, writes included.
+template <int kPending>
+__device__ __forceinline__ void cp_async_bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 }  // namespace hattn::ptx

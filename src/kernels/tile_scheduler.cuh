@@ -1,0 +1,112 @@
+// Which (batch, head, query block) a persistent CTA computes next: the work order of the
+// persistent kernels (11 onward).
+//
+// A persistent kernel launches G CTAs (one per SM) that share a list of work items. The list
+// is cut into rounds of G items; in round k, CTA c takes item k G + c when k is even and
+// k G + (G - 1 - c) when k is odd (a "snake"), so a CTA that got an expensive item in one
+// round tends to get a cheap one in the next. Two orders of the list:
+//   - by pair: query blocks fastest, then heads, then batches. The CTAs of a round work on
+//     one or a few (batch, head) pairs and share their K/V in L2. Without a mask every item
+//     costs the same and this order is always used.
+//   - by rank (causal only): the highest query block of every pair, then the next highest,
+//     ... Query block m reads about m + 1 K/V tiles, so the list runs longest first and the
+//     cheap blocks fill in at the end. A round now spans up to G pairs, which costs L2 reuse
+//     when the sequences are short and the pairs many.
+// Under the causal mask the host estimates each CTA's load under both orders (the sum of its
+// items' K/V tiles) and keeps the order by pair unless the order by rank finishes clearly
+// sooner: with few pairs of many blocks, a round by pair holds one pair's blocks from the
+// most to the least expensive and the snake cannot even that out.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace hattn {
+
+struct WorkItem {
+  int m_block;  // query block index (rows m_block * kBlockM ...)
+  int head_q;
+  int batch;
+};
+
+struct TileScheduler {
+  int m_blocks;   // query blocks per (batch, head)
+  int heads_q;    // heads per batch
+  int pairs;      // batch * heads_q
+  bool by_rank;   // causal order: highest query blocks of all pairs first
+
+  __host__ __device__ int total() const { return m_blocks * pairs; }
+
+  // The list position of CTA c's `round`-th item among G CTAs (>= total(): no more work).
+  __host__ __device__ static int position(int round, int c, int g) {
+    return round * g + (round % 2 == 0 ? c : g - 1 - c);
+  }
+#ifdef __CUDACC__
+  __device__ int position(int round) const { return position(round, int(blockIdx.x), int(gridDim.x)); }
+#endif
+
+  __host__ __device__ WorkItem item(int w) const {
+    int m_block, pair;
+    if (by_rank) {
+      m_block = m_blocks - 1 - w / pairs;
+      pair = w % pairs;
+    } else {
+      m_block = w % m_blocks;
+      pair = w / m_blocks;
+    }
+    return {m_block, pair % heads_q, pair / heads_q};
+  }
+};
+
+// The number of SMs of the current device (the persistent grid); 0 when the query fails.
+inline int sm_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the caller reports its own error
+    return 0;
+  }
+  return count;
+}
+
+// The busiest CTA's load (sum of tiles_of(m_block) + 1 per item) when `ctas` CTAs take the
+// list of `s` in snake order.
+template <typename TilesOf>
+int64_t max_cta_load(const TileScheduler& s, int ctas, TilesOf tiles_of) {
+  int64_t busiest = 0;
+  for (int c = 0; c < ctas; ++c) {
+    int64_t load = 0;
+    for (int round = 0, w = TileScheduler::position(0, c, ctas); w < s.total();
+         w = TileScheduler::position(++round, c, ctas))
+      load += tiles_of(s.item(w).m_block) + 1;  // + 1: an item's fixed cost, about one tile
+    busiest = std::max(busiest, load);
+  }
+  return busiest;
+}
+
+// The order for a problem run by `ctas` CTAs. tiles_of(m_block): K/V tiles that query block
+// reads. The estimate walks the whole list twice; past kMaxItemsToEstimate items (a long
+// run, where the host time would show) it keeps the order by pair.
+template <typename TilesOf>
+TileScheduler make_tile_scheduler(int batch, int heads_q, int seqlen_q, int block_m, bool causal, int ctas,
+                                  TilesOf tiles_of) {
+  constexpr int64_t kMaxItemsToEstimate = 1 << 16;
+  TileScheduler s;
+  s.m_blocks = (seqlen_q + block_m - 1) / block_m;
+  s.heads_q = heads_q;
+  s.pairs = batch * heads_q;
+  s.by_rank = false;
+  if (causal && s.m_blocks > 1 && int64_t(s.m_blocks) * s.pairs <= kMaxItemsToEstimate) {
+    const int64_t by_pair = max_cta_load(s, ctas, tiles_of);
+    TileScheduler r = s;
+    r.by_rank = true;
+    const int64_t by_rank = max_cta_load(r, ctas, tiles_of);
+    s.by_rank = by_rank * 100 < by_pair * 95;  // clearly sooner: at least 5%
+  }
+  return s;
+}
+
+}  // namespace hattn

@@ -1,0 +1,58 @@
+// CPU tests of the persistent kernels' work order (src/kernels/tile_scheduler.cuh).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "../src/kernels/tile_scheduler.cuh"
+
+namespace hattn {
+namespace {
+
+constexpr int kBlockM = 128, kBlockN = 128;
+
+auto causal_tiles(int seqlen_q, int seqlen_k) {
+  return [=](int m_block) {
+    const int n_end = std::max(0, std::min(seqlen_k, std::min((m_block + 1) * kBlockM, seqlen_q) + seqlen_k - seqlen_q));
+    return (n_end + kBlockN - 1) / kBlockN;
+  };
+}
+
+// Every (batch, head, query block) is taken by exactly one CTA, whatever the order and grid.
+TEST(TileScheduler, EveryItemOnce) {
+  for (const auto& [batch, heads, seqlen, causal, ctas] :
+       std::vector<std::tuple<int, int, int, bool, int>>{{1, 1, 1, false, 1},       {2, 3, 300, false, 5},
+                                                        {2, 3, 300, true, 7},       {1, 16, 16384, true, 132},
+                                                        {32, 16, 512, true, 132},   {4, 5, 1000, true, 13},
+                                                        {1, 2, 129, true, 132}}) {
+    const TileScheduler s =
+        make_tile_scheduler(batch, heads, seqlen, kBlockM, causal, ctas, causal_tiles(seqlen, seqlen));
+    std::set<std::tuple<int, int, int>> seen;
+    int taken = 0;
+    for (int c = 0; c < ctas; ++c)
+      for (int round = 0, w = TileScheduler::position(0, c, ctas); w < s.total();
+           w = TileScheduler::position(++round, c, ctas)) {
+        const WorkItem it = s.item(w);
+        ASSERT_GE(it.m_block, 0);
+        ASSERT_LT(it.m_block, s.m_blocks);
+        ASSERT_LT(it.head_q, heads);
+        ASSERT_LT(it.batch, batch);
+        seen.insert({it.m_block, it.head_q, it.batch});
+        ++taken;
+      }
+    EXPECT_EQ(taken, s.total()) << "batch " << batch << " heads " << heads << " seqlen " << seqlen;
+    EXPECT_EQ(int(seen.size()), s.total());
+  }
+}
+
+// The causal order by rank is chosen where the order by pair leaves one CTA with far more work
+// (few pairs of many blocks) and not where the order by pair balances (many short pairs).
+TEST(TileScheduler, PicksTheCausalOrder) {
+  EXPECT_TRUE(make_tile_scheduler(1, 16, 16384, kBlockM, true, 132, causal_tiles(16384, 16384)).by_rank);
+  EXPECT_FALSE(make_tile_scheduler(32, 16, 512, kBlockM, true, 132, causal_tiles(512, 512)).by_rank);
+  EXPECT_FALSE(make_tile_scheduler(1, 16, 16384, kBlockM, false, 132, causal_tiles(16384, 16384)).by_rank);
+}
+
+}  // namespace
+}  // namespace hattn
