@@ -1,4 +1,4 @@
-// Lineage step 11: persistent CTAs that walk a work list (longest first when causal).
+// Lineage step 11: persistent CTAs that walk a work list (snake order, longest first where it pays).
 //
 // Kernel 11 focus (what changed from 10_intra_warpgroup_overlap):
 //   1. One CTA per SM, launched once, loops over work items (batch, head, query block) from
@@ -9,9 +9,10 @@
 //      the last PV and store O. The K/V ring and its phases continue across items (a running
 //      tile count replaces the per-item tile index).
 //   3. Q gets a q_empty barrier: the consumers release Q after the last S of an item.
-//   4. Work order (tile_scheduler.cuh): without a mask, query blocks fastest, so the CTAs
-//      that run together share one head's K/V in L2; under the causal mask, the longest
-//      blocks of all heads first. CTAs take items in a snake order (c, then G - 1 - c, ...).
+//   4. Work order (tile_scheduler.cuh): CTAs take items in a snake order (c, then G - 1 - c,
+//      ...). The list runs query blocks fastest, so the CTAs that run together share one
+//      head's K/V in L2. Under the causal mask, where that leaves one CTA far busier (few
+//      heads of many blocks), the host switches to the longest blocks of all heads first.
 //
 // Per item with keys (n_tiles > 0), running counts kv (tiles so far) and uses (items so far):
 //   producer: [uses > 0: wait q_empty (uses - 1) % 2]; load Q -> q_full; per tile: as in 10,
@@ -406,23 +407,24 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   const int m_blocks = (problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int ctas = int(std::min<int64_t>(int64_t(m_blocks) * problem.batch * problem.heads_q, sms));
   const int causal_offset = problem.seqlen_k - problem.seqlen_q;
-  auto tiles_of = [&](int m_block) {  // as in the kernel
+  auto tiles_of = [&](int m_block) {  // as in the kernel, for the causal problems the estimate runs on
     const int n_end = std::max(0, std::min(problem.seqlen_k, std::min((m_block + 1) * Cfg::kBlockM, problem.seqlen_q) + causal_offset));
     return (n_end + Cfg::kBlockN - 1) / Cfg::kBlockN;
   };
   const TileScheduler sched = make_tile_scheduler(problem.batch, problem.heads_q, problem.seqlen_q, Cfg::kBlockM,
                                                   problem.causal, ctas, tiles_of);
-  const dim3 grid(unsigned(ctas), 1u, 1u);  // one CTA per SM (shared memory allows no more)
+  const dim3 grid(unsigned(ctas), 1u, 1u);  // one CTA per SM (the 384 threads x 168 registers allow no more)
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, make_params(problem), sched);
   return launch_status(kName);
 }
 
-// The whole contract, as long as the work list fits an int (B * Hq * ceil(Sq / 128) < 2^31).
+// The whole contract, as long as the work list fits an int with room for the snake order's
+// overshoot (B * Hq * ceil(Sq / 128) <= 2^30).
 Status supports(const AttentionProblem& problem) {
   const int64_t items = int64_t(problem.batch) * problem.heads_q * ((int64_t(problem.seqlen_q) + 127) / 128);
-  if (items > INT32_MAX)
+  if (items > INT32_MAX / 2)
     return {StatusCode::not_supported, "11_persistent: batch * heads_q * ceil(seqlen_q / 128) = " +
-                                           std::to_string(items) + " work items exceeds 2^31 - 1"};
+                                           std::to_string(items) + " work items exceeds 2^30"};
   return Status::Ok();
 }
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
@@ -433,7 +435,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const KernelEntry& kernel_11_persistent() {
-  static const KernelEntry entry{kName, "persistent CTAs over an L2-aware, longest-first work list; the next item's loads overlap this one's end",
+  static const KernelEntry entry{kName, "persistent CTAs over a snake-ordered work list; the next item's loads overlap the end of this one",
                                  supports, launch};
   return entry;
 }

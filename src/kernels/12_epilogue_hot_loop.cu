@@ -8,8 +8,8 @@
 //   2. exp2 with the scale folded in: the running max is kept in raw score units and each
 //      weight is 2^(s * scale * log2 e - max * scale * log2 e), one FFMA and one MUFU per score
 //      (11 spent an FMUL per score on the scaling first).
-//   3. O is rescaled only when some row of the warp raised its max (alpha != 1). Once the
-//      running maxima settle that is rare, and the 4 * D / 8 FMULs leave the turn, in which
+//   3. O is rescaled only when some row of the warp raised its max (alpha != 1). The longer
+//      the rows, the rarer that gets; each skip takes 4 * D / 8 FMULs out of the turn, where
 //      they delayed the issue of PV.
 //
 // Epilogue per item (warpgroup wg, its 64 rows):
@@ -23,7 +23,7 @@
 // instruction count in the softmax (the critical path between the GEMMs) and the time the
 // consumers spend storing O instead of starting the next item.
 // Known limits: D = 256 keeps the register-store epilogue; the tile shape is the same for
-// every D.
+// every D; the folded max needs scale > 0 (supports() refuses others, "auto" then takes 11).
 #include <cuda.h>
 
 #include <algorithm>
@@ -325,7 +325,9 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         // A row with no visible key yet subtracts 0, not -inf: weights 0, not NaN.
         const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-        alpha[r] = ptx::ex2_approx_ftz_f32(row_max[r] * scale_log2 - m_scaled);  // 2^0 = 1 exactly when m is unchanged
+        // Exactly 1 when the max is unchanged (the compiler may fuse the exponent into an FFMA,
+        // which would leave a rounding error instead of 0), so that the rescale can be skipped.
+        alpha[r] = m == row_max[r] ? 1.f : ptx::ex2_approx_ftz_f32(row_max[r] * scale_log2 - m_scaled);
         row_max[r] = m;
         float sum = 0.f;
 #pragma unroll
@@ -455,25 +457,30 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   const int m_blocks = (problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int ctas = int(std::min<int64_t>(int64_t(m_blocks) * problem.batch * problem.heads_q, sms));
   const int causal_offset = problem.seqlen_k - problem.seqlen_q;
-  auto tiles_of = [&](int m_block) {  // as in the kernel
+  auto tiles_of = [&](int m_block) {  // as in the kernel, for the causal problems the estimate runs on
     const int n_end = std::max(0, std::min(problem.seqlen_k, std::min((m_block + 1) * Cfg::kBlockM, problem.seqlen_q) + causal_offset));
     return (n_end + Cfg::kBlockN - 1) / Cfg::kBlockN;
   };
   const TileScheduler sched = make_tile_scheduler(problem.batch, problem.heads_q, problem.seqlen_q, Cfg::kBlockM,
                                                   problem.causal, ctas, tiles_of);
-  const dim3 grid(unsigned(ctas), 1u, 1u);  // one CTA per SM (shared memory allows no more)
+  const dim3 grid(unsigned(ctas), 1u, 1u);  // one CTA per SM (the 384 threads x 168 registers allow no more)
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, make_params(problem), sched);
   return launch_status(kName);
 }
 
-// The whole contract, as long as the work list fits an int (B * Hq * ceil(Sq / 128) < 2^31).
+// The whole contract with a positive scale, as long as the work list fits an int
+// (B * Hq * ceil(Sq / 128) < 2^31).
 Status supports(const AttentionProblem& problem) {
+  if (!(problem.scale() > 0.f))
+    return {StatusCode::not_supported, "12_epilogue_hot_loop: softmax_scale must be > 0 (the running max is taken "
+                                       "on unscaled scores); got " + std::to_string(problem.scale())};
   const int64_t items = int64_t(problem.batch) * problem.heads_q * ((int64_t(problem.seqlen_q) + 127) / 128);
-  if (items > INT32_MAX)
+  if (items > INT32_MAX / 2)
     return {StatusCode::not_supported, "12_epilogue_hot_loop: batch * heads_q * ceil(seqlen_q / 128) = " +
-                                           std::to_string(items) + " work items exceeds 2^31 - 1"};
+                                           std::to_string(items) + " work items exceeds 2^30"};
   return Status::Ok();
 }
+
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   return dispatch_dtype_headdim(problem,
                                 [&]<typename T, int D>() -> Status { return launch_typed<T, D>(problem, stream); });

@@ -93,7 +93,7 @@ int64_t max_cta_load(const TileScheduler& s, int ctas, TilesOf tiles_of) {
 template <typename TilesOf>
 TileScheduler make_tile_scheduler(int batch, int heads_q, int seqlen_q, int block_m, bool causal, int ctas,
                                   TilesOf tiles_of) {
-  constexpr int64_t kMaxItemsToEstimate = 1 << 16;
+  constexpr int64_t kMaxItemsToEstimate = 1 << 14;
   TileScheduler s;
   s.m_blocks = (seqlen_q + block_m - 1) / block_m;
   s.heads_q = heads_q;
@@ -104,7 +104,7 @@ TileScheduler make_tile_scheduler(int batch, int heads_q, int seqlen_q, int bloc
     TileScheduler r = s;
     r.by_rank = true;
     const int64_t by_rank = max_cta_load(r, ctas, tiles_of);
-    s.by_rank = by_rank * 100 < by_pair * 95;  // clearly sooner: at least 5%
+    s.by_rank = by_rank * 100 < by_pair * 95;  // clearly sooner: by more than 5%
   }
   return s;
 }
