@@ -35,12 +35,19 @@ def load(path):
 
 
 def provenance(rows, path):
-    first = rows[0]
-    clocks = sorted({int(r["sm_clock_mhz"]) for r in rows if r["sm_clock_mhz"] > 0})
-    clock = f"{clocks[0]}-{clocks[-1]} MHz" if len(clocks) > 1 else f"{clocks[0]} MHz" if clocks else "unknown"
-    return (f"_{first['gpu']}, commit `{first['commit']}`, SM clock {clock}, "
-            f"cuBLAS bf16 GEMM ceiling {first['gemm_tflops']:.0f} TFLOP/s in the same run; "
-            f"from `{path.relative_to(ROOT)}` by `tools/gen_docs.py`._\n")
+    """Where the figures of `rows` come from: one clause per benchmark run (commit)."""
+    runs = {}
+    for r in rows:
+        runs.setdefault(r["commit"], []).append(r)
+    parts = []
+    for commit, rs in runs.items():
+        clocks = sorted({int(r["sm_clock_mhz"]) for r in rs if r["sm_clock_mhz"] > 0})
+        clock = f"{clocks[0]}-{clocks[-1]} MHz" if len(clocks) > 1 else f"{clocks[0]} MHz" if clocks else "unknown"
+        kernels = ", ".join(sorted({r["kernel"].split("_")[0] for r in rs}))
+        which = f" (kernels {kernels})" if len(runs) > 1 else ""
+        parts.append(f"commit `{commit}`{which}, SM clock {clock}, cuBLAS bf16 GEMM ceiling "
+                     f"{rs[0]['gemm_tflops']:.0f} TFLOP/s in the same run")
+    return f"_{rows[0]['gpu']}; " + "; ".join(parts) + f"; from `{path.relative_to(ROOT)}` by `tools/gen_docs.py`._\n"
 
 
 def fmt(r):
@@ -75,7 +82,7 @@ def kernel_table(rows, kernel, previous, path):
             geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
             out.append(f"Against the previous step ({previous}): {geo:.2f}× (geometric mean over "
                        f"{len(ratios)} shapes; range {min(ratios):.2f}× to {max(ratios):.2f}×).\n")
-    out.append(provenance(rows, path))
+    out.append(provenance(mine + [r for r in rows if r["kernel"] == previous], path))
     return "\n".join(out) + "\n"
 
 

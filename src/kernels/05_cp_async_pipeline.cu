@@ -64,13 +64,15 @@ struct Config {
   static constexpr int kThreads = 32 * kWarps;
   // m16 MMA tiles of query rows per warp. With two, every K or V fragment a warp loads from
   // shared memory feeds two MMAs instead of one: half the shared-memory bytes per MMA, at the
-  // price of a second set of O and S accumulators. That fits in 255 registers only for D = 64
-  // (D = 128 spills; D = 256's O alone takes 128 registers per m tile).
+  // price of a second set of O and S accumulators. At D = 128 that fits in 255 registers only
+  // with 32-key tiles (64 keys spill); D = 256's O alone takes 128 registers per m tile.
   static constexpr int kMTiles = D <= 128 ? 2 : 1;
   static constexpr int kRowsPerWarp = 16 * kMTiles;
   static constexpr int kBlockM = kRowsPerWarp * kWarps;   // query rows per CTA
   static constexpr int kBlockN = D == 64 ? 64 : 32;       // keys per K/V tile
-  static constexpr int kStages = D == 128 ? 4 : 2;        // K/V tiles in the shared-memory ring
+  // K/V tiles in the shared-memory ring; at D = 128 the 32-key tiles are small (8 KiB) and 4
+  // stages measured slightly ahead of 2.
+  static constexpr int kStages = D == 128 ? 4 : 2;
   // Q's A fragments take kMTiles * D / 4 registers per lane: kept for the whole K/V loop when
   // that is at most 32 (D = 64), otherwise re-read from shared memory with ldmatrix per tile.
   static constexpr bool kQInRegisters = kMTiles * D / 4 <= 32;
