@@ -65,6 +65,12 @@ std::vector<Shape> test_shapes() {
       make(2, 300, 100, 48, 8, 128, true, fp, Layout::padded),         // 288 items, a third without keys
       make(2, 140, 140, 64, 64, 256, true, bf, Layout::contiguous),    // 256 items
   };
+  // Softmax scales other than 1/sqrt(D): a larger positive one, and a negative one, which a
+  // kernel that takes the max on unscaled scores must refuse (12 does; "auto" falls back).
+  shapes.push_back(make(1, 150, 170, 4, 2, 128, true, bf, Layout::contiguous));
+  shapes.back().scale = 0.3f;
+  shapes.push_back(make(1, 150, 170, 4, 2, 64, true, fp, Layout::contiguous));
+  shapes.back().scale = -0.05f;
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})

@@ -172,6 +172,19 @@ TEST(Dispatch, AutoPicksTheLastKernelThatSupportsTheProblem) {
   EXPECT_EQ(resolved, kernels().back().name);
 }
 
+TEST(Dispatch, NonPositiveScaleSkipsTheFoldedMaxKernel) {
+  auto p = valid_problem();
+  p.softmax_scale = -0.125f;
+  std::string resolved;
+  Status s = resolve_kernel(p, "12_epilogue_hot_loop", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("softmax_scale"), std::string::npos) << s.message();
+  ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_NE(resolved, "12_epilogue_hot_loop");
+  p.softmax_scale = 0.3f;
+  ASSERT_TRUE(resolve_kernel(p, "12_epilogue_hot_loop", &resolved).ok());
+}
+
 TEST(Dispatch, NaiveRefusesHugeScoreMatrices) {
   auto p = valid_problem();
   p.seqlen_q = p.seqlen_k = 40000;  // S of one head: 6.4 GB

@@ -25,6 +25,7 @@ std::string describe(const Shape& s) {
   os << "B=" << s.batch << " Sq=" << s.seqlen_q << " Sk=" << s.seqlen_k << " Hq=" << s.heads_q
      << " Hkv=" << s.heads_kv << " D=" << s.head_dim << (s.causal ? " causal" : " full") << " "
      << dtype_name(s.dtype) << " " << layout_name(s.layout) << (s.with_lse ? " lse" : "");
+  if (s.scale) os << " scale=" << *s.scale;
   return os.str();
 }
 
@@ -204,6 +205,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.out_strides = out.strides;
   p.lse = shape.with_lse ? static_cast<float*>(w->lse.get()) : nullptr;
   p.causal = shape.causal;
+  p.softmax_scale = shape.scale;
 
   ref::HostProblem& h = w->host;
   h.batch = B;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct Shape {
   DType dtype = DType::bf16;
   Layout layout = Layout::contiguous;
   bool with_lse = true;
+  std::optional<float> scale;  // softmax scale; default 1/sqrt(D)
 };
 std::string describe(const Shape& shape);
 
