@@ -59,12 +59,16 @@ struct Config {
   static constexpr int kBlockN = D == 256 ? 64 : 128;  // keys per K/V tile (the N of S = Q K^T)
   static constexpr int kStages = 2;                    // K/V tiles in flight
   static constexpr int kColBlocks = D / 64;            // 64-element (128-byte) column blocks of a row
-  // Register budgets per thread after setmaxnreg: every 128-thread warpgroup draws on the
-  // 64K-register file, so the budgets of the 1 + kConsumers warpgroups may sum to 512.
+  // Register budgets per thread after setmaxnreg. setmaxnreg only moves registers inside the
+  // CTA's own pool, which is what the CTA got at launch: kThreads x the compiler's cap under
+  // __launch_bounds__(kThreads, 1), 65536 / kThreads rounded down to a multiple of 8 (168).
+  // The budgets of the 1 + kConsumers warpgroups must fit in it, or setmaxnreg.inc waits
+  // forever for registers that never come (24 + 2 x 240 = 504 = 3 x 168).
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
-  static_assert(kProducerRegisters + kConsumers * kConsumerRegisters <= 65536 / 128,
-                "setmaxnreg budgets exceed the register file");
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert(kProducerRegisters + kConsumers * kConsumerRegisters <= (1 + kConsumers) * kLaunchRegisters,
+                "setmaxnreg budgets exceed the CTA's registers at launch");
 
   static_assert(D % 64 == 0, "tiles are stored as 64-column blocks, the width of a 128-byte swizzle atom");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
