@@ -13,10 +13,17 @@ namespace {
 constexpr int kBlockM = 128, kBlockN = 128;
 
 auto causal_tiles(int seqlen_q, int seqlen_k) {
-  return [=](int m_block) {
-    const int n_end = std::max(0, std::min(seqlen_k, std::min((m_block + 1) * kBlockM, seqlen_q) + seqlen_k - seqlen_q));
-    return (n_end + kBlockN - 1) / kBlockN;
-  };
+  return [=](int m_block) { return causal_kv_tiles(m_block, kBlockM, kBlockN, seqlen_q, seqlen_k); };
+}
+
+// Tiles up to the diagonal (bottom-right aligned), none for blocks whose rows see no key.
+TEST(TileScheduler, CausalKvTiles) {
+  EXPECT_EQ(causal_kv_tiles(0, 128, 128, 1024, 1024), 1);
+  EXPECT_EQ(causal_kv_tiles(7, 128, 128, 1024, 1024), 8);
+  EXPECT_EQ(causal_kv_tiles(0, 128, 128, 100, 1000), 8);   // Sq < Sk: row 99 sees keys 0..999
+  EXPECT_EQ(causal_kv_tiles(0, 128, 128, 300, 100), 0);    // Sq > Sk: rows 0..127 see nothing
+  EXPECT_EQ(causal_kv_tiles(2, 128, 128, 300, 100), 1);    // rows 256..299 see keys 0..99
+  EXPECT_EQ(causal_kv_tiles(1, 128, 64, 130, 130), 3);     // the tail block: rows 128, 129
 }
 
 // Every (batch, head, query block) is taken by exactly one CTA, whatever the order and grid.

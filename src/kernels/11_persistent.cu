@@ -410,10 +410,8 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
   const int m_blocks = (problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int ctas = int(std::min<int64_t>(int64_t(m_blocks) * problem.batch * problem.heads_q, sms));
-  const int causal_offset = problem.seqlen_k - problem.seqlen_q;
-  auto tiles_of = [&](int m_block) {  // as in the kernel, for the causal problems the estimate runs on
-    const int n_end = std::max(0, std::min(problem.seqlen_k, std::min((m_block + 1) * Cfg::kBlockM, problem.seqlen_q) + causal_offset));
-    return (n_end + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  auto tiles_of = [&](int m_block) {  // the estimate runs only under the causal mask
+    return causal_kv_tiles(m_block, Cfg::kBlockM, Cfg::kBlockN, problem.seqlen_q, problem.seqlen_k);
   };
   const TileScheduler sched = make_tile_scheduler(problem.batch, problem.heads_q, problem.seqlen_q, Cfg::kBlockM,
                                                   problem.causal, ctas, tiles_of);

@@ -72,6 +72,15 @@ inline int sm_count() {
   return count;
 }
 
+// K/V tiles of `block_n` keys that query block `m_block` (rows of `block_m`) reads under the
+// causal mask: those up to the diagonal of its last row, 0 when no row sees a key. The
+// kernels compute the same on the device.
+inline int causal_kv_tiles(int m_block, int block_m, int block_n, int seqlen_q, int seqlen_k) {
+  const int last_row_end = std::min((m_block + 1) * block_m, seqlen_q);
+  const int n_end = std::max(0, std::min(seqlen_k, last_row_end + seqlen_k - seqlen_q));
+  return (n_end + block_n - 1) / block_n;
+}
+
 // The busiest CTA's load (sum of tiles_of(m_block) + 1 per item) when `ctas` CTAs take the
 // list of `s` in snake order.
 template <typename TilesOf>
