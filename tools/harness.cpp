@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -73,12 +74,13 @@ Status cuda_check(cudaError_t err, const char* what) {
   return {StatusCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err)};
 }
 
-// Runs body(begin, end) over [0, n) on a few threads: input generation for the benchmark's
-// large shapes would otherwise dominate its run time.
+// Runs body(begin, end) over [0, n) on a few threads, or on this one when n < serial_below:
+// input generation for the benchmark's large shapes, and the reference check of large
+// outputs, would otherwise dominate the run time.
 template <typename F>
-void parallel_for(size_t n, F body) {
+void parallel_for(size_t n, F body, size_t serial_below = size_t(1) << 20) {
   const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
-  if (n < (1u << 20) || threads == 1) return body(size_t(0), n);
+  if (n < serial_below || threads == 1) return body(size_t(0), n);
   std::vector<std::thread> pool;
   const size_t step = (n + threads - 1) / threads;
   for (size_t t = 0; t < threads; ++t) {
@@ -292,7 +294,7 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
   // Below the rounding step of either dtype near 1: slack for outputs near zero.
   const double atol = dtype == DType::bf16 ? 1e-3 : 2e-4;
   const double lse_atol = 2e-4;
-  // Rows are independent: split them over a few threads, each with its own maxima, then merge.
+  // Rows are independent: each chunk of rows keeps its own maxima and merges them at the end.
   struct Partial {
     double max_err = 0, lowp_err = 0, lse_max_err = 0, lowp_lse_err = 0;
     int lse_mismatches = 0;
@@ -326,24 +328,28 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
       }
     }
   };
-  const size_t work = rows.size() * size_t(s.seqlen_k) * size_t(D);  // multiply-adds, about
-  const size_t n_threads =
-      work < (size_t(1) << 22) ? 1 : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 16);
-  std::vector<Partial> parts(n_threads);
-  std::vector<std::thread> pool;
-  const size_t step = (rows.size() + n_threads - 1) / n_threads;
-  for (size_t t = 1; t < n_threads; ++t)
-    pool.emplace_back(check_rows, std::min(rows.size(), t * step), std::min(rows.size(), (t + 1) * step), &parts[t]);
-  check_rows(0, std::min(rows.size(), step), &parts[0]);
-  for (auto& th : pool) th.join();
-  double lowp_err = 0, lowp_lse_err = 0;
-  for (const Partial& part : parts) {
-    r.max_err = std::max(r.max_err, part.max_err);
-    r.lse_max_err = std::max(r.lse_max_err, part.lse_max_err);
-    r.lse_mismatches += part.lse_mismatches;
-    lowp_err = std::max(lowp_err, part.lowp_err);
-    lowp_lse_err = std::max(lowp_lse_err, part.lowp_lse_err);
-  }
+  Partial total;
+  std::mutex merge;
+  // Checks under about 4M multiply-adds of reference work stay on this thread.
+  const size_t work_per_row = size_t(s.seqlen_k) * size_t(D);
+  const size_t serial_below_rows = ((size_t(1) << 22) + work_per_row - 1) / work_per_row;
+  parallel_for(
+      rows.size(),
+      [&](size_t begin, size_t end) {
+        Partial part;
+        check_rows(begin, end, &part);
+        const std::lock_guard<std::mutex> lock(merge);
+        total.max_err = std::max(total.max_err, part.max_err);
+        total.lowp_err = std::max(total.lowp_err, part.lowp_err);
+        total.lse_max_err = std::max(total.lse_max_err, part.lse_max_err);
+        total.lowp_lse_err = std::max(total.lowp_lse_err, part.lowp_lse_err);
+        total.lse_mismatches += part.lse_mismatches;
+      },
+      serial_below_rows);
+  r.max_err = total.max_err;
+  r.lse_max_err = total.lse_max_err;
+  r.lse_mismatches = total.lse_mismatches;
+  const double lowp_err = total.lowp_err, lowp_lse_err = total.lowp_lse_err;
   r.rows_checked = int(rows.size());
   r.budget = 2 * lowp_err + atol;
   r.lse_budget = 2 * lowp_lse_err + lse_atol;

@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 namespace hattn {
 
