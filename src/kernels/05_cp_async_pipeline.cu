@@ -64,15 +64,19 @@ struct Config {
   static constexpr int kThreads = 32 * kWarps;
   // m16 MMA tiles of query rows per warp. With two, every K or V fragment a warp loads from
   // shared memory feeds two MMAs instead of one: half the shared-memory bytes per MMA, at the
-  // price of a second set of O and S accumulators. At D = 128 that fits in 255 registers only
-  // with 32-key tiles (64 keys spill); D = 256's O alone takes 128 registers per m tile.
+  // price of a second set of O and S accumulators. D = 256's O alone takes 128 registers per
+  // m tile, so it keeps one.
   static constexpr int kMTiles = D <= 128 ? 2 : 1;
   static constexpr int kRowsPerWarp = 16 * kMTiles;
   static constexpr int kBlockM = kRowsPerWarp * kWarps;   // query rows per CTA
-  static constexpr int kBlockN = D == 64 ? 64 : 32;       // keys per K/V tile
-  // K/V tiles in the shared-memory ring; at D = 128 the 32-key tiles are small (8 KiB) and 4
-  // stages measured slightly ahead of 2.
-  static constexpr int kStages = D == 128 ? 4 : 2;
+  // Keys per K/V tile. At D = 128 with two m tiles, 32 keys fit in 255 registers and 48 spill
+  // about 60 bytes, yet 48 keys with 3 stages measured about 3.5% faster at S >= 2k: the
+  // barrier, the row-max shuffles and the O rescale are paid per 48 keys instead of per 32,
+  // and the few spilled values are L1 hits (the guide's chapter 05 has the measurements).
+  static constexpr int kBlockN = D == 64 ? 64 : D == 128 ? 48 : 32;
+  // K/V tiles in the shared-memory ring: 3 x 2 x 12 KiB at D = 128 still leaves room for
+  // 2 CTAs per SM.
+  static constexpr int kStages = D == 128 ? 3 : 2;
   // Q's A fragments take kMTiles * D / 4 registers per lane: kept for the whole K/V loop when
   // that is at most 32 (D = 64), otherwise re-read from shared memory with ldmatrix per tile.
   static constexpr bool kQInRegisters = kMTiles * D / 4 <= 32;
@@ -154,8 +158,10 @@ __device__ __forceinline__ void load_tile_async(T* tile /* [kRows, D] */, const 
   }
 }
 
+// The register cap is 255 either way; with the minimum of 1 CTA per SM stated, ptxas spills
+// less at D = 128 (60 bytes instead of 80), as measured with -Xptxas -v. Two CTAs still fit.
 template <typename T, int D>
-__global__ void __launch_bounds__(Config<D>::kThreads) cp_async_kernel(const AttentionParams p) {
+__global__ void __launch_bounds__(Config<D>::kThreads, 1) cp_async_kernel(const AttentionParams p) {
   using Cfg = Config<D>;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr int kMTiles = Cfg::kMTiles;  // m16 tiles of query rows per warp
