@@ -63,6 +63,7 @@ const std::vector<const KernelEntry*>& registry() {
       &kernel_10_intra_warpgroup_overlap(),
       &kernel_11_persistent(),
       &kernel_12_epilogue_hot_loop(),
+      &kernel_13_wide_tiles(),
   };
   return entries;
 }

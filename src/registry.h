@@ -28,6 +28,7 @@ const KernelEntry& kernel_09_pingpong();
 const KernelEntry& kernel_10_intra_warpgroup_overlap();
 const KernelEntry& kernel_11_persistent();
 const KernelEntry& kernel_12_epilogue_hot_loop();
+const KernelEntry& kernel_13_wide_tiles();
 
 // All entries in lineage order.
 const std::vector<const KernelEntry*>& registry();

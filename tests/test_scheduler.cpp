@@ -26,6 +26,17 @@ TEST(TileScheduler, CausalKvTiles) {
   EXPECT_EQ(causal_kv_tiles(1, 128, 64, 130, 130), 3);     // the tail block: rows 128, 129
 }
 
+// 13's tile-shape choice: the mean keys per query block, after the causal mask.
+TEST(TileScheduler, MeanKeysPerBlock) {
+  EXPECT_EQ(mean_keys_per_block(128, 100, 9000, false), 9000.0);
+  EXPECT_EQ(mean_keys_per_block(128, 256, 256, true), (128.0 + 256.0) / 2);
+  EXPECT_EQ(mean_keys_per_block(128, 200, 8400, true), (8328.0 + 8400.0) / 2);  // Sq < Sk
+  EXPECT_EQ(mean_keys_per_block(128, 300, 100, true), (0.0 + 56.0 + 100.0) / 3);  // Sq > Sk
+  // The FlashAttention grid at 16k keys: causal sweeps average just over 8k, full ones 16k.
+  EXPECT_GE(mean_keys_per_block(128, 16384, 16384, true), 8192.0);
+  EXPECT_LT(mean_keys_per_block(128, 8192, 8192, true), 8192.0);
+}
+
 // Every (batch, head, query block) is taken by exactly one CTA, whatever the order and grid.
 TEST(TileScheduler, EveryItemOnce) {
   for (const auto& [batch, heads, seqlen, causal, ctas] :

@@ -80,6 +80,16 @@ inline int causal_kv_tiles(int m_block, int block_m, int block_n, int seqlen_q, 
   return (n_end + block_n - 1) / block_n;
 }
 
+// Mean number of keys a query block of `block_m` rows sweeps: Sk, or under the causal mask
+// those up to the diagonal of each block's last row. 13 picks its tile shape by it.
+inline double mean_keys_per_block(int block_m, int seqlen_q, int seqlen_k, bool causal) {
+  if (!causal) return seqlen_k;
+  const int m_blocks = (seqlen_q + block_m - 1) / block_m;
+  double keys = 0;
+  for (int m_block = 0; m_block < m_blocks; ++m_block) keys += causal_kv_tiles(m_block, block_m, 1, seqlen_q, seqlen_k);
+  return keys / m_blocks;
+}
+
 // The busiest CTA's load (sum of tiles_of(m_block) + 1 per item) when `ctas` CTAs take the
 // list of `s` in snake order.
 template <typename TilesOf>
