@@ -26,6 +26,18 @@ TEST(TileScheduler, CausalKvTiles) {
   EXPECT_EQ(causal_kv_tiles(1, 128, 64, 130, 130), 3);     // the tail block: rows 128, 129
 }
 
+// The persistent grid: one CTA per SM, fewer when there are fewer items; the list covers them all.
+TEST(TileScheduler, PersistentLaunchPlan) {
+  const PersistentLaunch few = plan_persistent_launch(1, 2, 300, 300, false, 128, 128, 132);
+  EXPECT_EQ(few.ctas, 6);  // 2 heads x 3 query blocks
+  EXPECT_EQ(few.sched.total(), 6);
+  const PersistentLaunch many = plan_persistent_launch(32, 16, 512, 512, true, 128, 128, 132);
+  EXPECT_EQ(many.ctas, 132);
+  EXPECT_EQ(many.sched.total(), 32 * 16 * 4);
+  EXPECT_EQ(work_items(32, 16, 512, 128), 2048);
+  EXPECT_GT(work_items(1 << 20, 64, 1 << 20, 128), kMaxWorkItems);  // refused by supports()
+}
+
 // 13's tile-shape choice: the mean keys per query block, after the causal mask.
 TEST(TileScheduler, MeanKeysPerBlock) {
   EXPECT_EQ(mean_keys_per_block(128, 100, 9000, false), 9000.0);

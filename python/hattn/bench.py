@@ -2,10 +2,12 @@
 
 For every shape it makes BSHD q, k, v (randn + 0.5: never zeros), runs each implementation once
 and checks its output against the reference (SDPA's cuDNN result on contiguous BHSD copies), then
-times the correct ones: CUDA events around each call, warm-up first, a write of a >= 256 MB buffer
-before every call so that no call finds its inputs in L2, the median of --reps calls (fewer, at
-least 5, where they would take more than --budget-s; the count is recorded). hattn kernels are
-timed through hattn.attention (the torch op, as users call it).
+times the correct ones together: CUDA events around each call, warm-up first, a write of a
+>= 256 MB buffer before every call so that no call finds its inputs in L2, the median of --reps
+calls (fewer, at least 5, where a round of all of them would take more than --budget-s per
+implementation; the count is recorded). The calls are interleaved, one of each implementation
+per round, so that all of them run at the same clocks and temperature. hattn kernels are timed
+through hattn.attention (the torch op, as users call it).
 
 Anchors (torch.nn.attention.sdpa_kernel picks the backend; SDPA takes BHSD):
   sdpa_cudnn       cuDNN on contiguous BHSD copies (its best layout; the reference output)
@@ -204,11 +206,14 @@ def environment() -> Dict:
 
 
 class Timer:
-    """Median CUDA-event time of a call, with the L2 flushed before each call.
+    """Median CUDA-event times of calls, with the L2 flushed before each call.
 
-    The first warm-up call is timed to size the rest: warm-up and timed calls of one measurement
-    take about budget_s (the remaining warm-ups at most a tenth of it), with at least MIN_REPS
-    timed calls, so slow lineage steps on the large shapes do not dominate the run.
+    The calls are timed in rounds, one of each per round, so that all of them see the same
+    clocks: timed one after another, the ones timed last measured well below their stand-alone
+    times on the longest shapes (results/evidence/pybench_order_effect_708a992.log). A first
+    call of each is timed to size the rest: warm-up and timed rounds take about budget_s per
+    call (the remaining warm-ups at most a tenth of it), with at least MIN_REPS timed rounds,
+    so slow lineage steps on the large shapes do not dominate the run.
     """
 
     MIN_REPS = 5
@@ -227,15 +232,28 @@ class Timer:
         torch.cuda.synchronize()
         return [start.elapsed_time(end) for start, end in events]
 
-    def __call__(self, fn: Callable[[], object]) -> Tuple[float, int]:
-        """(median ms, number of timed calls)."""
-        first = self._timed(fn, 1)[0] if self.warmup > 0 else None
+    def interleaved(self, fns: Sequence[Callable[[], object]]) -> List[Tuple[float, int]]:
+        """(median ms, number of timed calls) of each call, timed in rounds over all of them."""
+        if not fns:
+            return []
+        firsts = [self._timed(fn, 1)[0] for fn in fns] if self.warmup > 0 else None
         reps = self.reps
-        if first is not None:
-            for _ in range(min(self.warmup - 1, int(self.budget_ms / 10 / max(first, 1e-3)))):
+        if firsts is not None:
+            per_round = max(sum(firsts), 1e-3)
+            for _ in range(min(self.warmup - 1, int(self.budget_ms * len(fns) / 10 / per_round))):
+                for fn in fns:
+                    fn()
+            reps = max(min(self.reps, self.MIN_REPS), min(self.reps, int(self.budget_ms * len(fns) / per_round)))
+        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
+                  for _ in range(reps)]  # fmt: skip
+        for round_events in events:
+            for fn, (start, end) in zip(fns, round_events):
+                self.flush.zero_()
+                start.record()
                 fn()
-            reps = max(min(self.reps, self.MIN_REPS), min(self.reps, int(self.budget_ms / max(first, 1e-3))))
-        return statistics.median(self._timed(fn, reps)), reps
+                end.record()
+        torch.cuda.synchronize()
+        return [(statistics.median(r[i][0].elapsed_time(r[i][1]) for r in events), reps) for i in range(len(fns))]
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):
@@ -329,13 +347,16 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
         except RuntimeError:
             pass
 
+    # Every implementation is checked first; those that pass are then timed together
+    # (Timer.interleaved) and recorded in this order.
+    to_time: List[Tuple[str, str, Callable[[], object], Optional[float], str]] = []
     for name in args.anchor_list:
         try:
             err, why = check(calls[name](), None if name == ref_name else tol)
             if why and why != "reference unavailable":
                 record(name, "anchor", "FAIL", err=err, tol=tol, note=why)
                 continue
-            record(name, "anchor", "ok", *timer(calls[name]), err=err, tol=tol)
+            to_time.append((name, "anchor", calls[name], err, ""))
         except RuntimeError as e:  # SDPA: no kernel for this shape
             record(name, "anchor", "unsupported", note=str(e).splitlines()[0][:160])
 
@@ -362,7 +383,10 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
             record(name, "hattn", "FAIL", err=err, tol=tol, note=why)
             continue
         label = name if name != "auto" else f"auto={hattn.resolve_kernel(q, k, v, shape.causal)}"
-        record(label, "hattn", "ok", *timer(call), err=err, tol=tol, note=why or "")
+        to_time.append((label, "hattn", call, err, why or ""))
+
+    for (name, kind, _, err, note), (ms, reps) in zip(to_time, timer.interleaved([c[2] for c in to_time])):
+        record(name, kind, "ok", ms, reps, err=err, tol=tol, note=note)
 
     report.fill_ratios(records)
     return records

@@ -257,3 +257,19 @@ def test_large_head_count_and_batch():
     q, k, v = make_qkv(3, 129, 257, 40, 8, 128, torch.bfloat16)
     check(q, k, v, *run(q, k, v, "auto", causal=True), causal=True)
     assert math.isfinite(hattn.attention(q, k, v).float().sum().item())
+
+
+def test_bench_times_kernels_beside_the_anchors(tmp_path):
+    """python -m hattn.bench end to end on one small shape: every implementation checked and timed."""
+    import csv
+
+    from hattn import bench
+
+    argv = ["--no-capstone", "--dims", "64", "--seqlens", "512", "--causal", "no", "--reps", "3",
+            "--kernels", "12_epilogue_hot_loop,13_wide_tiles", "--out", str(tmp_path)]  # fmt: skip
+    assert bench.main(argv) == 0
+    rows = list(csv.DictReader(open(tmp_path / "pybench.csv")))
+    by_name = {r["name"]: r for r in rows}
+    for name in ("sdpa_cudnn", "sdpa_flash", "12_epilogue_hot_loop", "13_wide_tiles"):
+        assert by_name[name]["status"] == "ok", by_name[name]
+        assert float(by_name[name]["ms"]) > 0 and int(by_name[name]["reps"]) >= 3

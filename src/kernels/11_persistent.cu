@@ -408,23 +408,18 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   if (!s.ok()) return s;
   const int sms = sm_count();
   if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
-  const int m_blocks = (problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const int ctas = int(std::min<int64_t>(int64_t(m_blocks) * problem.batch * problem.heads_q, sms));
-  auto tiles_of = [&](int m_block) {  // the estimate runs only under the causal mask
-    return causal_kv_tiles(m_block, Cfg::kBlockM, Cfg::kBlockN, problem.seqlen_q, problem.seqlen_k);
-  };
-  const TileScheduler sched = make_tile_scheduler(problem.batch, problem.heads_q, problem.seqlen_q, Cfg::kBlockM,
-                                                  problem.causal, ctas, tiles_of);
-  const dim3 grid(unsigned(ctas), 1u, 1u);  // one CTA per SM (the 384 threads x 168 registers allow no more)
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, make_params(problem), sched);
+  const PersistentLaunch plan = plan_persistent_launch(problem.batch, problem.heads_q, problem.seqlen_q,
+                                                       problem.seqlen_k, problem.causal, Cfg::kBlockM, Cfg::kBlockN, sms);
+  const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (the 384 threads x 168 registers allow no more)
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, make_params(problem), plan.sched);
   return launch_status(kName);
 }
 
 // The whole contract, as long as the work list fits an int with room for the snake order's
 // overshoot (B * Hq * ceil(Sq / 128) <= 2^30).
 Status supports(const AttentionProblem& problem) {
-  const int64_t items = int64_t(problem.batch) * problem.heads_q * ((int64_t(problem.seqlen_q) + 127) / 128);
-  if (items > INT32_MAX / 2)
+  const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64>::kBlockM);
+  if (items > kMaxWorkItems)
     return {StatusCode::not_supported, "11_persistent: batch * heads_q * ceil(seqlen_q / 128) = " +
                                            std::to_string(items) + " work items exceeds 2^30"};
   return Status::Ok();

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 namespace hattn {
@@ -125,6 +126,31 @@ TileScheduler make_tile_scheduler(int batch, int heads_q, int seqlen_q, int bloc
     s.by_rank = by_rank * 100 < by_pair * 95;  // clearly sooner: by more than 5%
   }
   return s;
+}
+
+// Work items of a persistent kernel: (batch, head, query block) triples. Positions in the
+// snake order overshoot the list by up to one round, so the list must stay well inside an int.
+inline int64_t work_items(int batch, int heads_q, int seqlen_q, int block_m) {
+  return int64_t(batch) * heads_q * ((int64_t(seqlen_q) + block_m - 1) / block_m);
+}
+constexpr int64_t kMaxWorkItems = INT32_MAX / 2;
+
+// A persistent launch: the grid (one CTA per SM, fewer when there are fewer items) and the
+// work order, from the problem's sizes and the device's SM count.
+struct PersistentLaunch {
+  int ctas;
+  TileScheduler sched;
+};
+
+inline PersistentLaunch plan_persistent_launch(int batch, int heads_q, int seqlen_q, int seqlen_k, bool causal,
+                                               int block_m, int block_n, int sms) {
+  PersistentLaunch plan;
+  plan.ctas = int(std::min<int64_t>(work_items(batch, heads_q, seqlen_q, block_m), sms));
+  auto tiles_of = [&](int m_block) {  // the estimate runs only under the causal mask
+    return causal_kv_tiles(m_block, block_m, block_n, seqlen_q, seqlen_k);
+  };
+  plan.sched = make_tile_scheduler(batch, heads_q, seqlen_q, block_m, causal, plan.ctas, tiles_of);
+  return plan;
 }
 
 }  // namespace hattn
