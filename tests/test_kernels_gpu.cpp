@@ -71,10 +71,11 @@ std::vector<Shape> test_shapes() {
   shapes.back().scale = 0.3f;
   shapes.push_back(make(1, 150, 170, 4, 2, 64, true, fp, Layout::contiguous));
   shapes.back().scale = -0.05f;
-  // Long key sweeps at D = 128, where 13 takes its 176-key tiles (the tails are not multiples
-  // of 176): without a mask, and causal with Sq < Sk.
+  // Long key sweeps, where 13 takes its wide tiles (176 keys at D = 128, 160 at D = 64; the
+  // tails are not multiples of either): without a mask, and causal with Sq < Sk.
   shapes.push_back(make(1, 130, 8300, 4, 2, 128, false, bf, Layout::padded));
   shapes.push_back(make(1, 200, 8400, 2, 1, 128, true, fp, Layout::contiguous));
+  shapes.push_back(make(1, 150, 8250, 4, 1, 64, true, bf, Layout::padded));
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})
