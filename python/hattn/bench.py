@@ -222,38 +222,31 @@ class Timer:
         self.flush = torch.empty(flush_mb * (1 << 20), dtype=torch.uint8, device="cuda")
         self.warmup, self.reps, self.budget_ms = warmup, reps, budget_s * 1e3
 
-    def _timed(self, fn: Callable[[], object], n: int) -> List[float]:
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for start, end in events:
-            self.flush.zero_()  # evicts q, k, v and out from L2; also hides the next call's launch latency
-            start.record()
-            fn()
-            end.record()
+    def _timed(self, fns: Sequence[Callable[[], object]], rounds: int) -> List[List[float]]:
+        """CUDA-event times (ms) of each call over `rounds` rounds, one call of each per round."""
+        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
+                  for _ in range(rounds)]  # fmt: skip
+        for round_events in events:
+            for fn, (start, end) in zip(fns, round_events):
+                self.flush.zero_()  # evicts q, k, v and out from L2; also hides the next call's launch latency
+                start.record()
+                fn()
+                end.record()
         torch.cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in events]
+        return [[start.elapsed_time(end) for start, end in calls] for calls in zip(*events)]
 
     def interleaved(self, fns: Sequence[Callable[[], object]]) -> List[Tuple[float, int]]:
         """(median ms, number of timed calls) of each call, timed in rounds over all of them."""
         if not fns:
             return []
-        firsts = [self._timed(fn, 1)[0] for fn in fns] if self.warmup > 0 else None
         reps = self.reps
-        if firsts is not None:
-            per_round = max(sum(firsts), 1e-3)
+        if self.warmup > 0:
+            per_round = max(sum(times[0] for times in self._timed(fns, 1)), 1e-3)
             for _ in range(min(self.warmup - 1, int(self.budget_ms * len(fns) / 10 / per_round))):
                 for fn in fns:
                     fn()
             reps = max(min(self.reps, self.MIN_REPS), min(self.reps, int(self.budget_ms * len(fns) / per_round)))
-        events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
-                  for _ in range(reps)]  # fmt: skip
-        for round_events in events:
-            for fn, (start, end) in zip(fns, round_events):
-                self.flush.zero_()
-                start.record()
-                fn()
-                end.record()
-        torch.cuda.synchronize()
-        return [(statistics.median(r[i][0].elapsed_time(r[i][1]) for r in events), reps) for i in range(len(fns))]
+        return [(statistics.median(times), reps) for times in self._timed(fns, reps)]
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):

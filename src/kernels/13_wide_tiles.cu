@@ -16,7 +16,8 @@
 //
 // Why: FlashAttention-3 picks 176-key tiles at D = 128 without a mask for the same reason.
 // Known limits: D = 256 keeps 12's tiles; the threshold is one measured crossover on the
-// H200 (results/evidence, chapter 13), not a model.
+// H200 (results/evidence, chapter 13), not a model; as in 12, the folded max needs scale > 0
+// (supports() refuses others, "auto" then takes 11).
 #include <cuda.h>
 
 #include <algorithm>
@@ -54,7 +55,8 @@ struct Config {
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA: 64 per consumer
-  static constexpr int kBlockN = D == 256 ? 64 : !kWide ? 128 : D == 128 ? 176 : 160;  // keys per K/V tile (the N of S = Q K^T)
+  // Keys per K/V tile (the N of S = Q K^T).
+  static constexpr int kBlockN = D == 256 ? 64 : !kWide ? 128 : D == 128 ? 176 : 160;
   static constexpr int kStages = D == 64 ? 3 : 2;      // K/V tiles in flight (3 fit beside O only at D = 64)
   static constexpr int kColBlocks = D / 64;            // 64-element (128-byte) column blocks of a row
   // O leaves through a shared-memory tile and a TMA store when that tile fits beside Q and
@@ -118,8 +120,8 @@ __device__ __forceinline__ void load_tile(T (&dst)[Config<D, kWide>::kColBlocks]
 template <typename T, int D, bool kWide>
 __global__ void __launch_bounds__(Config<D, kWide>::kThreads, 1)
     wide_tiles_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
-                    const AttentionParams p, const TileScheduler sched) {
+                      const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
+                      const AttentionParams p, const TileScheduler sched) {
   using Cfg = Config<D, kWide>;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr int kNTiles = kBlockN / 8;  // n8 column tiles of S in the accumulator
