@@ -11,6 +11,7 @@
 #   GTEST_FILTER     restrict the GPU tests (default: all)
 #   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip the benchmark
 #   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
+#   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
 #   PYTHON=1         also build the Python package and run its tests and benchmark
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
 #   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
@@ -75,7 +76,7 @@ fi
 
 # --- sanitizers on small shapes ----------------------------------------------------------------
 if [ "${SANITIZE:-0}" = 1 ]; then
-  filter='AllKernels/KernelTest.MatchesFp64Reference/*_4_*:*MatchesFp64Reference/*_7_*:*MatchesFp64Reference/*_12_*'
+  filter=${SANITIZE_FILTER:-'AllKernels/KernelTest.MatchesFp64Reference/*_4_*:*MatchesFp64Reference/*_7_*:*MatchesFp64Reference/*_12_*'}
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 "$build/hattn_tests" --gtest_filter="$filter" \
       >"$out/sanitizer_$tool.log" 2>&1

@@ -64,6 +64,7 @@ const std::vector<const KernelEntry*>& registry() {
       &kernel_11_persistent(),
       &kernel_12_epilogue_hot_loop(),
       &kernel_13_wide_tiles(),
+      &kernel_14_seamless_items(),
   };
   return entries;
 }

@@ -29,6 +29,7 @@ const KernelEntry& kernel_10_intra_warpgroup_overlap();
 const KernelEntry& kernel_11_persistent();
 const KernelEntry& kernel_12_epilogue_hot_loop();
 const KernelEntry& kernel_13_wide_tiles();
+const KernelEntry& kernel_14_seamless_items();
 
 // All entries in lineage order.
 const std::vector<const KernelEntry*>& registry();

@@ -71,11 +71,17 @@ std::vector<Shape> test_shapes() {
   shapes.back().scale = 0.3f;
   shapes.push_back(make(1, 150, 170, 4, 2, 64, true, fp, Layout::contiguous));
   shapes.back().scale = -0.05f;
-  // Long key sweeps, where 13 takes its wide tiles (176 keys at D = 128, 160 at D = 64; the
-  // tails are not multiples of either): without a mask, and causal with Sq < Sk.
+  // Long key sweeps, where 13 and 14 take their wide tiles (176 keys at D = 128, 160 at
+  // D = 64, 80 at D = 256; the tails are not multiples of any): without a mask, and causal
+  // with Sq < Sk.
   shapes.push_back(make(1, 130, 8300, 4, 2, 128, false, bf, Layout::padded));
   shapes.push_back(make(1, 200, 8400, 2, 1, 128, true, fp, Layout::contiguous));
   shapes.push_back(make(1, 150, 8250, 4, 1, 64, true, bf, Layout::padded));
+  shapes.push_back(make(1, 150, 1100, 4, 2, 256, false, bf, Layout::padded));
+  shapes.push_back(make(1, 200, 2300, 2, 1, 256, true, fp, Layout::contiguous));
+  // 144 items of unequal length (causal) on 132 SMs: 14's turn and Q halves cross items, and
+  // consumer 1's 64 rows of every second block lie past Sq (a Q box wholly out of bounds).
+  shapes.push_back(make(2, 190, 700, 36, 6, 128, true, bf, Layout::contiguous));
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})

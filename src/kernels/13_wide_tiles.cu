@@ -1,23 +1,26 @@
-// Lineage step 13: wide K/V tiles for long key sweeps (176 keys at D = 128, 160 at D = 64).
+// Lineage step 13: wide K/V tiles for long key sweeps (176 keys at D = 128, 160 at D = 64, 80
+// at D = 256).
 //
 // Kernel 13 focus (what changed from 12_epilogue_hot_loop):
-//   1. At D = 128 and 64 the kernel has a second tile shape, 128 query rows x 176 keys
-//      (D = 64: x 160; 12: x 128), chosen on the host when the query blocks sweep many keys
-//      (at least kWideTileMinKeys on average, after the causal mask). Each tile carries the
-//      per-tile costs (the turn barriers, the row-max shuffles, one wgmma wait, the ring's
-//      mbarriers, a possible O rescale) over 1.375x the keys (1.25x at D = 64), and each S
-//      wgmma is m64n176k16 (n160) instead of m64n128k16.
+//   1. The kernel has a second tile shape, 128 query rows x 176 keys at D = 128 (D = 64:
+//      x 160, D = 256: x 80; 12: x 128, x 128, x 64), chosen on the host when the query
+//      blocks sweep many keys (at least wide_tile_min_keys(D) on average, after the causal
+//      mask). Each tile carries the per-tile costs (the turn barriers, the row-max shuffles,
+//      one wgmma wait, the ring's mbarriers, a possible O rescale) over 1.375x the keys
+//      (1.25x at D = 64 and 256), and each S wgmma is m64n176k16 (n160, n80) instead of
+//      m64n128k16 (n64).
 //   2. The price is shared memory and registers. At D = 128, Q + 2 x (K + V) is 208 KB at 176
 //      keys, so O has no staging tile and leaves from registers as in 11; S (88) + P (44) + O
 //      (64) accumulator registers still fit the 240 of a consumer thread. At D = 64 the TMA
-//      store stays (152 KB with 3 stages). The tail waste (up to 175 keys per sweep) and, at
-//      D = 128, that epilogue are why short sweeps keep 12's 128-key tiles.
+//      store stays (152 KB with 3 stages). At D = 256, Q + 2 x (K + V) is 224 KB at 80 keys
+//      (O already left from registers there). The tail waste (up to 175 keys per sweep) and,
+//      at D = 128, that epilogue are why short sweeps keep 12's tiles.
 //   Everything else is 12: the same producer, ring, turn, persistent order and softmax.
 //
 // Why: FlashAttention-3 picks 176-key tiles at D = 128 without a mask for the same reason.
-// Known limits: D = 256 keeps 12's tiles; the threshold is one measured crossover on the
-// H200 (results/evidence, chapter 13), not a model; as in 12, the folded max needs scale > 0
-// (supports() refuses others, "auto" then takes 11).
+// Known limits: the thresholds are measured crossovers on the H200 (results/evidence,
+// chapter 13), not a model; as in 12, the folded max needs scale > 0 (supports() refuses
+// others, "auto" then takes 11).
 #include <cuda.h>
 
 #include <algorithm>
@@ -49,19 +52,20 @@ constexpr const char* kName = "13_wide_tiles";
 enum NamedBarrier : int { kTurnConsumer0 = 1, kTurnConsumer1 = 2, kEpilogueConsumer0 = 3 };
 constexpr int kTurnThreads = 2 * 128;  // the waiting warpgroup + the arriving one
 
-// kWide: the wide tile shape for long key sweeps (D = 64 and 128).
+// kWide: the wide tile shape for long key sweeps.
 template <int D, bool kWide>
 struct Config {
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA: 64 per consumer
   // Keys per K/V tile (the N of S = Q K^T).
-  static constexpr int kBlockN = D == 256 ? 64 : !kWide ? 128 : D == 128 ? 176 : 160;
+  static constexpr int kBlockN = D == 256 ? (kWide ? 80 : 64) : !kWide ? 128 : D == 128 ? 176 : 160;
   static constexpr int kStages = D == 64 ? 3 : 2;      // K/V tiles in flight (3 fit beside O only at D = 64)
   static constexpr int kColBlocks = D / 64;            // 64-element (128-byte) column blocks of a row
   // O leaves through a shared-memory tile and a TMA store when that tile fits beside Q and
   // the ring: Q + 2 x (K + V) + O is 192 KB at D = 128, but would be 240 KB with 176-key
-  // tiles and 256 KB at D = 256. At D = 64 it is 130 KB, 152 KB with 160-key tiles.
+  // tiles and 256 KB at D = 256 (64-key tiles). At D = 64 it is 130 KB, 152 KB with 160-key
+  // tiles.
   static constexpr bool kStoreByTma = D == 64 || (D == 128 && !kWide);
   // Register budgets per thread after setmaxnreg. setmaxnreg only moves registers inside the
   // CTA's own pool, which is what the CTA got at launch: kThreads x the compiler's cap under
@@ -75,7 +79,6 @@ struct Config {
                 "setmaxnreg budgets exceed the CTA's registers at launch");
 
   static_assert(D % 64 == 0, "tiles are stored as 64-column blocks, the width of a 128-byte swizzle atom");
-  static_assert(!kWide || D <= 128, "the wide tile shapes are tuned for D = 64 and 128 only");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
 };
 
@@ -476,21 +479,21 @@ Status supports(const AttentionProblem& problem) {
   return Status::Ok();
 }
 
-// Sweeps at least this long take the wide tiles at D = 64 and 128. Measured on the H200: they
-// win by 2-4% from 8k keys per block up and lose below 2-4k (chapter 13).
-constexpr double kWideTileMinKeys = 8192;
+// Sweeps at least this long (mean keys per query block) take the wide tiles. Measured on the
+// H200 (chapter 13): at D = 64 and 128 they win by 2-4% from 8k keys up and lose below 2-4k;
+// at D = 256 they win by 3-5% from 1k keys up (full S = 1k, causal S = 2k) and lose up to 6%
+// below (causal S = 512, 1k), where the last 80-key tile is mostly mask.
+constexpr double wide_tile_min_keys(int head_dim) { return head_dim == 256 ? 1024 : 8192; }
 
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   static_assert(Config<128, true>::kBlockM == Config<128, false>::kBlockM &&
-                    Config<64, true>::kBlockM == Config<128, false>::kBlockM,
+                    Config<64, true>::kBlockM == Config<128, false>::kBlockM &&
+                    Config<256, true>::kBlockM == Config<128, false>::kBlockM,
                 "every shape splits the queries alike");
-  const bool wide = problem.head_dim <= 128 &&
-                    mean_keys_per_block(Config<128, false>::kBlockM, problem.seqlen_q, problem.seqlen_k,
-                                        problem.causal) >= kWideTileMinKeys;
+  const bool wide = mean_keys_per_block(Config<128, false>::kBlockM, problem.seqlen_q, problem.seqlen_k,
+                                        problem.causal) >= wide_tile_min_keys(problem.head_dim);
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
-    if constexpr (D <= 128) {
-      if (wide) return launch_typed<T, D, true>(problem, stream);
-    }
+    if (wide) return launch_typed<T, D, true>(problem, stream);
     return launch_typed<T, D, false>(problem, stream);
   });
 }
@@ -498,7 +501,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const KernelEntry& kernel_13_wide_tiles() {
-  static const KernelEntry entry{kName, "wider K/V tiles (176 keys at D = 128, 160 at D = 64) when the query blocks sweep 8k keys or more",
+  static const KernelEntry entry{kName, "wider K/V tiles (176 keys at D = 128, 160 at D = 64, 80 at D = 256) for long key sweeps",
                                  supports, launch};
   return entry;
 }
