@@ -6,7 +6,8 @@ times the correct ones together: CUDA events around each call, warm-up first, a 
 >= 256 MB buffer before every call so that no call finds its inputs in L2, the median of --reps
 calls (fewer, at least 5, where a round of all of them would take more than --budget-s per
 implementation; the count is recorded). The calls are interleaved, one of each implementation
-per round, so that all of them run at the same clocks and temperature. hattn kernels are timed
+per round, in a different order each round, so that all of them run at the same clocks and
+temperature and none always follows the same neighbour. hattn kernels are timed
 through hattn.attention (the torch op, as users call it).
 
 Anchors (torch.nn.attention.sdpa_kernel picks the backend; SDPA takes BHSD):
@@ -29,6 +30,7 @@ import argparse
 import datetime
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -205,6 +207,15 @@ def environment() -> Dict:
 # --- measuring -------------------------------------------------------------------------------------
 
 
+def round_order(n: int, r: int) -> List[int]:
+    """The order of n calls in round r: a permutation drawn from a generator seeded with r, so
+    that over the rounds each call comes after each of the others (and runs first) about
+    equally often, and a run is repeatable."""
+    order = list(range(n))
+    random.Random(r).shuffle(order)
+    return order
+
+
 class Timer:
     """Median CUDA-event times of calls, with the L2 flushed before each call.
 
@@ -223,14 +234,21 @@ class Timer:
         self.warmup, self.reps, self.budget_ms = warmup, reps, budget_s * 1e3
 
     def _timed(self, fns: Sequence[Callable[[], object]], rounds: int) -> List[List[float]]:
-        """CUDA-event times (ms) of each call over `rounds` rounds, one call of each per round."""
+        """CUDA-event times (ms) of each call over `rounds` rounds, one call of each per round.
+
+        Each round runs the calls in its own order (round_order): a long call timed right
+        after a slow, cooler one (SDPA FLASH) ran several percent faster than right after a
+        fast one, because the clocks carry over from one call to the next
+        (results/evidence/pybench_neighbour_effect_3d6787d/)."""
+        n = len(fns)
         events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
                   for _ in range(rounds)]  # fmt: skip
-        for round_events in events:
-            for fn, (start, end) in zip(fns, round_events):
+        for r, round_events in enumerate(events):
+            for j in round_order(n, r):
+                start, end = round_events[j]
                 self.flush.zero_()  # evicts q, k, v and out from L2; also hides the next call's launch latency
                 start.record()
-                fn()
+                fns[j]()
                 end.record()
         torch.cuda.synchronize()
         return [[start.elapsed_time(end) for start, end in calls] for calls in zip(*events)]

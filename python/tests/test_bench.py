@@ -21,6 +21,16 @@ def test_grid_is_the_flashattention3_grid():
     assert all(s.batch == 1 and s.head_dim == 128 and not s.causal for s in caps)
 
 
+def test_round_order_varies_the_neighbours():
+    n, rounds = 5, 40
+    orders = [bench.round_order(n, r) for r in range(rounds)]
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    assert orders == [bench.round_order(n, r) for r in range(rounds)]  # repeatable
+    follows = {(order[i - 1], order[i]) for order in orders for i in range(1, n)}
+    assert follows == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert {order[0] for order in orders} == set(range(n))
+
+
 def test_flops():
     s = bench.Shape("grid", 4, 4096, 4096, 16, 16, 128, False)
     assert s.flops == 4 * 4 * 16 * 4096 * 4096 * 128
