@@ -65,6 +65,7 @@ const std::vector<const KernelEntry*>& registry() {
       &kernel_12_epilogue_hot_loop(),
       &kernel_13_wide_tiles(),
       &kernel_14_seamless_items(),
+      &kernel_15_three_consumers(),
   };
   return entries;
 }

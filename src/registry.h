@@ -30,6 +30,7 @@ const KernelEntry& kernel_11_persistent();
 const KernelEntry& kernel_12_epilogue_hot_loop();
 const KernelEntry& kernel_13_wide_tiles();
 const KernelEntry& kernel_14_seamless_items();
+const KernelEntry& kernel_15_three_consumers();
 
 // All entries in lineage order.
 const std::vector<const KernelEntry*>& registry();

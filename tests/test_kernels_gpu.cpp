@@ -82,6 +82,9 @@ std::vector<Shape> test_shapes() {
   // 144 items of unequal length (causal) on 132 SMs: 14's turn and Q halves cross items, and
   // consumer 1's 64 rows of every second block lie past Sq (a Q box wholly out of bounds).
   shapes.push_back(make(2, 190, 700, 36, 6, 128, true, bf, Layout::contiguous));
+  // At D = 64, 15's three consumers on a causal sweep across items: 144 items of 192 rows, and
+  // consumers 1 and 2 of every second block wholly past Sq.
+  shapes.push_back(make(1, 200, 1300, 72, 8, 64, true, fp, Layout::contiguous));
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})
