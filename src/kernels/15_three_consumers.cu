@@ -496,8 +496,9 @@ Status supports(const AttentionProblem& problem) {
 constexpr double wide_tile_min_keys(int head_dim) { return head_dim == 256 ? 1024 : 8192; }
 
 // At D = 64 three consumers run unless the sweep is causal and short: measured on the H200
-// (chapter 15), they win by 2-22% without a mask at every S and with it from S = 2k (mean
-// 1,088 keys per block), and lose 10-13% at causal S = 512 and 1k.
+// (results/evidence/bench_x16_three_consumers_d64.log), they win by 2-23% without a mask at
+// every S and with it from S = 2k (mean 1,088 keys per block), and lose 10-13% at causal
+// S = 512 and 1k.
 constexpr double kThreeConsumerMinCausalKeys = 1024;
 
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
