@@ -396,7 +396,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   if constexpr (kSmemBytes > 48 * 1024) {  // above 48 KB a kernel must opt in to dynamic shared memory
     const Status s = cuda_status(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-        "03_mma_sync: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+        std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     if (!s.ok()) return s;
   }
   const dim3 grid(unsigned((problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(problem.heads_q),

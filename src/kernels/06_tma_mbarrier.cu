@@ -431,7 +431,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   const auto kernel = tma_kernel<T, D>;
   if constexpr (kSmemBytes > 48 * 1024) {  // above 48 KB a kernel must opt in to dynamic shared memory
     s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-                    "06_tma_mbarrier: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+                    std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     if (!s.ok()) return s;
   }
   const dim3 grid(unsigned((problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(problem.heads_q),

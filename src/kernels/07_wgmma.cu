@@ -309,7 +309,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   if (!s.ok()) return s;
   const auto kernel = wgmma_kernel<T, D>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                  "07_wgmma: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+                  std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
   const dim3 grid(unsigned((problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(problem.heads_q),
                   unsigned(problem.batch));

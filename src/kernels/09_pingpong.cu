@@ -334,7 +334,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   if (!s.ok()) return s;
   const auto kernel = pingpong_kernel<T, D>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                  "09_pingpong: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+                  std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
   const dim3 grid(unsigned((problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(problem.heads_q),
                   unsigned(problem.batch));

@@ -368,7 +368,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   if (!s.ok()) return s;
   const auto kernel = overlap_kernel<T, D>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                  "10_intra_warpgroup_overlap: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+                  std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
   const dim3 grid(unsigned((problem.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM), unsigned(problem.heads_q),
                   unsigned(problem.batch));

@@ -140,12 +140,11 @@ __global__ void __launch_bounds__(Config<D, kWide>::kThreads, 1)
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
 
-  // K/V tiles an item reads: all, or with the causal mask those up to the diagonal of its
-  // last row. 0 when no row of the block sees any key.
+  // K/V tiles query block `m_block` sweeps: all of them, or under the causal mask those up to
+  // the diagonal of its last row (0 when no row sees a key).
   auto tiles_of = [&](int m_block) {
-    int n_end = p.seqlen_k;
-    if (p.causal) n_end = max(0, min(n_end, min(m_block + kBlockM, p.seqlen_q) + p.causal_offset));
-    return (n_end + kBlockN - 1) / kBlockN;
+    return p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k)
+                    : (p.seqlen_k + kBlockN - 1) / kBlockN;
   };
 
   if (threadIdx.x == 0) {
@@ -174,7 +173,7 @@ __global__ void __launch_bounds__(Config<D, kWide>::kThreads, 1)
       int uses = 0;  // items loaded so far: Q's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
         const WorkItem item = sched.item(w);
-        const int n_tiles = tiles_of(item.m_block * kBlockM);
+        const int n_tiles = tiles_of(item.m_block);
         if (n_tiles == 0) continue;
         const int head_kv = item.head_q / p.heads_per_kv;
         // WAR: the consumers' last S of the previous item has finished reading Q.
@@ -258,7 +257,7 @@ __global__ void __launch_bounds__(Config<D, kWide>::kThreads, 1)
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
     const WorkItem item = sched.item(w);
     const int m_block = item.m_block * kBlockM;
-    const int n_tiles = tiles_of(m_block);
+    const int n_tiles = tiles_of(item.m_block);
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8
 
 #pragma unroll
@@ -455,7 +454,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   }
   const auto kernel = wide_tiles_kernel<T, D, kWide>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                  "13_wide_tiles: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+                  std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
   const int sms = sm_count();
   if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
@@ -470,11 +469,11 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
 // (B * Hq * ceil(Sq / 128) < 2^31).
 Status supports(const AttentionProblem& problem) {
   if (!(problem.scale() > 0.f))
-    return {StatusCode::not_supported, "13_wide_tiles: softmax_scale must be > 0 (the running max is taken "
+    return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
                                        "on unscaled scores); got " + std::to_string(problem.scale())};
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64, false>::kBlockM);
   if (items > kMaxWorkItems)
-    return {StatusCode::not_supported, "13_wide_tiles: batch * heads_q * ceil(seqlen_q / 128) = " +
+    return {StatusCode::not_supported, std::string(kName) + ": batch * heads_q * ceil(seqlen_q / 128) = " +
                                            std::to_string(items) + " work items exceeds 2^30"};
   return Status::Ok();
 }

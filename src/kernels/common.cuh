@@ -32,10 +32,10 @@ inline Status launch_status(const char* kernel) {
   return {StatusCode::cuda_error, std::string(kernel) + ": launch failed: " + cudaGetErrorString(err)};
 }
 
-inline Status cuda_status(cudaError_t err, const char* what) {
+inline Status cuda_status(cudaError_t err, const std::string& what) {
   if (err == cudaSuccess) return Status::Ok();
   cudaGetLastError();
-  return {StatusCode::cuda_error, std::string(what) + ": " + cudaGetErrorString(err)};
+  return {StatusCode::cuda_error, what + ": " + cudaGetErrorString(err)};
 }
 
 // Calls f.template operator()<T, D>() with the element type and head dim of `problem`:

@@ -73,11 +73,13 @@ inline int sm_count() {
 }
 
 // K/V tiles of `block_n` keys that query block `m_block` (rows of `block_m`) reads under the
-// causal mask: those up to the diagonal of its last row, 0 when no row sees a key. The
-// kernels compute the same on the device.
-inline int causal_kv_tiles(int m_block, int block_m, int block_n, int seqlen_q, int seqlen_k) {
-  const int last_row_end = std::min((m_block + 1) * block_m, seqlen_q);
-  const int n_end = std::max(0, std::min(seqlen_k, last_row_end + seqlen_k - seqlen_q));
+// causal mask: those up to the diagonal of its last row, 0 when no row sees a key. The host
+// plans the work order with it and the persistent kernels size each item's sweep with it.
+__host__ __device__ inline int causal_kv_tiles(int m_block, int block_m, int block_n, int seqlen_q, int seqlen_k) {
+  const int last_row_end = (m_block + 1) * block_m < seqlen_q ? (m_block + 1) * block_m : seqlen_q;
+  int n_end = last_row_end + seqlen_k - seqlen_q;  // keys up to the last row's diagonal
+  n_end = n_end < seqlen_k ? n_end : seqlen_k;
+  n_end = n_end > 0 ? n_end : 0;
   return (n_end + block_n - 1) / block_n;
 }
 
