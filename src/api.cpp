@@ -66,6 +66,7 @@ const std::vector<const KernelEntry*>& registry() {
       &kernel_13_wide_tiles(),
       &kernel_14_seamless_items(),
       &kernel_15_three_consumers(),
+      &kernel_16_coalesced_store(),
   };
   return entries;
 }

@@ -31,6 +31,7 @@ const KernelEntry& kernel_12_epilogue_hot_loop();
 const KernelEntry& kernel_13_wide_tiles();
 const KernelEntry& kernel_14_seamless_items();
 const KernelEntry& kernel_15_three_consumers();
+const KernelEntry& kernel_16_coalesced_store();
 
 // All entries in lineage order.
 const std::vector<const KernelEntry*>& registry();

@@ -182,6 +182,7 @@ TEST(Dispatch, NonPositiveScaleSkipsTheFoldedMaxKernel) {
   EXPECT_EQ(resolve_kernel(p, "13_wide_tiles", &resolved).code(), StatusCode::not_supported);
   EXPECT_EQ(resolve_kernel(p, "14_seamless_items", &resolved).code(), StatusCode::not_supported);
   EXPECT_EQ(resolve_kernel(p, "15_three_consumers", &resolved).code(), StatusCode::not_supported);
+  EXPECT_EQ(resolve_kernel(p, "16_coalesced_store", &resolved).code(), StatusCode::not_supported);
   ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
   EXPECT_EQ(resolved, "11_persistent");
   p.softmax_scale = 0.3f;
