@@ -7,8 +7,8 @@
 //      each thread holds 8 contiguous elements and writes them with one 16-byte store. 15
 //      wrote 4 bytes per thread per n8 tile: 16 contiguous bytes per quad, half of each
 //      32-byte sector a store sends.
-//   2. Rows, head and batch strides that are not multiples of 8 elements, or an output that
-//      is not 16-byte aligned, keep 15's 4-byte stores.
+//   2. The API already requires 16-byte aligned rows, so every thread's 8 elements start on
+//      a 16-byte boundary.
 //
 // Why: short sweeps at D = 256 spend a large share of each item in the epilogue; Nsight
 // Compute on 15 at D = 256, S = 512 flagged the stores' half-used sectors
@@ -425,40 +425,33 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
     } else {
       T* out = static_cast<T*>(p.out) + item.batch * p.out_batch_stride + item.head_q * p.out_head_stride;  // [Sq, D]
-      // 16-byte stores need 16-byte aligned rows (uniform across the grid).
-      const bool vector_store = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_seq_stride % 8 == 0 &&
-                                p.out_head_stride % 8 == 0 && p.out_batch_stride % 8 == 0;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
         T* out_row = out + int64_t(row) * p.out_seq_stride;
-        if (vector_store) {
-          // A 4 x 4 transpose across the quad: thread t gets the four threads' pairs of n8 tile
-          // 4k + t, 8 contiguous elements, and writes them as one 16-byte store.
+        // A 4 x 4 transpose across the quad: thread t gets the four threads' pairs of n8 tile
+        // 4k + t, 8 contiguous elements, and writes them as one 16-byte store. Every row is
+        // 16-byte aligned: the API checks out's pointer and its strides (multiples of 8
+        // elements over every dimension longer than 1). All four threads of the quad shuffle,
+        // also on rows past Sq; only rows inside it store.
 #pragma unroll
-          for (int k = 0; k < kDTiles / 4; ++k) {
-            uint32_t a[4];
+        for (int k = 0; k < kDTiles / 4; ++k) {
+          uint32_t a[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-              a[j] = frag::pack2<T>(o[(4 * k + j) * 4 + 2 * r] * inv_sum[r], o[(4 * k + j) * 4 + 2 * r + 1] * inv_sum[r]);
-            const bool hi = tig & 2, odd = tig & 1;
-            uint32_t s0 = hi ? a[0] : a[2], s1 = hi ? a[1] : a[3];
-            s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
-            s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-            if (hi) { a[0] = s0; a[1] = s1; } else { a[2] = s0; a[3] = s1; }
-            s0 = odd ? a[0] : a[1];
-            s1 = odd ? a[2] : a[3];
-            s0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-            s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-            if (odd) { a[0] = s0; a[2] = s1; } else { a[1] = s0; a[3] = s1; }
-            if (row < p.seqlen_q)
-              *reinterpret_cast<uint4*>(out_row + (4 * k + tig) * 8) = make_uint4(a[0], a[1], a[2], a[3]);
-          }
-        } else if (row < p.seqlen_q) {
-#pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt)
-            *reinterpret_cast<uint32_t*>(out_row + dt * 8 + 2 * tig) =
-                frag::pack2<T>(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+          for (int j = 0; j < 4; ++j)
+            a[j] = frag::pack2<T>(o[(4 * k + j) * 4 + 2 * r] * inv_sum[r], o[(4 * k + j) * 4 + 2 * r + 1] * inv_sum[r]);
+          const bool hi = tig & 2, odd = tig & 1;
+          uint32_t s0 = hi ? a[0] : a[2], s1 = hi ? a[1] : a[3];
+          s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
+          s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+          if (hi) { a[0] = s0; a[1] = s1; } else { a[2] = s0; a[3] = s1; }
+          s0 = odd ? a[0] : a[1];
+          s1 = odd ? a[2] : a[3];
+          s0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+          s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+          if (odd) { a[0] = s0; a[2] = s1; } else { a[1] = s0; a[3] = s1; }
+          if (row < p.seqlen_q)
+            *reinterpret_cast<uint4*>(out_row + (4 * k + tig) * 8) = make_uint4(a[0], a[1], a[2], a[3]);
         }
       }
     }
