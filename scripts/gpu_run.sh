@@ -16,6 +16,8 @@
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
 #   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
 #   TEST_TIMEOUT     seconds before a hung GPU test run is killed (default 1200)
+#   PACK=1           at the end, pack OUT_DIR into OUT_DIR.tgz and remove it (one file to
+#                    bring back from a remote machine instead of many)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-build/gpu_run}}
@@ -108,3 +110,6 @@ echo
 echo "================ summary (commit $HATTN_COMMIT) ================"
 [ -f "$out/bench.log" ] && sed -n '/^# TFLOP\/s/,$p' "$out/bench.log"
 printf '%s\n' "${summary[@]}"
+if [ "${PACK:-0}" = 1 ]; then  # after the summary, which reads bench.log
+  tar czf "${out%/}.tgz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out" && echo "packed into ${out%/}.tgz"
+fi
