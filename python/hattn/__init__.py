@@ -8,6 +8,9 @@
     out, lse = hattn.attention(q, k, v, return_lse=True)                     # lse [B, H, S] fp32
 
 The op is registered as torch.ops.hattn.attention_fwd (works with torch.compile and CUDA graphs).
+hattn.scaled_dot_product_attention takes torch SDPA's arguments ([B, H, L, E] tensors) and runs
+the calls hattn supports, handing the others to torch; `with hattn.patch_sdpa():` puts it in
+place of torch.nn.functional.scaled_dot_product_attention.
 """
 
 from __future__ import annotations
@@ -20,8 +23,19 @@ import torch  # noqa: F401
 
 from . import _C
 from .ops import attention, launch, resolve_kernel
+from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 
-__all__ = ["attention", "kernels", "KernelInfo", "launch", "resolve_kernel", "__version__"]
+__all__ = [
+    "attention",
+    "kernels",
+    "KernelInfo",
+    "launch",
+    "patch_sdpa",
+    "resolve_kernel",
+    "scaled_dot_product_attention",
+    "sdpa_fallback_reason",
+    "__version__",
+]
 
 try:
     __version__ = version("hattn")
