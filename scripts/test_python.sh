@@ -53,7 +53,7 @@ fi
 "$py" -c 'import torch; print("torch", torch.__version__, "| CUDA available:", torch.cuda.is_available())'
 
 log "installing build and test tools"
-pip_install 'scikit-build-core>=0.10' 'nanobind>=2.0' pytest numpy matplotlib
+pip_install 'scikit-build-core>=0.10' 'nanobind>=2.0' pytest numpy matplotlib 'diffusers==0.42.1'  # diffusers: the capstone's tests
 
 # --no-build-isolation: build with the tools above (works offline too); --no-deps: torch is there,
 # and the resolver must not pull the nvidia-* wheels that the light route left out.
