@@ -14,6 +14,8 @@
 #   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
 #   PYTHON=1         also build the Python package and run its tests and benchmark
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
+#   CAPSTONE=1       with PYTHON=1: also python -m hattn.capstone (Wan 2.1 1.3B at 480p, 14B at
+#                    720p); diffusers comes from .whl/ when present (scripts/fetch_wheels.sh)
 #   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
 #   TEST_TIMEOUT     seconds before a hung GPU test run is killed (default 1200)
 #   PACK=1           at the end, pack OUT_DIR into OUT_DIR.tgz and remove it (one file to
@@ -103,6 +105,19 @@ if [ "${PYTHON:-0}" = 1 ]; then
     # shellcheck disable=SC2086
     PYTHONUNBUFFERED=1 python3 -m hattn.bench --out "$out" ${PY_BENCH_ARGS} 2>&1 | tee "$out/py_bench.log"
     note "python bench: rc=${PIPESTATUS[0]}"
+  fi
+  if [ "${CAPSTONE:-0}" = 1 ]; then
+    if [ -d .whl ]; then
+      python3 -m pip install --no-index --find-links .whl -q 'diffusers==0.42.1' >"$out/pip_diffusers.log" 2>&1
+      note "pip install diffusers from .whl: rc=$?"
+    fi
+    for spec in "wan2.1-1.3b 480p 5" "wan2.1-14b 720p 3"; do
+      set -- $spec
+      python3 -m hattn.capstone --model "$1" --size "$2" --reps "$3" --out "$out/capstone_$1_$2" \
+        >"$out/capstone_$1_$2.log" 2>&1
+      note "capstone $1 $2: rc=$?; hattn's speedup over $(grep -E '^torch_' "$out/capstone_$1_$2.log" |
+        awk '{printf "%s %s; ", $1, $3}')"
+    done
   fi
 fi
 
