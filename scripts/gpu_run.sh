@@ -15,7 +15,8 @@
 #   PYTHON=1         also build the Python package and run its tests and benchmark
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
 #   CAPSTONE=1       with PYTHON=1: also python -m hattn.capstone (Wan 2.1 1.3B at 480p, 14B at
-#                    720p); diffusers comes from .whl/ when present (scripts/fetch_wheels.sh)
+#                    720p). With PYTHON=1, diffusers is installed from .whl/ when that exists
+#                    (scripts/fetch_wheels.sh), before the Python tests.
 #   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
 #   TEST_TIMEOUT     seconds before a hung GPU test run is killed (default 1200)
 #   PACK=1           at the end, pack OUT_DIR into OUT_DIR.tgz and remove it (one file to
@@ -99,6 +100,10 @@ fi
 if [ "${PYTHON:-0}" = 1 ]; then
   python3 -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1
   note "pip install: rc=$?"
+  if [ -d .whl ]; then  # diffusers for the capstone and its tests, carried as wheels (scripts/fetch_wheels.sh)
+    python3 -m pip install --no-index --find-links .whl -q 'diffusers==0.42.1' >"$out/pip_diffusers.log" 2>&1
+    note "pip install diffusers from .whl: rc=$?"
+  fi
   python3 -m pytest -q python/tests >"$out/pytest.log" 2>&1
   note "pytest: rc=$? $(tail -1 "$out/pytest.log")"
   if [ -n "${PY_BENCH_ARGS+x}" ]; then
@@ -107,10 +112,6 @@ if [ "${PYTHON:-0}" = 1 ]; then
     note "python bench: rc=${PIPESTATUS[0]}"
   fi
   if [ "${CAPSTONE:-0}" = 1 ]; then
-    if [ -d .whl ]; then
-      python3 -m pip install --no-index --find-links .whl -q 'diffusers==0.42.1' >"$out/pip_diffusers.log" 2>&1
-      note "pip install diffusers from .whl: rc=$?"
-    fi
     for spec in "wan2.1-1.3b 480p 5" "wan2.1-14b 720p 3"; do
       set -- $spec
       python3 -m hattn.capstone --model "$1" --size "$2" --reps "$3" --out "$out/capstone_$1_$2" \
