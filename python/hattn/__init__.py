@@ -10,7 +10,8 @@
 The op is registered as torch.ops.hattn.attention_fwd (works with torch.compile and CUDA graphs).
 hattn.scaled_dot_product_attention takes torch SDPA's arguments ([B, H, L, E] tensors) and runs
 the calls hattn supports, handing the others to torch; `with hattn.patch_sdpa():` puts it in
-place of torch.nn.functional.scaled_dot_product_attention.
+place of torch.nn.functional.scaled_dot_product_attention. hattn.flash_attn_func takes
+FlashAttention-2's flash_attn_func arguments.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from typing import List, NamedTuple
 import torch  # noqa: F401
 
 from . import _C
+from .flash_attn import flash_attn_func
 from .ops import attention, launch, resolve_kernel
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 
 __all__ = [
     "attention",
+    "flash_attn_func",
     "kernels",
     "KernelInfo",
     "launch",
