@@ -124,6 +124,15 @@ def test_patch_sdpa_restores_after_an_exception():
     assert F.scaled_dot_product_attention is _torch_sdpa
 
 
+def test_traces_without_graph_breaks():
+    # Dynamo follows the rules and the fallback in one graph (backend="eager": tracing only).
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: hattn.scaled_dot_product_attention(q, k, v, is_causal=True) * 2,
+                      fullgraph=True, backend="eager")
+    q = bhsd()
+    torch.testing.assert_close(f(q, q, q), _torch_sdpa(q, q, q, is_causal=True) * 2, rtol=0, atol=0)
+
+
 # --- calls hattn runs (GPU) ---------------------------------------------------------------------------
 
 
