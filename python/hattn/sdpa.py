@@ -30,12 +30,11 @@ from typing import Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-from .ops import attention
+from .ops import _DTYPE_NAMES, attention
 
 # torch's function, taken before anything can patch it: the fallback, and what patch_sdpa restores.
 _torch_sdpa = F.scaled_dot_product_attention
 
-_DTYPES = (torch.bfloat16, torch.float16)
 _HEAD_DIMS = (64, 128, 256)
 
 
@@ -72,7 +71,7 @@ def sdpa_fallback_reason(
             return f"{name} is {t.dim()}-D; hattn takes 4-D [B, H, L, E]"
     if check_device and not all(_on_hopper(t) for t in tensors.values()):
         return "the inputs are not all CUDA tensors on a Hopper GPU (sm_90)"
-    if query.dtype not in _DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+    if query.dtype not in _DTYPE_NAMES or key.dtype != query.dtype or value.dtype != query.dtype:
         return f"dtypes {query.dtype}, {key.dtype}, {value.dtype}; hattn takes all bf16 or all fp16"
     if any(size == 0 for t in tensors.values() for size in t.shape):
         return "an input has a dimension of size 0"

@@ -84,7 +84,7 @@ __host__ __device__ inline int causal_kv_tiles(int m_block, int block_m, int blo
 }
 
 // Mean number of keys a query block of `block_m` rows sweeps: Sk, or under the causal mask
-// those up to the diagonal of each block's last row. 13 and 14 pick their tile shape by it.
+// those up to the diagonal of each block's last row. 13 onward pick their tile shape by it.
 inline double mean_keys_per_block(int block_m, int seqlen_q, int seqlen_k, bool causal) {
   if (!causal) return seqlen_k;
   const int m_blocks = (seqlen_q + block_m - 1) / block_m;
