@@ -6,6 +6,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:lineage -->          the README's lineage summary
     <!-- results:KERNEL_NAME -->      a guide chapter's grid for one kernel
     <!-- results:anchors -->          our kernels beside cuDNN and FlashAttention-2 (python -m hattn.bench)
+    <!-- results:capstone -->         one Wan 2.1 transformer step per variant (python -m hattn.capstone)
     <!-- /results -->
 
 Numbers come only from results files: hattn-bench's CSV (default results/lineage.csv) and
@@ -14,6 +15,7 @@ Usage: tools/gen_docs.py [--results results/lineage.csv] [--check]
 """
 import argparse
 import csv
+import json
 import math
 import pathlib
 import re
@@ -105,7 +107,6 @@ def anchors_table(csv_path):
     json_path = csv_path.with_suffix(".json")
     if not csv_path.exists() or not json_path.exists():
         return f"_No side-by-side results yet (`{csv_path.relative_to(ROOT)}`)._\n"
-    import json
     meta = json.loads(json_path.read_text())["meta"]
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -141,6 +142,31 @@ def anchors_table(csv_path):
     return "\n".join(out) + "\n"
 
 
+def capstone_table(directory):
+    """One row per results/capstone/*.json: the step's time under each variant."""
+    runs = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+    if not runs:
+        return "_No capstone results yet._\n"
+    variants = list(dict.fromkeys(r["variant"] for run in runs for r in run["results"]))
+    out = ["Milliseconds for one transformer forward (one denoising step), bf16, median; the last "
+           "column is the fastest torch variant's time over hattn's.\n",
+           "| model | video tokens | " + " | ".join(variants) + " | speedup |",
+           "|---|---|" + "---|" * len(variants) + "---|"]
+    for run in runs:
+        ms = {r["variant"]: r["ms"] for r in run["results"]}
+        best_torch = min(v for k, v in ms.items() if k != "hattn")
+        m = run["meta"]
+        out.append(f"| {m['model']} {m['size']} | {m['tokens']:,} | "
+                   + " | ".join(f"{ms[v]:.0f}" if v in ms else "" for v in variants)
+                   + f" | {best_torch / ms['hattn']:.3f}x |")
+    metas = [run["meta"] for run in runs]
+    commits = ", ".join(sorted({f"`{m['commit']}`" for m in metas}))
+    out += ["", f"_{metas[0]['gpu']}; commit {commits}; torch {metas[0]['torch']}, cuDNN {metas[0]['cudnn']}, "
+            f"diffusers {metas[0]['diffusers']}; from `{directory.relative_to(ROOT)}/*.json` by "
+            f"`tools/gen_docs.py`._"]
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(ROOT / "results" / "lineage.csv"))
@@ -167,6 +193,8 @@ def main():
     def render(name):
         if name == "lineage":
             return lineage_table(rows, kernels, descriptions, path)
+        if name == "capstone":
+            return capstone_table(ROOT / "results" / "capstone")
         if name == "anchors":
             return anchors_table(pathlib.Path(args.pybench).resolve())
         previous = None
