@@ -118,7 +118,9 @@ __device__ __forceinline__ void load_tile(T (&dst)[Config<D, kWide, kNumConsumer
     ptx::cp_async_bulk_tensor_4d_g2s(dst[cb], map, cb * 64, tile * Cfg::kBlockN, head_kv, batch, full);
 }
 
-template <typename T, int D, bool kWide, int kNumConsumers>
+// kWindow: a sliding window (the final kernel's extension); without one the sweeps and masks
+// are those of the causal mask or none, with no window arithmetic in the tile loop.
+template <typename T, int D, bool kWide, int kNumConsumers, bool kWindow>
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
@@ -140,8 +142,12 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 
   // K/V tiles [first, last) query block `m_block` sweeps: all of them, or those between the
   // edges of the causal mask or the sliding window (none when no row sees a key).
-  auto kv_tiles = [&](int m_block) {
-    return masked_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+  auto kv_tiles = [&](int m_block) -> KvTileRange {
+    if constexpr (kWindow)
+      return masked_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    else
+      return {0, p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k)
+                          : (p.seqlen_k + kBlockN - 1) / kBlockN};
   };
 
   if (threadIdx.x == 0) {
@@ -312,9 +318,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // under causal, window_right keys past it, or window_left keys before it). The warp's
       // first row has the nearest right edge, its last row (+ 15) the farthest left edge.
       const int warp_diagonal = m_block + warp_row + p.causal_offset;
-      const bool need_mask = n_start + kBlockN > p.seqlen_k ||
-                             (p.window_right >= 0 && n_start + kBlockN - 1 > warp_diagonal + p.window_right) ||
-                             (p.window_left >= 0 && n_start < warp_diagonal + 15 - p.window_left);
+      bool need_mask;
+      if constexpr (kWindow)
+        need_mask = n_start + kBlockN > p.seqlen_k ||
+                    (p.window_right >= 0 && n_start + kBlockN - 1 > warp_diagonal + p.window_right) ||
+                    (p.window_left >= 0 && n_start < warp_diagonal + 15 - p.window_left);
+      else
+        need_mask = n_start + kBlockN > p.seqlen_k || (p.causal && n_start + kBlockN - 1 > warp_diagonal);
       if (need_mask) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
@@ -322,9 +332,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           for (int e = 0; e < 4; ++e) {
             const int col = n_start + nt * 8 + 2 * tig + e % 2;
             const int row = row0 + e / 2 * 8;
-            if (col >= p.seqlen_k || (p.window_right >= 0 && col > row + p.causal_offset + p.window_right) ||
-                (p.window_left >= 0 && col < row + p.causal_offset - p.window_left))
-              s[nt * 4 + e] = -INFINITY;
+            bool hidden;
+            if constexpr (kWindow)
+              hidden = col >= p.seqlen_k || (p.window_right >= 0 && col > row + p.causal_offset + p.window_right) ||
+                       (p.window_left >= 0 && col < row + p.causal_offset - p.window_left);
+            else
+              hidden = col >= p.seqlen_k || (p.causal && col > row + p.causal_offset);
+            if (hidden) s[nt * 4 + e] = -INFINITY;
           }
       }
 
@@ -472,7 +486,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   }
 }
 
-template <typename T, int D, bool kWide, int kNumConsumers>
+template <typename T, int D, bool kWide, int kNumConsumers, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
@@ -486,7 +500,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
                              D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
-  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers>;
+  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kWindow>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
@@ -535,13 +549,19 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   const bool masked = problem.causal || params.window_left >= 0 || params.window_right >= 0;
   const bool three = !masked || mean_keys >= kThreeConsumerMinCausalKeys;
+  // The window's kernels only where a window edge binds beyond what causal already does.
+  const bool window = params.window_left >= 0 || (!problem.causal && params.window_right >= 0);
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
+    auto go = [&]<bool kWide, int kConsumers>() -> Status {
+      if (window) return launch_typed<T, D, kWide, kConsumers, true>(problem, stream);
+      return launch_typed<T, D, kWide, kConsumers, false>(problem, stream);
+    };
     if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
-      if (three) return launch_typed<T, 64, false, 3>(problem, stream);
-      return launch_typed<T, 64, false, 2>(problem, stream);
+      if (three) return go.template operator()<false, 3>();
+      return go.template operator()<false, 2>();
     } else {
-      if (wide) return launch_typed<T, D, true, 2>(problem, stream);
-      return launch_typed<T, D, false, 2>(problem, stream);
+      if (wide) return go.template operator()<true, 2>();
+      return go.template operator()<false, 2>();
     }
   });
 }
