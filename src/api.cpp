@@ -167,12 +167,20 @@ const KernelEntry* find_kernel(const std::string& name) {
   return nullptr;
 }
 
+// The kernel's own supports(), after the features only some kernels have.
+Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
+  if (problem.has_window() && !entry.supports_window)
+    return {StatusCode::not_supported, std::string(entry.name) +
+                                           ": no sliding window (window_left / window_right); the final kernel has it"};
+  return entry.supports(problem);
+}
+
 Status resolve(const AttentionProblem& problem, const std::string& kernel, const KernelEntry** out) {
   if (kernel == "auto") {
     std::string reasons;
     const auto& entries = registry();
     for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
-      Status s = (*it)->supports(problem);
+      Status s = supports(**it, problem);
       if (s.ok()) {
         *out = *it;
         return s;
@@ -187,7 +195,7 @@ Status resolve(const AttentionProblem& problem, const std::string& kernel, const
     for (const KernelEntry* e : registry()) known += std::string(known.empty() ? "" : ", ") + e->name;
     return invalid("kernel: unknown kernel '" + kernel + "' (known: auto, " + known + ")");
   }
-  Status s = entry->supports(problem);
+  Status s = supports(*entry, problem);
   if (!s.ok()) return {StatusCode::not_supported, "kernel " + kernel + ": " + s.message()};
   *out = entry;
   return Status::Ok();
@@ -223,6 +231,13 @@ Status validate_arguments(const AttentionProblem& p) {
   if (p.batch > kMaxGridYZ) return invalid("batch: at most 65535 (got " + std::to_string(p.batch) + ")");
   if (p.heads_q > kMaxGridYZ) return invalid("heads_q: at most 65535 (got " + std::to_string(p.heads_q) + ")");
   if (p.softmax_scale && !std::isfinite(*p.softmax_scale)) return invalid("softmax_scale: must be finite");
+  if (p.window_left < -1)
+    return invalid("window_left: must be >= 0, or -1 for no left edge (got " + std::to_string(p.window_left) + ")");
+  if (p.window_right < -1)
+    return invalid("window_right: must be >= 0, or -1 for no right edge (got " + std::to_string(p.window_right) + ")");
+  if (p.causal && p.window_right > 0)
+    return invalid("window_right: must be -1 or 0 with causal, whose right edge is the diagonal (got " +
+                   std::to_string(p.window_right) + ")");
 
   Status s;
   if (!(s = check_tensor("q", p.q, p.q_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false)).ok()) return s;

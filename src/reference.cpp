@@ -42,18 +42,25 @@ const float* row_ptr(const float* base, const Strides& s, int b, int t, int h) {
   return base + b * s.batch + int64_t(t) * s.seq + h * s.head;
 }
 
-// Number of keys query i sees: all, or those j <= i + (Sk - Sq) under the causal mask.
-int visible_keys(const HostProblem& p, int i) {
-  if (!p.causal) return p.seqlen_k;
-  return std::clamp(i + (p.seqlen_k - p.seqlen_q) + 1, 0, p.seqlen_k);
-}
-
 }  // namespace
+
+void visible_key_range(const HostProblem& p, int i, int* first, int* last) {
+  const int64_t diagonal = int64_t(i) + (p.seqlen_k - p.seqlen_q);  // the key aligned with query i
+  const int right = p.causal ? 0 : p.window_right;
+  int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
+  int64_t hi = right >= 0 ? diagonal + right + 1 : p.seqlen_k;
+  lo = std::clamp<int64_t>(lo, 0, p.seqlen_k);
+  hi = std::clamp<int64_t>(hi, 0, p.seqlen_k);
+  *first = int(lo);
+  *last = int(std::max(lo, hi));
+}
 
 void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, double* lse) {
   const int D = p.head_dim;
   const int hk = h / (p.heads_q / p.heads_kv);
-  const int n = visible_keys(p, i);
+  int first = 0, last = 0;
+  visible_key_range(p, i, &first, &last);
+  const int n = last - first;
   std::fill(out, out + D, 0.0);
   if (n == 0) {
     *lse = -std::numeric_limits<double>::infinity();
@@ -63,7 +70,7 @@ void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, 
   std::vector<double> s(n);
   double m = -std::numeric_limits<double>::infinity();
   for (int j = 0; j < n; ++j) {
-    const float* k = row_ptr(p.k, p.k_strides, b, j, hk);
+    const float* k = row_ptr(p.k, p.k_strides, b, first + j, hk);
     double dot = 0;
     for (int d = 0; d < D; ++d) dot += double(q[d]) * double(k[d]);
     s[j] = dot * double(p.scale);
@@ -75,7 +82,7 @@ void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, 
     sum += s[j];
   }
   for (int j = 0; j < n; ++j) {
-    const float* v = row_ptr(p.v, p.v_strides, b, j, hk);
+    const float* v = row_ptr(p.v, p.v_strides, b, first + j, hk);
     const double w = s[j] / sum;
     for (int d = 0; d < D; ++d) out[d] += w * double(v[d]);
   }
@@ -85,7 +92,9 @@ void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, 
 void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, float* out, float* lse) {
   const int D = p.head_dim;
   const int hk = h / (p.heads_q / p.heads_kv);
-  const int n = visible_keys(p, i);
+  int first = 0, last = 0;
+  visible_key_range(p, i, &first, &last);
+  const int n = last - first;
   std::fill(out, out + D, 0.f);
   if (n == 0) {
     *lse = -std::numeric_limits<float>::infinity();
@@ -95,7 +104,7 @@ void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, 
   std::vector<float> s(n);
   float m = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < n; ++j) {
-    const float* k = row_ptr(p.k, p.k_strides, b, j, hk);
+    const float* k = row_ptr(p.k, p.k_strides, b, first + j, hk);
     float dot = 0;
     for (int d = 0; d < D; ++d) dot += q[d] * k[d];
     s[j] = dot * p.scale;
@@ -108,7 +117,7 @@ void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, 
   }
   std::vector<float> acc(D, 0.f);
   for (int j = 0; j < n; ++j) {
-    const float* v = row_ptr(p.v, p.v_strides, b, j, hk);
+    const float* v = row_ptr(p.v, p.v_strides, b, first + j, hk);
     const float pj = round_to(s[j], dtype);  // P enters the PV product in the input precision
     for (int d = 0; d < D; ++d) acc[d] += pj * v[d];
   }

@@ -13,6 +13,9 @@ struct KernelEntry {
   Status (*supports)(const AttentionProblem& problem);
   // Launches on `stream`; returns the launch status (no synchronization).
   Status (*launch)(const AttentionProblem& problem, cudaStream_t stream);
+  // Runs problems with a sliding window (window_left / window_right); the lineage kernels
+  // leave it false and are refused such problems before their supports() is asked.
+  bool supports_window = false;
 };
 
 // One accessor per lineage kernel, defined in its own file under src/kernels/.

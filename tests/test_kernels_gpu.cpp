@@ -85,6 +85,23 @@ std::vector<Shape> test_shapes() {
   // At D = 64, 15's three consumers on a causal sweep across items: 144 items of 192 rows, and
   // consumers 1 and 2 of every second block wholly past Sq.
   shapes.push_back(make(1, 200, 1300, 72, 8, 64, true, fp, Layout::contiguous));
+  // Sliding windows (the final kernel only; the lineage kernels refuse them): both edges, one
+  // edge, a window narrower than a tile, windows with causal, Sq != Sk with rows that see no
+  // key, and sweeps long enough for the wide tiles (D = 128, 256) and three consumers (D = 64).
+  auto windowed = [&](Shape s, int left, int right) {
+    s.window_left = left;
+    s.window_right = right;
+    shapes.push_back(s);
+  };
+  windowed(make(1, 300, 300, 2, 2, 128, false, bf, Layout::contiguous), 64, 64);
+  windowed(make(2, 257, 400, 4, 2, 64, true, fp, Layout::padded), 100, -1);
+  windowed(make(1, 200, 130, 2, 1, 256, false, bf, Layout::contiguous), 0, 0);
+  windowed(make(1, 150, 1000, 4, 4, 128, false, fp, Layout::padded), -1, 40);
+  windowed(make(2, 130, 130, 80, 20, 64, true, bf, Layout::contiguous), 7, -1);
+  windowed(make(1, 300, 20000, 2, 1, 128, false, bf, Layout::padded), 6000, 4000);
+  windowed(make(1, 200, 4000, 2, 2, 256, true, fp, Layout::contiguous), 1500, 0);
+  windowed(make(1, 1500, 1500, 2, 2, 64, false, bf, Layout::contiguous), 800, 800);
+  windowed(make(1, 90, 500, 2, 1, 128, false, bf, Layout::contiguous), 20, 0);  // Sq < Sk: no row sees key 0..389
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})
@@ -173,6 +190,9 @@ std::string case_name(const ::testing::TestParamInfo<KernelTest::ParamType>& inf
   std::string name = std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "_D" +
                      std::to_string(s.head_dim) + "_Sq" + std::to_string(s.seqlen_q) + "_Sk" +
                      std::to_string(s.seqlen_k) + (s.causal ? "_causal" : "") + "_" + dtype_name(s.dtype);
+  if (s.window_left >= 0 || s.window_right >= 0)
+    name += "_window" + std::to_string(s.window_left < 0 ? 0 : s.window_left) + (s.window_left < 0 ? "open" : "") + "x" +
+            std::to_string(s.window_right < 0 ? 0 : s.window_right) + (s.window_right < 0 ? "open" : "");
   return name;
 }
 

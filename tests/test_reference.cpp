@@ -110,6 +110,67 @@ TEST(Reference, FullyMaskedRowIsZeroWithMinusInfLse) {
   EXPECT_NEAR(lse, 3.0, 1e-12);  // a single key: LSE is its score
 }
 
+// The window's edges, bottom-right aligned like the causal mask: query i's diagonal is key
+// i + Sk - Sq; causal sets the right edge at 0.
+TEST(Reference, SlidingWindowKeyRanges) {
+  HostProblem p;
+  p.seqlen_q = 4;
+  p.seqlen_k = 10;  // diagonal of query i: key i + 6
+  auto range = [&](int i) {
+    int first = -1, last = -1;
+    visible_key_range(p, i, &first, &last);
+    return std::pair<int, int>(first, last);
+  };
+  EXPECT_EQ(range(0), std::make_pair(0, 10));  // no window, no mask
+  p.window_left = 2;
+  p.window_right = 1;
+  EXPECT_EQ(range(0), std::make_pair(4, 8));   // keys 4..7
+  EXPECT_EQ(range(3), std::make_pair(7, 10));  // keys 7..9: the right edge is cut at Sk
+  p.causal = true;                             // causal: the right edge at the diagonal
+  p.window_right = -1;
+  EXPECT_EQ(range(1), std::make_pair(5, 8));
+  p.causal = false;
+  p.window_left = -1;
+  p.window_right = 0;
+  EXPECT_EQ(range(2), std::make_pair(0, 9));   // right edge only: causal
+  p.seqlen_q = 12;                             // Sq > Sk: query i's diagonal is key i - 2
+  p.window_left = 0;
+  EXPECT_EQ(range(0).second - range(0).first, 0);  // sees nothing
+  EXPECT_EQ(range(5), std::make_pair(3, 4));       // only its diagonal
+}
+
+// A windowed row is the full softmax over the keys inside the window.
+TEST(Reference, WindowedRowIsAttentionOverItsKeys) {
+  const int D = 64, Sq = 5, Sk = 9;
+  std::vector<float> q(Sq * D), k(Sk * D), v(Sk * D);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.37 * i);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.11 * i), v[i] = std::sin(0.23 * i + 1);
+  HostProblem p;
+  p.batch = 1, p.seqlen_q = Sq, p.seqlen_k = Sk, p.heads_q = 1, p.heads_kv = 1, p.head_dim = D;
+  p.q = q.data(), p.k = k.data(), p.v = v.data();
+  p.q_strides = p.k_strides = p.v_strides = {int64_t(D), D, D};
+  p.scale = 0.125f;
+  p.window_left = 1;
+  p.window_right = 2;
+  const int i = 2;  // diagonal key 6: keys 5..8
+  std::vector<double> out(D);
+  double lse = 0;
+  attention_row_fp64(p, 0, 0, i, out.data(), &lse);
+  // The same row over keys 5..8 alone, without a window.
+  HostProblem slice = p;
+  slice.seqlen_k = 4;
+  slice.seqlen_q = 1;
+  slice.k = k.data() + 5 * D;
+  slice.v = v.data() + 5 * D;
+  slice.q = q.data() + i * D;
+  slice.window_left = slice.window_right = -1;
+  std::vector<double> expect(D);
+  double expect_lse = 0;
+  attention_row_fp64(slice, 0, 0, 0, expect.data(), &expect_lse);
+  for (int d = 0; d < D; ++d) EXPECT_NEAR(out[d], expect[d], 1e-12);
+  EXPECT_NEAR(lse, expect_lse, 1e-12);
+}
+
 TEST(Reference, GroupedQueryHeadsShareKvHeads) {
   // Hq = 4, Hkv = 2: query heads 0, 1 read kv head 0; heads 2, 3 read kv head 1.
   Tensors t(2, 1, 3, 4, 2);

@@ -1,11 +1,13 @@
 // CPU tests of the persistent kernels' work order (src/kernels/tile_scheduler.cuh).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 #include <vector>
 
 #include "../src/kernels/tile_scheduler.cuh"
+#include "hattn/reference.h"
 
 namespace hattn {
 namespace {
@@ -24,6 +26,46 @@ TEST(TileScheduler, CausalKvTiles) {
   EXPECT_EQ(causal_kv_tiles(0, 128, 128, 300, 100), 0);    // Sq > Sk: rows 0..127 see nothing
   EXPECT_EQ(causal_kv_tiles(2, 128, 128, 300, 100), 1);    // rows 256..299 see keys 0..99
   EXPECT_EQ(causal_kv_tiles(1, 128, 64, 130, 130), 3);     // the tail block: rows 128, 129
+}
+
+// masked_kv_tiles covers exactly the tiles holding a key that some row of the block sees
+// (checked against the reference's per-row ranges), and is causal_kv_tiles under causal alone.
+TEST(TileScheduler, MaskedKvTilesMatchTheRowsKeys) {
+  EXPECT_EQ(masked_kv_tiles(0, 128, 128, 1000, 1000, -1, -1).last, 8);  // no mask: every tile
+  const int cases[][4] = {{300, 300, 64, 64}, {257, 400, 100, 0},   {200, 130, 0, 0},  {150, 1000, -1, 40},
+                          {130, 130, 7, 0},   {90, 500, 20, 0},     {1000, 1000, -1, 0}, {300, 37, -1, 0},
+                          {500, 700, 1, -1},  {64, 2000, 500, 500}, {700, 100, 5, 3}};
+  for (const auto& c : cases)
+    for (int block_n : {64, 80, 128, 176}) {
+      ref::HostProblem h;
+      h.seqlen_q = c[0];
+      h.seqlen_k = c[1];
+      h.window_left = c[2];
+      h.window_right = c[3];
+      for (int m_block = 0; m_block * kBlockM < h.seqlen_q; ++m_block) {
+        int first_key = h.seqlen_k, last_key = 0;  // union of the block's rows' ranges
+        for (int i = m_block * kBlockM; i < std::min(h.seqlen_q, (m_block + 1) * kBlockM); ++i) {
+          int first = 0, last = 0;
+          ref::visible_key_range(h, i, &first, &last);
+          if (first < last) first_key = std::min(first_key, first), last_key = std::max(last_key, last);
+        }
+        const KvTileRange r = masked_kv_tiles(m_block, kBlockM, block_n, h.seqlen_q, h.seqlen_k, h.window_left,
+                                              h.window_right);
+        SCOPED_TRACE(testing::Message() << "Sq=" << c[0] << " Sk=" << c[1] << " window=(" << c[2] << "," << c[3]
+                                        << ") block_n=" << block_n << " m_block=" << m_block);
+        if (first_key >= last_key) {
+          EXPECT_EQ(r.last - r.first, 0);
+        } else {
+          EXPECT_EQ(r.first, first_key / block_n);
+          EXPECT_EQ(r.last, (last_key + block_n - 1) / block_n);
+        }
+        if (c[2] < 0 && c[3] == 0) {
+          const KvTileRange causal = masked_kv_tiles(m_block, kBlockM, block_n, h.seqlen_q, h.seqlen_k, -1, 0);
+          EXPECT_EQ(causal.first, 0);
+          EXPECT_EQ(causal.last, causal_kv_tiles(m_block, kBlockM, block_n, h.seqlen_q, h.seqlen_k));
+        }
+      }
+    }
 }
 
 // The persistent grid: one CTA per SM, fewer when there are fewer items; the list covers them all.

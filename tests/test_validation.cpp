@@ -166,6 +166,38 @@ TEST(Dispatch, RegistryListsTheLineageInOrder) {
   for (const auto& k : list) EXPECT_FALSE(k.description.empty()) << k.name;
 }
 
+TEST(Validation, BadWindow) {
+  AttentionProblem p = valid_problem();
+  p.window_left = -2;
+  expect_invalid(p, "window_left");
+  p = valid_problem();
+  p.window_right = -5;
+  expect_invalid(p, "window_right");
+  p = valid_problem();  // causal's right edge is the diagonal: a window cannot move it
+  p.causal = true;
+  p.window_right = 3;
+  expect_invalid(p, "window_right");
+  p.window_right = 0;
+  p.window_left = 10;
+  EXPECT_TRUE(validate_arguments(p).ok());
+}
+
+// Only the final kernel has the sliding window: "auto" picks it, a lineage kernel says no.
+TEST(Dispatch, WindowGoesToTheFinalKernelOnly) {
+  AttentionProblem p = valid_problem();
+  p.window_left = 32;
+  p.window_right = 0;
+  std::string resolved;
+  ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_EQ(resolved, kernels().back().name);
+  Status s = resolve_kernel(p, "15_three_consumers", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("sliding window"), std::string::npos) << s.message();
+  p.window_left = -1;  // no window: every kernel again
+  p.window_right = -1;
+  EXPECT_TRUE(resolve_kernel(p, "15_three_consumers", &resolved).ok());
+}
+
 TEST(Dispatch, AutoPicksTheLastKernelThatSupportsTheProblem) {
   std::string resolved;
   ASSERT_TRUE(resolve_kernel(valid_problem(), "auto", &resolved).ok());

@@ -27,16 +27,27 @@ std::string describe(const Shape& s) {
      << " Hkv=" << s.heads_kv << " D=" << s.head_dim << (s.causal ? " causal" : " full") << " "
      << dtype_name(s.dtype) << " " << layout_name(s.layout) << (s.with_lse ? " lse" : "");
   if (s.scale) os << " scale=" << *s.scale;
+  if (s.window_left >= 0 || s.window_right >= 0) os << " window=(" << s.window_left << "," << s.window_right << ")";
   return os.str();
 }
 
 double forward_flops(const Shape& s) {
   const double per_entry = 4.0 * s.batch * s.heads_q * s.head_dim;
-  if (!s.causal) return per_entry * double(s.seqlen_q) * s.seqlen_k;
-  if (s.seqlen_q == s.seqlen_k) return per_entry * double(s.seqlen_q) * s.seqlen_k / 2;
+  const bool window = s.window_left >= 0 || s.window_right >= 0;
+  if (!s.causal && !window) return per_entry * double(s.seqlen_q) * s.seqlen_k;
+  if (s.seqlen_q == s.seqlen_k && !window) return per_entry * double(s.seqlen_q) * s.seqlen_k / 2;
+  ref::HostProblem h;
+  h.seqlen_q = s.seqlen_q;
+  h.seqlen_k = s.seqlen_k;
+  h.causal = s.causal;
+  h.window_left = s.window_left;
+  h.window_right = s.window_right;
   double visible = 0;
-  for (int i = 0; i < s.seqlen_q; ++i)
-    visible += std::clamp(i + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k);
+  for (int i = 0; i < s.seqlen_q; ++i) {
+    int first = 0, last = 0;
+    ref::visible_key_range(h, i, &first, &last);
+    visible += last - first;
+  }
   return per_entry * visible;
 }
 
@@ -207,6 +218,8 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.out_strides = out.strides;
   p.lse = shape.with_lse ? static_cast<float*>(w->lse.get()) : nullptr;
   p.causal = shape.causal;
+  p.window_left = shape.window_left;
+  p.window_right = shape.window_right;
   p.softmax_scale = shape.scale;
 
   ref::HostProblem& h = w->host;
@@ -224,6 +237,8 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   h.v_strides = v.strides;
   h.scale = p.scale();
   h.causal = shape.causal;
+  h.window_left = shape.window_left;
+  h.window_right = shape.window_right;
   return Status::Ok();
 }
 

@@ -23,6 +23,7 @@ const char* layout_name(Layout layout);
 struct Shape {
   int batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 64;
   bool causal = false;
+  int window_left = -1, window_right = -1;  // sliding window; -1: that side open
   DType dtype = DType::bf16;
   Layout layout = Layout::contiguous;
   bool with_lse = true;
@@ -31,7 +32,8 @@ struct Shape {
 std::string describe(const Shape& shape);
 
 // FLOPs of the forward: 4 * B * Hq * Sq * Sk * D, halved when causal with Sq == Sk
-// (the FlashAttention benchmark convention); counts the visible entries otherwise.
+// (the FlashAttention benchmark convention); counts the visible entries otherwise (other
+// causal shapes, sliding windows).
 double forward_flops(const Shape& shape);
 
 // Owns one cudaMalloc'd allocation.

@@ -85,8 +85,16 @@ struct AttentionProblem {
   // Causal mask aligned to the bottom-right corner: query i sees key j iff
   // j <= i + (seqlen_k - seqlen_q). Rows that see no key get output 0 and LSE -inf.
   bool causal = false;
+  // Sliding window (local attention), aligned to the bottom-right corner like the causal mask:
+  // query i sees key j iff i + (seqlen_k - seqlen_q) - window_left <= j and
+  // j <= i + (seqlen_k - seqlen_q) + window_right. -1 leaves that side open (the default, no
+  // window). With causal, window_right must be -1 or 0: causal is the window's right edge at 0.
+  // Only the final kernel supports a window; the others refuse it.
+  int window_left = -1;
+  int window_right = -1;
 
   float scale() const;
+  bool has_window() const { return window_left >= 0 || window_right >= 0; }
 };
 
 struct Options {

@@ -26,10 +26,14 @@ struct HostProblem {
   Strides v_strides;
   float scale = 0.f;
   bool causal = false;
+  int window_left = -1, window_right = -1;  // as in AttentionProblem; -1: that side open
 };
 
+// The keys query i sees: [*first, *last), empty when the mask hides every key.
+void visible_key_range(const HostProblem& p, int i, int* first, int* last);
+
 // One output row in fp64: out[0..D) and the natural-log LSE (-inf, and a zero row, when the
-// causal mask hides every key from query i).
+// mask hides every key from query i).
 void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, double* lse);
 
 // One output row the way a plain bf16/fp16 implementation computes it: fp32 scores and sums,

@@ -5,9 +5,10 @@
 
 The signature and the [B, S, H, D] layout are FlashAttention-2's, and so are its
 conventions: the causal mask is aligned to the bottom-right corner, GQA comes from fewer K/V
-heads, and the default scale is 1/sqrt(D). What hattn does not have (dropout, a local window,
-softcapping, ALiBi, the attention probabilities, gradients) raises NotImplementedError naming
-the argument. Nothing falls back to another library.
+heads, window_size=(left, right) is a sliding window aligned the same way, and the default
+scale is 1/sqrt(D). What hattn does not have (dropout, softcapping, ALiBi, the attention
+probabilities, gradients) raises NotImplementedError naming the argument. Nothing falls back
+to another library.
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ def flash_attn_func(
     """flash_attn_func's arguments and result, run by hattn.attention.
 
     deterministic is accepted either way: hattn's forward always is. Everything else beyond
-    q, k, v, softmax_scale and causal must keep its default.
+    q, k, v, softmax_scale, causal and window_size must keep its default. As in FlashAttention,
+    causal sets the window's right side to 0.
     """
     unsupported = []
     if dropout_p != 0.0:
         unsupported.append(f"dropout_p={dropout_p} (no dropout)")
-    if tuple(window_size) != (-1, -1):
-        unsupported.append(f"window_size={tuple(window_size)} (no local attention)")
     if softcap != 0.0:
         unsupported.append(f"softcap={softcap} (no softcapping)")
     if alibi_slopes is not None:
@@ -52,4 +52,7 @@ def flash_attn_func(
         unsupported.append("inputs that require grad (hattn is forward-only; use torch.no_grad())")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_func does not support " + "; ".join(unsupported))
-    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    left, right = (int(x) for x in window_size)
+    if causal:
+        right = 0  # flash_attn: causal=True is window_size[1] = 0
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=(left, right))

@@ -106,7 +106,7 @@ def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
     return (t.stride(0), t.stride(1), t.stride(2))
 
 
-def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel):
+def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1)):
     """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     return dict(
@@ -128,6 +128,8 @@ def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel):
         lse=0 if lse is None else lse.data_ptr(),
         softmax_scale=softmax_scale,
         causal=causal,
+        window_left=window[0],
+        window_right=window[1],
         kernel=kernel,
     )
 
@@ -141,6 +143,7 @@ def launch(
     causal: bool = False,
     softmax_scale: Optional[float] = None,
     kernel: str = "auto",
+    window_size: Tuple[int, int] = (-1, -1),
 ) -> None:
     """Runs a kernel into caller-provided `out` (and `lse`), without copies or allocation.
 
@@ -164,14 +167,24 @@ def launch(
             raise ValueError(
                 f"lse: must be a contiguous float32 tensor of shape {expected}, got {lse.dtype} {tuple(lse.shape)}"
             )
-    _forward(q, k, v, out, lse, causal, softmax_scale, kernel)
+    window = _window(window_size)
+    _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window)
 
 
-def _forward(q, k, v, out, lse, causal, softmax_scale, kernel) -> None:
+def _window(window_size) -> Tuple[int, int]:
+    """FlashAttention's window_size=(left, right), -1 for an open side, as two ints."""
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size: must be a pair (left, right) of ints, got {window_size!r}") from None
+    return left, right
+
+
+def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1)) -> None:
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
         _C.forward(
-            **_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel),
+            **_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window),
             stream=torch.cuda.current_stream(q.device).cuda_stream,
         )
 
@@ -185,6 +198,8 @@ def attention_fwd(
     softmax_scale: Optional[float],
     kernel: str,
     return_lse: bool,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
     _check_inputs(q, k, v, kernel)
@@ -193,12 +208,12 @@ def attention_fwd(
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
-    _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel)
+    _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, (window_left, window_right))
     return out, lse
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, softmax_scale, kernel, return_lse):
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, kernel, return_lse, window_left=-1, window_right=-1):
     _check_inputs(q, k, v, kernel)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
@@ -214,6 +229,7 @@ def attention(
     softmax_scale: Optional[float] = None,
     kernel: str = "auto",
     return_lse: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
 ):
     """Forward attention O = softmax(scale * Q K^T + mask) V on BSHD tensors.
 
@@ -225,6 +241,10 @@ def attention(
         softmax_scale: default 1/sqrt(D).
         kernel: "auto" (the newest kernel that supports the problem) or a name from hattn.kernels().
         return_lse: also return the row log-sum-exp (natural log), fp32 [B, Hq, Sq].
+        window_size: (left, right), FlashAttention's sliding window (local attention), aligned
+            like the causal mask: query i sees key j iff i + Sk - Sq - left <= j <= i + Sk - Sq + right;
+            -1 leaves a side open. With causal, right must be -1 or 0. Only the final kernel
+            (what "auto" picks) has it; a lineage kernel raises NotImplementedError.
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -240,12 +260,20 @@ def attention(
     _check_types(q, k, v)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
-    out, lse = torch.ops.hattn.attention_fwd(q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse))
+    left, right = _window(window_size)
+    out, lse = torch.ops.hattn.attention_fwd(
+        q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse), left, right
+    )
     return (out, lse) if return_lse else out
 
 
 def resolve_kernel(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, kernel: str = "auto"
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    kernel: str = "auto",
+    window_size: Tuple[int, int] = (-1, -1),
 ) -> str:
     """The kernel that `kernel` ("auto" or a name) resolves to for these tensors; launches nothing.
 
@@ -257,6 +285,6 @@ def resolve_kernel(
     # Resolution looks at shapes, not memory: q's pointer stands in for a contiguous output.
     batch, seqlen_q, heads_q, head_dim = q.shape
     out_strides = (seqlen_q * heads_q * head_dim, heads_q * head_dim, head_dim)
-    kwargs = _problem_kwargs(q, k, v, q, None, causal, None, kernel)
+    kwargs = _problem_kwargs(q, k, v, q, None, causal, None, kernel, _window(window_size))
     kwargs["out_strides"] = out_strides
     return _C.resolve_kernel(**kwargs)

@@ -63,7 +63,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       [fn](const std::string& dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
            uintptr_t q, const StrideTuple& q_strides, uintptr_t k, const StrideTuple& k_strides, uintptr_t v,
            const StrideTuple& v_strides, uintptr_t out, const StrideTuple& out_strides, uintptr_t lse,
-           std::optional<float> softmax_scale, bool causal, const std::string& kernel, uintptr_t stream) {
+           std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
+           const std::string& kernel, uintptr_t stream) {
         hattn::AttentionProblem p;
         p.dtype = parse_dtype(dtype);
         p.batch = batch;
@@ -83,12 +84,15 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.lse = reinterpret_cast<float*>(lse);
         p.softmax_scale = softmax_scale;
         p.causal = causal;
+        p.window_left = window_left;
+        p.window_right = window_right;
         return fn(p, kernel, stream);
       },
       nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
       nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("q"), nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"),
       nb::arg("v"), nb::arg("v_strides"), nb::arg("out"), nb::arg("out_strides"), nb::arg("lse") = 0,
-      nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("kernel") = "auto",
+      nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1,
+      nb::arg("window_right") = -1, nb::arg("kernel") = "auto",
       nb::arg("stream") = 0, doc);
 }
 

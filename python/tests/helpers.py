@@ -34,10 +34,24 @@ def make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, devi
     return rand(seqlen_q, heads_q), rand(seqlen_k, heads_kv), rand(seqlen_k, heads_kv)
 
 
-def masked_rows(seqlen_q: int, seqlen_k: int, causal: bool) -> torch.Tensor:
-    """[Sq] bool: rows that see no key (bottom-right causal with Sq > Sk)."""
-    rows = torch.arange(seqlen_q)
-    return rows + (seqlen_k - seqlen_q) < 0 if causal else torch.zeros(seqlen_q, dtype=torch.bool)
+def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool, window=(-1, -1), device=None) -> torch.Tensor:
+    """[Sq, Sk] bool: which keys each query sees (bottom-right aligned causal mask and window)."""
+    i = torch.arange(seqlen_q, device=device)[:, None] + (seqlen_k - seqlen_q)  # each row's diagonal
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    left, right = window
+    if causal:
+        right = 0
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if right >= 0:
+        visible &= j <= i + right
+    if left >= 0:
+        visible &= j >= i - left
+    return visible
+
+
+def masked_rows(seqlen_q: int, seqlen_k: int, causal: bool, window=(-1, -1)) -> torch.Tensor:
+    """[Sq] bool: rows that see no key (bottom-right causal with Sq > Sk, or a window)."""
+    return ~visible_mask(seqlen_q, seqlen_k, causal, window).any(dim=1)
 
 
 def attention_ref(
@@ -47,6 +61,7 @@ def attention_ref(
     causal: bool = False,
     softmax_scale: Optional[float] = None,
     upcast: bool = True,
+    window=(-1, -1),
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out [B, Sq, Hq, D], lse [B, Hq, Sq]) of BSHD inputs.
 
@@ -64,13 +79,12 @@ def attention_ref(
     kh = k.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
     vh = v.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
     scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # [B, Hq, Sq, Sk]
-    if causal:
-        i = torch.arange(seqlen_q, device=q.device)[:, None]
-        j = torch.arange(seqlen_k, device=q.device)[None, :]
-        scores = scores.masked_fill(j > i + (seqlen_k - seqlen_q), float("-inf"))
+    if causal or tuple(window) != (-1, -1):
+        visible = visible_mask(seqlen_q, seqlen_k, causal, window, device=q.device)
+        scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores.to(torch.float64 if upcast else torch.float32), dim=-1)
     probs = torch.softmax(scores, dim=-1)
-    dead = masked_rows(seqlen_q, seqlen_k, causal).to(q.device)
+    dead = masked_rows(seqlen_q, seqlen_k, causal, window).to(q.device)
     probs = probs.masked_fill(dead[:, None], 0.0)  # softmax of an all -inf row is NaN
     out = torch.matmul(probs, vh).transpose(1, 2)
     return out, lse

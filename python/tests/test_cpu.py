@@ -45,7 +45,10 @@ def test_kernels_lists_the_lineage():
 
 def test_op_schema():
     schema = str(torch.ops.hattn.attention_fwd.default._schema)
-    args = "Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str kernel, bool return_lse"
+    args = (
+        "Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str kernel, bool return_lse, "
+        "SymInt window_left=-1, SymInt window_right=-1"
+    )
     assert schema.startswith(f"hattn::attention_fwd({args})")
     assert schema.endswith("-> (Tensor, Tensor)")
 
@@ -79,6 +82,21 @@ def test_op_schema():
 def test_argument_errors_name_the_argument(mutate, error, pattern):
     with pytest.raises(error, match=pattern):
         hattn.attention(*mutate(*cpu_qkv()))
+
+
+def test_window_size_is_checked_and_routed():
+    q, k, v = cpu_qkv()
+    last = hattn.kernels()[-1].name
+    assert hattn.resolve_kernel(q, k, v, window_size=(16, 0)) == last  # only the final kernel has it
+    assert hattn.resolve_kernel(q, k, v, causal=True, window_size=(16, -1)) == last
+    with pytest.raises(NotImplementedError, match=r"15_three_consumers: no sliding window"):
+        hattn.resolve_kernel(q, k, v, kernel="15_three_consumers", window_size=(16, 0))
+    with pytest.raises(ValueError, match=r"window_left: must be >= 0, or -1"):
+        hattn.resolve_kernel(q, k, v, window_size=(-2, 0))
+    with pytest.raises(ValueError, match=r"window_right: must be -1 or 0 with causal"):
+        hattn.resolve_kernel(q, k, v, causal=True, window_size=(4, 2))
+    with pytest.raises(ValueError, match=r"window_size: must be a pair"):
+        hattn.resolve_kernel(q, k, v, window_size=5)
 
 
 def test_unknown_kernel():

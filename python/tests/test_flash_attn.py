@@ -16,7 +16,6 @@ def cpu_qkv():
     "kwargs, words",
     [
         ({"dropout_p": 0.1}, "dropout_p"),
-        ({"window_size": (128, 0)}, "window_size"),
         ({"softcap": 30.0}, "softcap"),
         ({"alibi_slopes": torch.zeros(2)}, "alibi_slopes"),
         ({"return_attn_probs": True}, "return_attn_probs"),
@@ -46,9 +45,25 @@ def test_supported_call_reaches_the_op():
         hattn.flash_attn_func(*cpu_qkv(), deterministic=True)
 
 
+def test_window_size_reaches_the_op():
+    # A window is supported: the call gets as far as the device check, like a plain one.
+    with pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
+        hattn.flash_attn_func(*cpu_qkv(), window_size=(128, 0))
+
+
 @requires_hopper
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_same_as_attention(causal):
     q, k, v = make_qkv(2, 300, 200, 8, 2, 128, torch.bfloat16)
     out = hattn.flash_attn_func(q, k, v, 0.0, 0.1, causal)
     torch.testing.assert_close(out, hattn.attention(q, k, v, causal=causal, softmax_scale=0.1), rtol=0, atol=0)
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_window_same_as_attention(causal):
+    # flash_attn's convention: causal=True makes the window's right side 0, whatever was passed.
+    q, k, v = make_qkv(2, 300, 200, 8, 2, 128, torch.bfloat16)
+    out = hattn.flash_attn_func(q, k, v, causal=causal, window_size=(50, 30))
+    expect = hattn.attention(q, k, v, causal=causal, window_size=(50, 0 if causal else 30))
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)

@@ -19,10 +19,12 @@ KERNELS = [k.name for k in hattn.kernels()] + ["auto"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def run(q, k, v, kernel, causal=False, softmax_scale=None):
+def run(q, k, v, kernel, causal=False, softmax_scale=None, window=(-1, -1)):
     """(out, lse) of hattn.attention, skipping a kernel that documents it can't run the problem."""
     try:
-        out, lse = hattn.attention(q, k, v, causal=causal, softmax_scale=softmax_scale, kernel=kernel, return_lse=True)
+        out, lse = hattn.attention(
+            q, k, v, causal=causal, softmax_scale=softmax_scale, kernel=kernel, return_lse=True, window_size=window
+        )
     except NotImplementedError as e:
         if kernel == "auto":
             raise
@@ -31,7 +33,7 @@ def run(q, k, v, kernel, causal=False, softmax_scale=None):
     return out, lse
 
 
-def check(q, k, v, out, lse, causal=False, softmax_scale=None):
+def check(q, k, v, out, lse, causal=False, softmax_scale=None, window=(-1, -1)):
     """out and lse against the fp64 reference, within twice the error of plain same-dtype torch."""
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     batch, seqlen_q, heads_q, _ = q.shape
@@ -39,13 +41,13 @@ def check(q, k, v, out, lse, causal=False, softmax_scale=None):
     assert not torch.isnan(out).any(), "NaN in out"
     assert not torch.isnan(lse).any(), "NaN in lse"
 
-    ref_out, ref_lse = attention_ref(q, k, v, causal, softmax_scale, upcast=True)
-    naive_out, naive_lse = attention_ref(q, k, v, causal, softmax_scale, upcast=False)
+    ref_out, ref_lse = attention_ref(q, k, v, causal, softmax_scale, upcast=True, window=window)
+    naive_out, naive_lse = attention_ref(q, k, v, causal, softmax_scale, upcast=False, window=window)
     err = (out.double() - ref_out).abs().max().item()
     bound = error_bound(ref_out, naive_out, q.dtype)
     assert err <= bound, f"out: max error {err:.3e} > bound {bound:.3e} (naive {q.dtype} error x2 + atol)"
 
-    dead = masked_rows(seqlen_q, k.shape[1], causal).to(q.device)
+    dead = masked_rows(seqlen_q, k.shape[1], causal, window).to(q.device)
     if dead.any():
         assert (out[:, dead] == 0).all(), "fully masked rows must give output 0"
         assert torch.isneginf(lse[:, :, dead]).all(), "fully masked rows must give lse -inf"
@@ -87,6 +89,24 @@ def test_sequence_lengths(kernel, seqlen_q, seqlen_k, causal):
     """Lengths that are not tile multiples; causal with Sq > Sk has fully masked rows (out 0, lse -inf)."""
     q, k, v = make_qkv(1, seqlen_q, seqlen_k, 4, 2, 64, torch.bfloat16)
     check(q, k, v, *run(q, k, v, kernel, causal), causal=causal)
+
+
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k, head_dim, causal, window",
+    [
+        (300, 300, 128, False, (64, 64)),
+        (257, 400, 64, True, (100, -1)),
+        (200, 130, 256, False, (0, 0)),  # Sq > Sk: rows before the keys see nothing
+        (150, 1000, 128, False, (-1, 40)),
+        (1000, 1000, 64, True, (7, 0)),  # narrower than a tile
+        (300, 9000, 128, False, (4000, 4000)),  # long enough for the wide tiles
+        (90, 500, 256, False, (20, 0)),
+    ],
+)
+def test_sliding_window(seqlen_q, seqlen_k, head_dim, causal, window):
+    """window_size on the final kernel ("auto"); the lineage kernels refuse it (test_cpu.py)."""
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, torch.bfloat16)
+    check(q, k, v, *run(q, k, v, "auto", causal, window=window), causal=causal, window=window)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

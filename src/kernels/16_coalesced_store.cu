@@ -118,7 +118,9 @@ __device__ __forceinline__ void load_tile(T (&dst)[Config<D, kWide, kNumConsumer
     ptx::cp_async_bulk_tensor_4d_g2s(dst[cb], map, cb * 64, tile * Cfg::kBlockN, head_kv, batch, full);
 }
 
-template <typename T, int D, bool kWide, int kNumConsumers>
+// kWindow: a sliding window (the final kernel's extension); without one the sweeps and masks
+// are those of the causal mask or none, with no window arithmetic in the tile loop.
+template <typename T, int D, bool kWide, int kNumConsumers, bool kWindow>
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
@@ -138,11 +140,14 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
 
-  // K/V tiles query block `m_block` sweeps: all of them, or under the causal mask those up to
-  // the diagonal of its last row (0 when no row sees a key).
-  auto tiles_of = [&](int m_block) {
-    return p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k)
-                    : (p.seqlen_k + kBlockN - 1) / kBlockN;
+  // K/V tiles [first, last) query block `m_block` sweeps: all of them, or those between the
+  // edges of the causal mask or the sliding window (none when no row sees a key).
+  auto kv_tiles = [&](int m_block) -> KvTileRange {
+    if constexpr (kWindow)
+      return masked_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    else
+      return {0, p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k)
+                          : (p.seqlen_k + kBlockN - 1) / kBlockN};
   };
 
   if (threadIdx.x == 0) {
@@ -174,7 +179,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       int uses = 0;  // items loaded so far: Q's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
         const WorkItem item = sched.item(w);
-        const int n_tiles = tiles_of(item.m_block);
+        const KvTileRange range = kv_tiles(item.m_block);
+        const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
         const int head_kv = item.head_q / p.heads_per_kv;
         // Q in two halves, one per consumer, each loaded as soon as its consumer is done with
@@ -196,9 +202,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           const bool reused = kv >= Cfg::kStages;
           const uint32_t previous_use = reused ? (kv / Cfg::kStages - 1) % 2 : 0;
           if (reused) ptx::mbarrier_wait(&smem.k_empty[stage], previous_use);
-          load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, tile, head_kv, item.batch, &smem.k_full[stage]);
+          load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, range.first + tile, head_kv, item.batch, &smem.k_full[stage]);
           if (reused) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
-          load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, tile, head_kv, item.batch, &smem.v_full[stage]);
+          load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, range.first + tile, head_kv, item.batch, &smem.v_full[stage]);
         }
       }
     }
@@ -263,7 +269,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
     const WorkItem item = sched.item(w);
     const int m_block = item.m_block * kBlockM;
-    const int n_tiles = tiles_of(item.m_block);
+    const KvTileRange range = kv_tiles(item.m_block);
+    const int n_tiles = range.last - range.first;
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8
 
 #pragma unroll
@@ -280,7 +287,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       constexpr bool kHasPrevious = decltype(has_previous)::value;
       const int ring = kv + tile;
       const int stage = ring % Cfg::kStages;
-      const int n_start = tile * kBlockN;
+      const int n_start = (range.first + tile) * kBlockN;
 
       // In the turn: S(t) = Q K(t)^T, then PV(t - 1) right behind it.
       ptx::mbarrier_wait(&smem.k_full[stage], (ring / Cfg::kStages) % 2);
@@ -307,9 +314,17 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         if (tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);  // the item's last S has read our Q rows
       }
 
-      // Masked entries to -inf (only tiles crossing Sk or the diagonal).
-      const bool need_mask = n_start + kBlockN > p.seqlen_k ||
-                             (p.causal && n_start + kBlockN - 1 > m_block + warp_row + p.causal_offset);
+      // Masked entries to -inf (only tiles crossing Sk or an edge of the mask: the diagonal
+      // under causal, window_right keys past it, or window_left keys before it). The warp's
+      // first row has the nearest right edge, its last row (+ 15) the farthest left edge.
+      const int warp_diagonal = m_block + warp_row + p.causal_offset;
+      bool need_mask;
+      if constexpr (kWindow)
+        need_mask = n_start + kBlockN > p.seqlen_k ||
+                    (p.window_right >= 0 && n_start + kBlockN - 1 > warp_diagonal + p.window_right) ||
+                    (p.window_left >= 0 && n_start < warp_diagonal + 15 - p.window_left);
+      else
+        need_mask = n_start + kBlockN > p.seqlen_k || (p.causal && n_start + kBlockN - 1 > warp_diagonal);
       if (need_mask) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
@@ -317,7 +332,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           for (int e = 0; e < 4; ++e) {
             const int col = n_start + nt * 8 + 2 * tig + e % 2;
             const int row = row0 + e / 2 * 8;
-            if (col >= p.seqlen_k || (p.causal && col > row + p.causal_offset)) s[nt * 4 + e] = -INFINITY;
+            bool hidden;
+            if constexpr (kWindow)
+              hidden = col >= p.seqlen_k || (p.window_right >= 0 && col > row + p.causal_offset + p.window_right) ||
+                       (p.window_left >= 0 && col < row + p.causal_offset - p.window_left);
+            else
+              hidden = col >= p.seqlen_k || (p.causal && col > row + p.causal_offset);
+            if (hidden) s[nt * 4 + e] = -INFINITY;
           }
       }
 
@@ -364,7 +385,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
     };
 
-    // An item whose rows see no key (causal, Sq > Sk) skips the GEMMs and loads nothing:
+    // An item whose rows see no key (causal with Sq > Sk, or a window) skips the GEMMs and loads nothing:
     // O = 0, LSE = -inf below.
     if (n_tiles > 0) {
       ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);  // this item's Q rows have landed
@@ -465,7 +486,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   }
 }
 
-template <typename T, int D, bool kWide, int kNumConsumers>
+template <typename T, int D, bool kWide, int kNumConsumers, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
@@ -479,16 +500,18 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
                              D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
-  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers>;
+  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kWindow>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
   const int sms = sm_count();
   if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
-  const PersistentLaunch plan = plan_persistent_launch(problem.batch, problem.heads_q, problem.seqlen_q,
-                                                       problem.seqlen_k, problem.causal, Cfg::kBlockM, Cfg::kBlockN, sms);
+  const AttentionParams params = make_params(problem);
+  const PersistentLaunch plan =
+      plan_persistent_launch(problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.causal,
+                             Cfg::kBlockM, Cfg::kBlockN, sms, params.window_left, params.window_right);
   const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, make_params(problem), plan.sched);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, params, plan.sched);
   return launch_status(kName);
 }
 
@@ -519,17 +542,26 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   static_assert(Config<128, true, 2>::kBlockM == Config<128, false, 2>::kBlockM &&
                     Config<256, true, 2>::kBlockM == Config<128, false, 2>::kBlockM,
                 "the two-consumer shapes split the queries alike");
+  const AttentionParams params = make_params(problem);  // the window's edges, normalized
   const double mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM, problem.seqlen_q, problem.seqlen_k,
-                                               problem.causal);
+                                               problem.causal, params.window_left, params.window_right);
   const bool wide = mean_keys >= wide_tile_min_keys(problem.head_dim);
-  const bool three = !problem.causal || mean_keys >= kThreeConsumerMinCausalKeys;
+  // A sliding window is treated like the causal mask: its sweeps are as long as the window.
+  const bool masked = problem.causal || params.window_left >= 0 || params.window_right >= 0;
+  const bool three = !masked || mean_keys >= kThreeConsumerMinCausalKeys;
+  // The window's kernels only where a window edge binds beyond what causal already does.
+  const bool window = params.window_left >= 0 || (!problem.causal && params.window_right >= 0);
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
+    auto go = [&]<bool kWide, int kConsumers>() -> Status {
+      if (window) return launch_typed<T, D, kWide, kConsumers, true>(problem, stream);
+      return launch_typed<T, D, kWide, kConsumers, false>(problem, stream);
+    };
     if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
-      if (three) return launch_typed<T, 64, false, 3>(problem, stream);
-      return launch_typed<T, 64, false, 2>(problem, stream);
+      if (three) return go.template operator()<false, 3>();
+      return go.template operator()<false, 2>();
     } else {
-      if (wide) return launch_typed<T, D, true, 2>(problem, stream);
-      return launch_typed<T, D, false, 2>(problem, stream);
+      if (wide) return go.template operator()<true, 2>();
+      return go.template operator()<false, 2>();
     }
   });
 }
@@ -538,7 +570,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 
 const KernelEntry& kernel_16_coalesced_store() {
   static const KernelEntry entry{kName, "O stored from registers in 16-byte pieces after a transpose across each quad (D = 256, wide D = 128)",
-                                 supports, launch};
+                                 supports, launch, /*supports_window=*/true};
   return entry;
 }
 

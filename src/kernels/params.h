@@ -24,6 +24,10 @@ struct AttentionParams {
   float scale;        // softmax scale
   bool causal;
   int causal_offset;  // seqlen_k - seqlen_q: query i sees keys j <= i + causal_offset
+  // Sliding window (only the final kernel reads these): query i sees keys
+  // j >= i + causal_offset - window_left and j <= i + causal_offset + window_right; -1 leaves
+  // that side open. Causal is window_right = 0.
+  int window_left, window_right;
 };
 
 inline AttentionParams make_params(const AttentionProblem& p) {
@@ -55,6 +59,11 @@ inline AttentionParams make_params(const AttentionProblem& p) {
   a.scale = p.scale();
   a.causal = p.causal;
   a.causal_offset = p.seqlen_k - p.seqlen_q;
+  // An edge that binds no row is dropped (-1), which also keeps the kernels' index sums small:
+  // the left edge of row Sq - 1 is at Sk - 1 - window_left, the right edge of row 0 at
+  // Sk - Sq + window_right.
+  a.window_left = p.window_left >= p.seqlen_k ? -1 : p.window_left;
+  a.window_right = p.causal ? 0 : p.window_right >= p.seqlen_q ? -1 : p.window_right;
   return a;
 }
 

@@ -83,13 +83,39 @@ __host__ __device__ inline int causal_kv_tiles(int m_block, int block_m, int blo
   return (n_end + block_n - 1) / block_n;
 }
 
+// K/V tiles [first, last) of `block_n` keys that query block `m_block` (rows of `block_m`)
+// reads under a mask whose edges lie window_left keys before and window_right keys after each
+// row's diagonal (-1: that side open; causal is window_right = 0). Empty when no row of the
+// block sees a key. The final kernel sizes each item's sweep with it.
+struct KvTileRange {
+  int first, last;
+};
+__host__ __device__ inline KvTileRange masked_kv_tiles(int m_block, int block_m, int block_n, int seqlen_q,
+                                                       int seqlen_k, int window_left, int window_right) {
+  const int64_t offset = int64_t(seqlen_k) - seqlen_q;
+  const int64_t first_row = int64_t(m_block) * block_m;
+  const int64_t last_row = ((m_block + 1) * int64_t(block_m) < seqlen_q ? (m_block + 1) * int64_t(block_m) : seqlen_q) - 1;
+  int64_t lo = window_left >= 0 ? first_row + offset - window_left : 0;
+  int64_t hi = window_right >= 0 ? last_row + offset + window_right + 1 : seqlen_k;
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > seqlen_k ? seqlen_k : hi;
+  if (hi <= lo) return {0, 0};
+  return {int(lo / block_n), int((hi + block_n - 1) / block_n)};
+}
+
 // Mean number of keys a query block of `block_m` rows sweeps: Sk, or under the causal mask
-// those up to the diagonal of each block's last row. 13 onward pick their tile shape by it.
-inline double mean_keys_per_block(int block_m, int seqlen_q, int seqlen_k, bool causal) {
-  if (!causal) return seqlen_k;
+// or a sliding window those between the edges of the block's first and last rows. 13 onward
+// pick their tile shape by it.
+inline double mean_keys_per_block(int block_m, int seqlen_q, int seqlen_k, bool causal, int window_left = -1,
+                                  int window_right = -1) {
+  const int right = causal ? 0 : window_right;
+  if (window_left < 0 && right < 0) return seqlen_k;
   const int m_blocks = (seqlen_q + block_m - 1) / block_m;
   double keys = 0;
-  for (int m_block = 0; m_block < m_blocks; ++m_block) keys += causal_kv_tiles(m_block, block_m, 1, seqlen_q, seqlen_k);
+  for (int m_block = 0; m_block < m_blocks; ++m_block) {
+    const KvTileRange r = masked_kv_tiles(m_block, block_m, 1, seqlen_q, seqlen_k, window_left, right);
+    keys += r.last - r.first;
+  }
   return keys / m_blocks;
 }
 
@@ -144,14 +170,20 @@ struct PersistentLaunch {
   TileScheduler sched;
 };
 
+// With a sliding window (the final kernel), the items' costs vary as under the causal mask,
+// and the order is estimated the same way.
 inline PersistentLaunch plan_persistent_launch(int batch, int heads_q, int seqlen_q, int seqlen_k, bool causal,
-                                               int block_m, int block_n, int sms) {
+                                               int block_m, int block_n, int sms, int window_left = -1,
+                                               int window_right = -1) {
   PersistentLaunch plan;
   plan.ctas = int(std::min<int64_t>(work_items(batch, heads_q, seqlen_q, block_m), sms));
-  auto tiles_of = [&](int m_block) {  // the estimate runs only under the causal mask
-    return causal_kv_tiles(m_block, block_m, block_n, seqlen_q, seqlen_k);
+  const int right = causal ? 0 : window_right;
+  auto tiles_of = [&](int m_block) {  // the estimate runs only under a mask
+    const KvTileRange r = masked_kv_tiles(m_block, block_m, block_n, seqlen_q, seqlen_k, window_left, right);
+    return r.last - r.first;
   };
-  plan.sched = make_tile_scheduler(batch, heads_q, seqlen_q, block_m, causal, plan.ctas, tiles_of);
+  plan.sched = make_tile_scheduler(batch, heads_q, seqlen_q, block_m, causal || window_left >= 0 || right >= 0,
+                                   plan.ctas, tiles_of);
   return plan;
 }
 
