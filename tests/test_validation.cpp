@@ -196,6 +196,10 @@ TEST(Dispatch, WindowGoesToTheFinalKernelOnly) {
   p.window_left = -1;  // no window: every kernel again
   p.window_right = -1;
   EXPECT_TRUE(resolve_kernel(p, "15_three_consumers", &resolved).ok());
+  p.causal = true;  // FlashAttention's causal window (-1, 0) is plain causal
+  p.window_right = 0;
+  EXPECT_FALSE(p.has_window());
+  EXPECT_TRUE(resolve_kernel(p, "15_three_consumers", &resolved).ok());
 }
 
 TEST(Dispatch, AutoPicksTheLastKernelThatSupportsTheProblem) {

@@ -94,7 +94,8 @@ struct AttentionProblem {
   int window_right = -1;
 
   float scale() const;
-  bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  // A window edge that causal does not already give (causal with window_right = 0 is plain causal).
+  bool has_window() const { return window_left >= 0 || (window_right >= 0 && !causal); }
 };
 
 struct Options {
