@@ -31,6 +31,7 @@ struct Config {
   std::vector<int> dims = {64, 128, 256};
   std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
   std::vector<bool> causal = {false, true};
+  int window_left = -1, window_right = -1;  // a sliding window on every shape; -1: that side open
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -51,6 +52,7 @@ void usage() {
       "  --dims 64,128,256   head dims\n"
       "  --seqlens 512,...   sequence lengths (default 512..16384)\n"
       "  --causal no|yes|both (default both)\n"
+      "  --window L,R        a sliding window on every shape (-1: that side open; final kernel only)\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -109,7 +111,7 @@ int parse(int argc, char** argv, Config* c) {
       c->gemm = false;
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
                a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--check-rows" ||
-               a == "--csv" || a == "--commit") {
+               a == "--csv" || a == "--commit" || a == "--window") {
       if (!(v = value(a.c_str()))) return 2;
       const std::string s = v;
       bool ok = true;
@@ -127,6 +129,18 @@ int parse(int argc, char** argv, Config* c) {
       } else if (a == "--dtype") {
         ok = s == "bf16" || s == "fp16";
         c->dtype = s == "fp16" ? DType::fp16 : DType::bf16;
+      } else if (a == "--window") {
+        const std::vector<std::string> parts = split(s);
+        ok = parts.size() == 2;
+        int edges[2] = {-1, -1};
+        for (size_t k = 0; ok && k < 2; ++k) {
+          char* end = nullptr;
+          const long e = std::strtol(parts[k].c_str(), &end, 10);
+          ok = *end == '\0' && e >= -1 && e < (1L << 30);
+          edges[k] = int(e);
+        }
+        c->window_left = edges[0];
+        c->window_right = edges[1];
       } else if (a == "--csv") {
         c->csv = s;
       } else if (a == "--commit") {
@@ -295,6 +309,8 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
         sh.head_dim = d;
         sh.causal = causal;
+        sh.window_left = cfg.window_left;
+        sh.window_right = causal && cfg.window_right > 0 ? 0 : cfg.window_right;  // causal's right edge
         sh.dtype = cfg.dtype;
         shapes.push_back(sh);
       }
@@ -306,6 +322,8 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.seqlen_q = sh.seqlen_k = s;
         sh.heads_q = sh.heads_kv = h;
         sh.head_dim = 128;
+        sh.window_left = cfg.window_left;
+        sh.window_right = cfg.window_right;
         sh.dtype = cfg.dtype;
         shapes.push_back(sh);
       }
@@ -317,6 +335,7 @@ std::vector<Shape> grid(const Config& cfg) {
 int main(int argc, char** argv) {
   Config cfg;
   if (int rc = parse(argc, argv, &cfg)) return rc == 1 ? 0 : rc;
+  const bool windowed = cfg.window_left >= 0 || cfg.window_right >= 0;  // CSV and labels show the window
 
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -335,6 +354,10 @@ int main(int argc, char** argv) {
   const std::string gpu = prop.name;
   std::printf("# hattn-bench on %s (%d SMs), commit %s\n", gpu.c_str(), prop.multiProcessorCount,
               cfg.commit.empty() ? "unknown" : cfg.commit.c_str());
+  if (windowed)
+    std::printf("# sliding window (%d, %d) on every shape (causal rows keep their right edge at 0); FLOPs count the "
+                "visible entries\n",
+                cfg.window_left, cfg.window_right);
 
   double gemm = 0;
   if (cfg.gemm) {
@@ -351,7 +374,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     csv << "commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
-           "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check\n";
+           "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check"
+        << (windowed ? ",window_left,window_right\n" : "\n");
   }
 
   harness::DeviceBuffer flush;
@@ -427,8 +451,9 @@ int main(int argc, char** argv) {
             << shape.batch << ',' << shape.seqlen_q << ',' << shape.seqlen_k << ',' << shape.heads_q << ','
             << shape.heads_kv << ',' << row.reps << ',' << row.ms << ',' << row.tflops << ','
             << (gemm > 0 ? 100 * row.tflops / gemm : 0) << ',' << row.max_err << ',' << row.budget << ','
-            << row.check << '\n'
-            << std::flush;
+            << row.check;
+        if (windowed) csv << ',' << shape.window_left << ',' << shape.window_right;
+        csv << '\n' << std::flush;
       }
       rows.push_back(row);
     }
@@ -447,6 +472,10 @@ int main(int argc, char** argv) {
     char label[64];
     std::snprintf(label, sizeof label, "D%d %s S%d H%d", s.head_dim, s.causal ? "causal" : "full", s.seqlen_q,
                   s.heads_q);
+    if (windowed) {
+      const std::string base = label;  // the window as a suffix; the column stays 22 wide when it fits
+      std::snprintf(label, sizeof label, "%s w%d,%d", base.c_str(), s.window_left, s.window_right);
+    }
     std::printf("%-22s", label);
     for (size_t k = 0; k < cfg.kernels.size(); ++k) {
       const Row& r = rows[i + k];
