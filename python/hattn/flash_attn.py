@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .ops import attention
+from .ops import _window, attention
 
 
 def flash_attn_func(
@@ -52,7 +52,7 @@ def flash_attn_func(
         unsupported.append("inputs that require grad (hattn is forward-only; use torch.no_grad())")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_func does not support " + "; ".join(unsupported))
-    left, right = (int(x) for x in window_size)
+    left, right = _window(window_size)
     if causal:
         right = 0  # flash_attn: causal=True is window_size[1] = 0
     return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=(left, right))

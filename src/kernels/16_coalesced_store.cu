@@ -486,8 +486,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   }
 }
 
+// `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kWindow>
-Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
+Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
@@ -506,7 +507,6 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   if (!s.ok()) return s;
   const int sms = sm_count();
   if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
-  const AttentionParams params = make_params(problem);
   const PersistentLaunch plan =
       plan_persistent_launch(problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.causal,
                              Cfg::kBlockM, Cfg::kBlockN, sms, params.window_left, params.window_right);
@@ -546,15 +546,14 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   const double mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM, problem.seqlen_q, problem.seqlen_k,
                                                problem.causal, params.window_left, params.window_right);
   const bool wide = mean_keys >= wide_tile_min_keys(problem.head_dim);
-  // A sliding window is treated like the causal mask: its sweeps are as long as the window.
-  const bool masked = problem.causal || params.window_left >= 0 || params.window_right >= 0;
-  const bool three = !masked || mean_keys >= kThreeConsumerMinCausalKeys;
   // The window's kernels only where a window edge binds beyond what causal already does.
   const bool window = params.window_left >= 0 || (!problem.causal && params.window_right >= 0);
+  // A sliding window is treated like the causal mask: its sweeps are as long as the window.
+  const bool three = !(problem.causal || window) || mean_keys >= kThreeConsumerMinCausalKeys;
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
     auto go = [&]<bool kWide, int kConsumers>() -> Status {
-      if (window) return launch_typed<T, D, kWide, kConsumers, true>(problem, stream);
-      return launch_typed<T, D, kWide, kConsumers, false>(problem, stream);
+      if (window) return launch_typed<T, D, kWide, kConsumers, true>(problem, params, stream);
+      return launch_typed<T, D, kWide, kConsumers, false>(problem, params, stream);
     };
     if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
       if (three) return go.template operator()<false, 3>();
