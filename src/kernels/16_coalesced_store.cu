@@ -127,9 +127,9 @@ struct Sequence {
   int batch_coord;
 };
 
-template <bool kGeneral>
+template <bool kVarlen>
 __device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int batch) {
-  if (kGeneral && p.cu_seqlens_q != nullptr) {
+  if (kVarlen && p.cu_seqlens_q != nullptr) {
     // Clamped to the tensors: offsets that break the caller's promise cannot send a load or a
     // store outside them.
     const int q_start = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
@@ -141,10 +141,13 @@ __device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int ba
   return {p.seqlen_q, p.seqlen_k, 0, 0, batch};
 }
 
-// kGeneral: the final kernel's extensions, a sliding window and a variable-length batch, whose
-// sweeps, masks and sequence bounds are read at run time. Problems with neither take the
-// step's own tile loop: the causal mask or none, with no window or sequence arithmetic.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kGeneral>
+// The final kernel's extensions, as template flags so that problems without them keep the
+// step's own tile loop (the causal mask or none, with no window or sequence arithmetic):
+//   kVarlen: a variable-length batch; each item reads its sequence's bounds at run time.
+//   kWindow: a sliding window, whose edges bound the sweeps and masks. Its kernels also take
+//            variable-length batches (kWindow implies kVarlen), so three of the four
+//            combinations are compiled.
+template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
@@ -168,8 +171,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // between the edges of the causal mask or the sliding window (none when no row sees a key,
   // or when the block lies past a short sequence's queries in a variable-length batch).
   auto kv_tiles = [&](int m_block, const Sequence& seq) -> KvTileRange {
-    if constexpr (kGeneral) {
-      if (m_block * kBlockM >= seq.seqlen_q) return {0, 0};
+    if (kVarlen && m_block * kBlockM >= seq.seqlen_q) return {0, 0};
+    if constexpr (kWindow) {
       return masked_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
     } else {
       return {0, p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k)
@@ -206,7 +209,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       int uses = 0;  // items loaded so far: Q's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
         const WorkItem item = sched.item(w);
-        const Sequence seq = sequence_of<kGeneral>(p, item.batch);
+        const Sequence seq = sequence_of<kVarlen>(p, item.batch);
         const KvTileRange range = kv_tiles(item.m_block, seq);
         const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
@@ -300,10 +303,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
     const WorkItem item = sched.item(w);
-    const Sequence seq = sequence_of<kGeneral>(p, item.batch);
-    const int causal_offset = kGeneral ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
+    const Sequence seq = sequence_of<kVarlen>(p, item.batch);
+    const int causal_offset = kVarlen ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = item.m_block * kBlockM;
-    if (kGeneral && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
+    if (kVarlen && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
     const KvTileRange range = kv_tiles(item.m_block, seq);
     const int n_tiles = range.last - range.first;
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8
@@ -354,7 +357,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // first row has the nearest right edge, its last row (+ 15) the farthest left edge.
       const int warp_diagonal = m_block + warp_row + causal_offset;
       bool need_mask;
-      if constexpr (kGeneral)
+      if constexpr (kWindow)
         need_mask = n_start + kBlockN > seq.seqlen_k ||
                     (p.window_right >= 0 && n_start + kBlockN - 1 > warp_diagonal + p.window_right) ||
                     (p.window_left >= 0 && n_start < warp_diagonal + 15 - p.window_left);
@@ -368,7 +371,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
             const int col = n_start + nt * 8 + 2 * tig + e % 2;
             const int row = row0 + e / 2 * 8;
             bool hidden;
-            if constexpr (kGeneral)
+            if constexpr (kWindow)
               hidden = col >= seq.seqlen_k || (p.window_right >= 0 && col > row + causal_offset + p.window_right) ||
                        (p.window_left >= 0 && col < row + causal_offset - p.window_left);
             else
@@ -437,7 +440,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 
     // Epilogue: finish the row sums across the quad; rows that saw no key output 0, LSE -inf.
     // The sequence's bounds are read again rather than kept in registers across the tile loop.
-    const Sequence out_seq = sequence_of<kGeneral>(p, item.batch);
+    const Sequence out_seq = sequence_of<kVarlen>(p, item.batch);
     float inv_sum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -448,7 +451,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum), max in raw units. [B, Hq, Sq], or
     // [Hq, total_q] in a variable-length batch.
     if (p.lse != nullptr && tig == 0) {
-      const bool packed = kGeneral && p.cu_seqlens_q != nullptr;
+      const bool packed = kVarlen && p.cu_seqlens_q != nullptr;
       const int64_t lse_row0 = packed ? int64_t(item.head_q) * p.total_q + out_seq.q_start
                                       : (int64_t(item.batch) * p.heads_q + item.head_q) * p.seqlen_q;
 #pragma unroll
@@ -462,7 +465,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // end. In a variable-length batch that end is the last sequence's: a box that runs past its
     // own sequence would overwrite the next one's rows, so it is stored from registers.
     bool store_by_tma = Cfg::kStoreByTma;
-    if constexpr (kGeneral)
+    if constexpr (kVarlen)
       store_by_tma = store_by_tma && (p.cu_seqlens_q == nullptr || m_block + warpgroup * 64 + 64 <= out_seq.seqlen_q);
     if (store_by_tma) {  // warpgroup-uniform
       const int epilogue_barrier = kEpilogueConsumer0 + warpgroup;
@@ -534,7 +537,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 }
 
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kGeneral>
+template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
@@ -550,7 +553,8 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
                              64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
-  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kGeneral>;
+  static_assert(kVarlen || !kWindow, "the windowed kernels also take variable-length batches");
+  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kVarlen, kWindow>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
@@ -597,13 +601,14 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   const bool wide = mean_keys >= wide_tile_min_keys(problem.head_dim);
   // The window's kernels only where a window edge binds beyond what causal already does.
   const bool window = params.window_left >= 0 || (!problem.causal && params.window_right >= 0);
-  const bool general = window || problem.is_varlen();
+
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   const bool three = !(problem.causal || window) || mean_keys >= kThreeConsumerMinCausalKeys;
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
     auto go = [&]<bool kWide, int kConsumers>() -> Status {
-      if (general) return launch_typed<T, D, kWide, kConsumers, true>(problem, params, stream);
-      return launch_typed<T, D, kWide, kConsumers, false>(problem, params, stream);
+      if (window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, params, stream);
+      if (problem.is_varlen()) return launch_typed<T, D, kWide, kConsumers, true, false>(problem, params, stream);
+      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, params, stream);
     };
     if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
       if (three) return go.template operator()<false, 3>();
