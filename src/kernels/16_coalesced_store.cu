@@ -461,13 +461,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           p.lse[lse_row0 + row] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
       }
     }
-    // A TMA store writes all 64 rows of the warpgroup's box and clips only at the tensor's
-    // end. In a variable-length batch that end is the last sequence's: a box that runs past its
-    // own sequence would overwrite the next one's rows, so it is stored from registers.
-    bool store_by_tma = Cfg::kStoreByTma;
-    if constexpr (kVarlen)
-      store_by_tma = store_by_tma && (p.cu_seqlens_q == nullptr || m_block + warpgroup * 64 + 64 <= out_seq.seqlen_q);
-    if (store_by_tma) {  // warpgroup-uniform
+    if constexpr (Cfg::kStoreByTma) {
       const int epilogue_barrier = kEpilogueConsumer0 + warpgroup;
       const bool storer = warp_in_wg == 0 && lane == 0;  // issues this warpgroup's stores
       // WAR: the previous item's store has read the staging rows before they are rewritten.
@@ -486,12 +480,29 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
       ptx::fence_proxy_async_shared_cta();  // this thread's writes, before the TMA unit reads them
       ptx::bar_sync(epilogue_barrier, 128);  // RAW: the warpgroup's 64 rows are all written and fenced
-      if (storer) {
+      // A TMA store writes all 64 rows of the box and clips only at the tensor's end. In a
+      // variable-length batch that is the last sequence's end: a box that runs past its own
+      // sequence would overwrite the next one's rows, so the warpgroup copies the rows inside
+      // it from the staging tile instead, 16 bytes per thread and step (warpgroup-uniform).
+      const int box_row0 = m_block + warpgroup * 64;  // in the sequence
+      if (!kVarlen || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q) {
+        if (storer) {
 #pragma unroll
-        for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-          ptx::cp_async_bulk_tensor_4d_s2g(&o_map, cb * 64, out_seq.q_start + m_block + warpgroup * 64, item.head_q,
-                                           out_seq.batch_coord, &smem.o[cb][warpgroup * 64 * 64]);
-        ptx::cp_async_bulk_commit_group();
+          for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
+            ptx::cp_async_bulk_tensor_4d_s2g(&o_map, cb * 64, out_seq.q_start + box_row0, item.head_q,
+                                             out_seq.batch_coord, &smem.o[cb][warpgroup * 64 * 64]);
+          ptx::cp_async_bulk_commit_group();
+        }
+      } else {
+        constexpr int kChunks = D / 8;  // 16-byte pieces of a row
+        const int rows = out_seq.seqlen_q - box_row0;  // < 64; the item has at least one
+        T* out = static_cast<T*>(p.out) + int64_t(out_seq.q_start + box_row0) * p.out_seq_stride +
+                 item.head_q * p.out_head_stride;
+        for (int i = int(threadIdx.x) % 128; i < rows * kChunks; i += 128) {
+          const int r = i / kChunks, c = i % kChunks;  // the tile's row warpgroup * 64 + r: swizzled by r % 8
+          *reinterpret_cast<uint4*>(out + int64_t(r) * p.out_seq_stride + c * 8) =
+              *reinterpret_cast<const uint4*>(&smem.o[c / 8][(warpgroup * 64 + r) * 64 + ((c % 8) ^ (r % 8)) * 8]);
+        }
       }
     } else {
       T* out = static_cast<T*>(p.out) + out_seq.batch_coord * p.out_batch_stride + out_seq.q_start * p.out_seq_stride +
