@@ -172,6 +172,9 @@ Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
   if (problem.has_window() && !entry.supports_window)
     return {StatusCode::not_supported, std::string(entry.name) +
                                            ": no sliding window (window_left / window_right); the final kernel has it"};
+  if (problem.is_varlen() && !entry.supports_varlen)
+    return {StatusCode::not_supported,
+            std::string(entry.name) + ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the final kernel has it"};
   return entry.supports(problem);
 }
 
@@ -207,7 +210,9 @@ Status check_all(const AttentionProblem& problem, const std::string& kernel, con
   if (!(s = resolve(problem, kernel, entry)).ok()) return s;
   if (!(s = check_device()).ok()) return s;
   const std::pair<const char*, const void*> pointers[] = {
-      {"q", problem.q}, {"k", problem.k}, {"v", problem.v}, {"out", problem.out}, {"lse", problem.lse}};
+      {"q", problem.q},     {"k", problem.k},     {"v", problem.v},
+      {"out", problem.out}, {"lse", problem.lse}, {"cu_seqlens_q", problem.cu_seqlens_q},
+      {"cu_seqlens_k", problem.cu_seqlens_k}};
   for (const auto& [name, ptr] : pointers)
     if (!(s = check_device_pointer(name, ptr)).ok()) return s;
   return Status::Ok();
@@ -239,11 +244,28 @@ Status validate_arguments(const AttentionProblem& p) {
     return invalid("window_right: must be -1 or 0 with causal, whose right edge is the diagonal (got " +
                    std::to_string(p.window_right) + ")");
 
+  // A variable-length batch's tensors are one packed sequence of total rows each.
+  const bool varlen = p.is_varlen();
+  if (varlen) {
+    if (p.cu_seqlens_q == nullptr) return invalid("cu_seqlens_q: must be set together with cu_seqlens_k");
+    if (p.cu_seqlens_k == nullptr) return invalid("cu_seqlens_k: must be set together with cu_seqlens_q");
+    for (const auto& [name, ptr] : {std::pair<const char*, const void*>{"cu_seqlens_q", p.cu_seqlens_q},
+                                    std::pair<const char*, const void*>{"cu_seqlens_k", p.cu_seqlens_k}})
+      if (reinterpret_cast<uintptr_t>(ptr) % alignof(int32_t) != 0)
+        return invalid(std::string(name) + ": pointer must be 4-byte aligned (int32 offsets)");
+    if (p.total_q < 1) return invalid("total_q: must be >= 1 with cu_seqlens (got " + std::to_string(p.total_q) + ")");
+    if (p.total_k < 1) return invalid("total_k: must be >= 1 with cu_seqlens (got " + std::to_string(p.total_k) + ")");
+  } else if (p.total_q != 0 || p.total_k != 0) {
+    return invalid("total_q, total_k: only for a variable-length batch (set cu_seqlens_q and cu_seqlens_k), got " +
+                   std::to_string(p.total_q) + ", " + std::to_string(p.total_k));
+  }
+  const int tensor_batch = varlen ? 1 : p.batch;
+  const int rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   Status s;
-  if (!(s = check_tensor("q", p.q, p.q_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, false)).ok()) return s;
-  if (!(s = check_tensor("k", p.k, p.k_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false)).ok()) return s;
-  if (!(s = check_tensor("v", p.v, p.v_strides, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, false)).ok()) return s;
-  if (!(s = check_tensor("out", p.out, p.out_strides, p.batch, p.seqlen_q, p.heads_q, p.head_dim, true)).ok())
+  if (!(s = check_tensor("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, false)).ok()) return s;
+  if (!(s = check_tensor("k", p.k, p.k_strides, tensor_batch, rows_k, p.heads_kv, p.head_dim, false)).ok()) return s;
+  if (!(s = check_tensor("v", p.v, p.v_strides, tensor_batch, rows_k, p.heads_kv, p.head_dim, false)).ok()) return s;
+  if (!(s = check_tensor("out", p.out, p.out_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, true)).ok())
     return s;
   if (p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % alignof(float) != 0)
     return invalid("lse: pointer must be 4-byte aligned");

@@ -16,6 +16,8 @@ struct KernelEntry {
   // Runs problems with a sliding window (window_left / window_right); the lineage kernels
   // leave it false and are refused such problems before their supports() is asked.
   bool supports_window = false;
+  // Runs variable-length batches (cu_seqlens_q / cu_seqlens_k); likewise only the final kernel.
+  bool supports_varlen = false;
 };
 
 // One accessor per lineage kernel, defined in its own file under src/kernels/.

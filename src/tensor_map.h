@@ -14,7 +14,8 @@ Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int
                             int head_dim, const Strides& strides, int box_rows, int box_cols);
 
 // The three maps of an attention problem: q with boxes of q_box_rows rows, k and v with
-// boxes of kv_box_rows rows, all 64 columns wide. Errors name `kernel`.
+// boxes of kv_box_rows rows, all 64 columns wide; a variable-length batch's maps are over its
+// packed rows ([1, total, H, D]). Errors name `kernel`.
 struct QkvTensorMaps {
   CUtensorMap q, k, v;
 };

@@ -102,6 +102,40 @@ std::vector<Shape> test_shapes() {
   windowed(make(1, 200, 4000, 2, 2, 256, true, fp, Layout::contiguous), 1500, 0);
   windowed(make(1, 1500, 1500, 2, 2, 64, false, bf, Layout::contiguous), 800, 800);
   windowed(make(1, 90, 500, 2, 1, 128, false, bf, Layout::contiguous), 20, 0);  // Sq < Sk: no row sees key 0..389
+  // Variable-length batches (the final kernel only): sequences of unequal lengths packed along
+  // the rows, empty sequences (no queries, or no keys), lengths that are not tile multiples,
+  // a last K/V tile that runs into the next sequence's keys, causal and windowed masks at each
+  // sequence's own corner, many short sequences (most query blocks empty), sweeps long
+  // enough for the wide tiles and three consumers, and sequences of whole 64-row boxes (stored
+  // by TMA at D = 64 and 128) beside partial ones (stored from registers).
+  auto varlen = [&](Shape s, std::vector<int> lens_q, std::vector<int> lens_k) {
+    harness::set_varlen(&s, std::move(lens_q), std::move(lens_k));
+    shapes.push_back(s);
+  };
+  varlen(make(1, 1, 1, 4, 2, 128, false, bf, Layout::contiguous), {100, 257, 1, 128}, {100, 257, 1, 128});
+  varlen(make(1, 1, 1, 2, 1, 64, true, fp, Layout::padded), {300, 0, 77, 513}, {300, 5, 77, 600});
+  varlen(make(1, 1, 1, 2, 2, 256, true, bf, Layout::contiguous), {190, 64, 1}, {190, 64, 1});
+  varlen(make(1, 1, 1, 2, 1, 128, true, fp, Layout::contiguous), {700, 33}, {700, 40});
+  shapes.back().window_left = 100;
+  shapes.back().window_right = 0;
+  varlen(make(1, 1, 1, 4, 2, 128, false, bf, Layout::padded), {400, 250}, {400, 500});
+  shapes.back().window_left = 64;
+  shapes.back().window_right = 32;
+  varlen(make(1, 1, 1, 2, 2, 64, true, bf, Layout::contiguous), {50, 60, 40}, {0, 60, 45});
+  varlen(make(1, 1, 1, 2, 1, 128, false, bf, Layout::contiguous), {130, 8500}, {9000, 8500});
+  varlen(make(1, 1, 1, 2, 2, 256, false, fp, Layout::padded), {150, 40}, {1100, 1500});
+  varlen(make(1, 1, 1, 2, 2, 128, false, fp, Layout::contiguous), {256, 320, 64}, {256, 320, 64});
+  varlen(make(1, 1, 1, 2, 1, 64, false, bf, Layout::contiguous), {192, 384, 64}, {200, 384, 64});
+  {
+    std::mt19937 lengths(7);
+    std::vector<int> lens_q, lens_k;
+    for (int b = 0; b < 40; ++b) {
+      lens_q.push_back(std::uniform_int_distribution<int>(1, 200)(lengths));
+      lens_k.push_back(std::uniform_int_distribution<int>(1, 200)(lengths));
+    }
+    varlen(make(1, 1, 1, 8, 8, 64, false, bf, Layout::contiguous), lens_q, lens_k);
+    varlen(make(1, 1, 1, 4, 1, 128, true, fp, Layout::padded), lens_q, lens_k);
+  }
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})
@@ -193,6 +227,7 @@ std::string case_name(const ::testing::TestParamInfo<KernelTest::ParamType>& inf
   if (s.window_left >= 0 || s.window_right >= 0)
     name += "_window" + std::to_string(s.window_left < 0 ? 0 : s.window_left) + (s.window_left < 0 ? "open" : "") + "x" +
             std::to_string(s.window_right < 0 ? 0 : s.window_right) + (s.window_right < 0 ? "open" : "");
+  if (s.varlen()) name += "_varlen" + std::to_string(s.batch);
   return name;
 }
 

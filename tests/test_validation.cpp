@@ -202,6 +202,63 @@ TEST(Dispatch, WindowGoesToTheFinalKernelOnly) {
   EXPECT_TRUE(resolve_kernel(p, "15_three_consumers", &resolved).ok());
 }
 
+// A variable-length batch of 3 sequences: 500 query rows and 700 key rows in all.
+AttentionProblem varlen_problem() {
+  AttentionProblem p = valid_problem();
+  p.batch = 3;
+  p.cu_seqlens_q = static_cast<const int32_t*>(fake_ptr(5));
+  p.cu_seqlens_k = static_cast<const int32_t*>(fake_ptr(6));
+  p.total_q = 500;
+  p.total_k = 700;
+  p.q_strides.batch = p.k_strides.batch = p.v_strides.batch = p.out_strides.batch = 0;  // not used
+  return p;
+}
+
+TEST(Validation, VarlenProblemPasses) { EXPECT_TRUE(validate_arguments(varlen_problem()).ok()); }
+
+TEST(Validation, BadVarlen) {
+  AttentionProblem p = varlen_problem();
+  p.cu_seqlens_k = nullptr;
+  expect_invalid(p, "cu_seqlens_k");
+  p = varlen_problem();
+  p.cu_seqlens_q = nullptr;
+  expect_invalid(p, "cu_seqlens_q");
+  p = varlen_problem();
+  p.cu_seqlens_q = reinterpret_cast<const int32_t*>(static_cast<const char*>(fake_ptr(5)) + 2);
+  expect_invalid(p, "cu_seqlens_q");
+  p = varlen_problem();
+  p.total_q = 0;
+  expect_invalid(p, "total_q");
+  p = varlen_problem();
+  p.total_k = -3;
+  expect_invalid(p, "total_k");
+  p = valid_problem();  // totals without offsets
+  p.total_q = 10;
+  expect_invalid(p, "total_q, total_k");
+  p = varlen_problem();  // the packed rows' strides are checked over total rows
+  p.q_strides.seq = 12;
+  expect_invalid(p, "q");
+  p = varlen_problem();  // out's rows must not overlap across the packed rows
+  p.out_strides.seq = 8;
+  expect_invalid(p, "out");
+}
+
+// Only the final kernel has variable-length batches: "auto" picks it, a lineage kernel says no.
+TEST(Dispatch, VarlenGoesToTheFinalKernelOnly) {
+  AttentionProblem p = varlen_problem();
+  std::string resolved;
+  ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_EQ(resolved, kernels().back().name);
+  Status s = resolve_kernel(p, "15_three_consumers", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("variable-length"), std::string::npos) << s.message();
+  p.causal = true;  // with the masks too
+  p.window_left = 64;
+  p.window_right = 0;
+  EXPECT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_EQ(resolved, kernels().back().name);
+}
+
 TEST(Dispatch, AutoPicksTheLastKernelThatSupportsTheProblem) {
   std::string resolved;
   ASSERT_TRUE(resolve_kernel(valid_problem(), "auto", &resolved).ok());

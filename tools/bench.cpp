@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct Config {
   std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
   std::vector<bool> causal = {false, true};
   int window_left = -1, window_right = -1;  // a sliding window on every shape; -1: that side open
+  std::string varlen;  // "", "equal" or "mixed": every shape as a variable-length batch
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -53,6 +55,9 @@ void usage() {
       "  --seqlens 512,...   sequence lengths (default 512..16384)\n"
       "  --causal no|yes|both (default both)\n"
       "  --window L,R        a sliding window on every shape (-1: that side open; final kernel only)\n"
+      "  --varlen equal|mixed every shape as a variable-length batch (final kernel only) of its B\n"
+      "                      sequences: all of length S (compare with the dense run), or of lengths\n"
+      "                      drawn from [S/4, 7S/4] (fixed seed; FLOPs count the real lengths)\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -111,7 +116,7 @@ int parse(int argc, char** argv, Config* c) {
       c->gemm = false;
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
                a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--check-rows" ||
-               a == "--csv" || a == "--commit" || a == "--window") {
+               a == "--csv" || a == "--commit" || a == "--window" || a == "--varlen") {
       if (!(v = value(a.c_str()))) return 2;
       const std::string s = v;
       bool ok = true;
@@ -141,6 +146,9 @@ int parse(int argc, char** argv, Config* c) {
         }
         c->window_left = edges[0];
         c->window_right = edges[1];
+      } else if (a == "--varlen") {
+        ok = s == "equal" || s == "mixed";
+        c->varlen = s;
       } else if (a == "--csv") {
         c->csv = s;
       } else if (a == "--commit") {
@@ -312,6 +320,14 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.window_left = cfg.window_left;
         sh.window_right = causal && cfg.window_right > 0 ? 0 : cfg.window_right;  // causal's right edge
         sh.dtype = cfg.dtype;
+        if (!cfg.varlen.empty()) {
+          std::vector<int> lens(sh.batch, s);
+          if (cfg.varlen == "mixed") {
+            std::mt19937 rng(uint32_t(s) * 131u + uint32_t(d));
+            for (int& n : lens) n = std::uniform_int_distribution<int>(std::max(1, s / 4), s * 7 / 4)(rng);
+          }
+          harness::set_varlen(&sh, lens, lens);
+        }
         shapes.push_back(sh);
       }
   if (cfg.capstone)
@@ -336,6 +352,7 @@ int main(int argc, char** argv) {
   Config cfg;
   if (int rc = parse(argc, argv, &cfg)) return rc == 1 ? 0 : rc;
   const bool windowed = cfg.window_left >= 0 || cfg.window_right >= 0;  // CSV and labels show the window
+  const bool varlen = !cfg.varlen.empty();
 
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -358,6 +375,10 @@ int main(int argc, char** argv) {
     std::printf("# sliding window (%d, %d) on every shape (causal rows keep their right edge at 0); FLOPs count the "
                 "visible entries\n",
                 cfg.window_left, cfg.window_right);
+  if (varlen)
+    std::printf("# variable-length batches (%s): each shape's B sequences packed along the rows%s\n", cfg.varlen.c_str(),
+                cfg.varlen == "mixed" ? ", of lengths from [S/4, 7S/4]; S is the longest, FLOPs count the real lengths"
+                                      : ", all of length S");
 
   double gemm = 0;
   if (cfg.gemm) {
@@ -375,7 +396,7 @@ int main(int argc, char** argv) {
     }
     csv << "commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
            "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check"
-        << (windowed ? ",window_left,window_right\n" : "\n");
+        << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "") << '\n';
   }
 
   harness::DeviceBuffer flush;
@@ -453,6 +474,7 @@ int main(int argc, char** argv) {
             << (gemm > 0 ? 100 * row.tflops / gemm : 0) << ',' << row.max_err << ',' << row.budget << ','
             << row.check;
         if (windowed) csv << ',' << shape.window_left << ',' << shape.window_right;
+        if (varlen) csv << ',' << cfg.varlen;
         csv << '\n' << std::flush;
       }
       rows.push_back(row);
@@ -475,6 +497,10 @@ int main(int argc, char** argv) {
     if (windowed) {
       const std::string base = label;  // the window as a suffix; the column stays 22 wide when it fits
       std::snprintf(label, sizeof label, "%s w%d,%d", base.c_str(), s.window_left, s.window_right);
+    }
+    if (varlen) {
+      const std::string base = label;
+      std::snprintf(label, sizeof label, "%s varlen", base.c_str());
     }
     std::printf("%-22s", label);
     for (size_t k = 0; k < cfg.kernels.size(); ++k) {

@@ -28,10 +28,41 @@ std::string describe(const Shape& s) {
      << dtype_name(s.dtype) << " " << layout_name(s.layout) << (s.with_lse ? " lse" : "");
   if (s.scale) os << " scale=" << *s.scale;
   if (s.window_left >= 0 || s.window_right >= 0) os << " window=(" << s.window_left << "," << s.window_right << ")";
+  if (s.varlen()) {
+    os << " varlen q/k=";
+    for (size_t b = 0; b < s.seqlens_q.size(); ++b) {
+      if (b == 6 && s.seqlens_q.size() > 8) {
+        os << "... (" << s.seqlens_q.size() << " sequences)";
+        break;
+      }
+      os << (b ? "," : "") << s.seqlens_q[b] << "/" << s.seqlens_k[b];
+    }
+  }
   return os.str();
 }
 
+void set_varlen(Shape* s, std::vector<int> seqlens_q, std::vector<int> seqlens_k) {
+  s->batch = int(seqlens_q.size());
+  s->seqlen_q = std::max(1, *std::max_element(seqlens_q.begin(), seqlens_q.end()));
+  s->seqlen_k = std::max(1, *std::max_element(seqlens_k.begin(), seqlens_k.end()));
+  s->seqlens_q = std::move(seqlens_q);
+  s->seqlens_k = std::move(seqlens_k);
+}
+
 double forward_flops(const Shape& s) {
+  if (s.varlen()) {  // the sum over the sequences
+    double flops = 0;
+    for (size_t b = 0; b < s.seqlens_q.size(); ++b) {
+      Shape one = s;
+      one.seqlens_q.clear();
+      one.seqlens_k.clear();
+      one.batch = 1;
+      one.seqlen_q = s.seqlens_q[b];
+      one.seqlen_k = s.seqlens_k[b];
+      flops += forward_flops(one);
+    }
+    return flops;
+  }
   const double per_entry = 4.0 * s.batch * s.heads_q * s.head_dim;
   const bool window = s.window_left >= 0 || s.window_right >= 0;
   if (!s.causal && !window) return per_entry * double(s.seqlen_q) * s.seqlen_k;
@@ -132,7 +163,20 @@ size_t round_up8(size_t x) { return (x + 7) / 8 * 8; }
 }  // namespace
 
 Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
-  const int B = shape.batch, Sq = shape.seqlen_q, Sk = shape.seqlen_k, Hq = shape.heads_q, Hkv = shape.heads_kv,
+  // A variable-length batch's tensors are one packed sequence of total rows: B = 1 below.
+  w->cu_q.assign(1, 0);
+  w->cu_k.assign(1, 0);
+  if (shape.varlen()) {
+    if (shape.seqlens_k.size() != shape.seqlens_q.size() || shape.layout == Layout::packed_qkv)
+      return {StatusCode::invalid_argument, "varlen: needs as many key as query lengths, and no packed_qkv layout"};
+    for (size_t b = 0; b < shape.seqlens_q.size(); ++b) {
+      w->cu_q.push_back(w->cu_q.back() + shape.seqlens_q[b]);
+      w->cu_k.push_back(w->cu_k.back() + shape.seqlens_k[b]);
+    }
+  }
+  const bool varlen = shape.varlen();
+  const int B = varlen ? 1 : shape.batch, Sq = varlen ? w->cu_q.back() : shape.seqlen_q,
+            Sk = varlen ? w->cu_k.back() : shape.seqlen_k, Hq = shape.heads_q, Hkv = shape.heads_kv,
             D = shape.head_dim;
   w->shape = shape;
   TensorPlacement q, k, v, out;
@@ -221,6 +265,23 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.window_left = shape.window_left;
   p.window_right = shape.window_right;
   p.softmax_scale = shape.scale;
+  if (varlen) {
+    std::vector<int32_t> offsets(w->cu_q.begin(), w->cu_q.end());
+    offsets.insert(offsets.end(), w->cu_k.begin(), w->cu_k.end());
+    if (!(s = w->cu_seqlens.allocate(offsets.size() * sizeof(int32_t))).ok()) return s;
+    if (!(s = cuda_check(cudaMemcpy(w->cu_seqlens.get(), offsets.data(), offsets.size() * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice),
+                         "uploading cu_seqlens"))
+             .ok())
+      return s;
+    p.batch = shape.batch;
+    p.seqlen_q = shape.seqlen_q;
+    p.seqlen_k = shape.seqlen_k;
+    p.cu_seqlens_q = static_cast<const int32_t*>(w->cu_seqlens.get());
+    p.cu_seqlens_k = p.cu_seqlens_q + w->cu_q.size();
+    p.total_q = Sq;
+    p.total_k = Sk;
+  }
 
   ref::HostProblem& h = w->host;
   h.batch = B;
@@ -249,11 +310,15 @@ Status poison_outputs(Workload* w) {
   return cuda_check(cudaMemset(w->lse.get(), 0xFF, w->lse.bytes()), "poisoning lse");
 }
 
+namespace {
+int rows_of(const Shape& s, int b) { return s.varlen() ? s.seqlens_q[b] : s.seqlen_q; }
+}  // namespace
+
 std::vector<RowId> all_rows(const Shape& s) {
   std::vector<RowId> rows;
   for (int b = 0; b < s.batch; ++b)
     for (int h = 0; h < s.heads_q; ++h)
-      for (int i = 0; i < s.seqlen_q; ++i) rows.push_back({b, h, i});
+      for (int i = 0; i < rows_of(s, b); ++i) rows.push_back({b, h, i});
   return rows;
 }
 
@@ -261,16 +326,16 @@ std::vector<RowId> sample_rows(const Shape& s, int count, uint64_t seed) {
   std::vector<RowId> rows;
   std::mt19937_64 rng(seed);
   const int heads_last = s.heads_q - 1, batch_last = s.batch - 1;
-  const int edge[] = {0, 1, s.seqlen_q - 1, s.seqlen_q - 2, s.seqlen_q / 2};
-  for (int i : edge)
-    if (i >= 0) {
-      rows.push_back({0, 0, i});
-      rows.push_back({batch_last, heads_last, i});
-    }
-  while (int(rows.size()) < count) {
+  for (const auto& [b, h] : {std::pair<int, int>{0, 0}, {batch_last, heads_last}}) {
+    const int n = rows_of(s, b);
+    for (int i : {0, 1, n - 1, n - 2, n / 2})
+      if (i >= 0 && i < n) rows.push_back({b, h, i});
+  }
+  for (int tries = 0; int(rows.size()) < count && tries < 16 * count; ++tries) {
     const int b = std::uniform_int_distribution<int>(0, batch_last)(rng);
     const int h = std::uniform_int_distribution<int>(0, heads_last)(rng);
-    const int i = std::uniform_int_distribution<int>(0, s.seqlen_q - 1)(rng);
+    if (rows_of(s, b) == 0) continue;  // an empty sequence of a varlen batch
+    const int i = std::uniform_int_distribution<int>(0, rows_of(s, b) - 1)(rng);
     rows.push_back({b, h, i});
   }
   return rows;
@@ -289,7 +354,8 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
   const Shape& s = w.shape;
   const int D = s.head_dim;
   std::vector<uint16_t> out_bits(w.output.elements);
-  std::vector<float> lse(size_t(s.batch) * s.heads_q * s.seqlen_q);
+  const int lse_rows = s.varlen() ? w.cu_q.back() : s.seqlen_q;  // [B, Hq, Sq] or [Hq, total_q]
+  std::vector<float> lse(size_t(s.varlen() ? 1 : s.batch) * s.heads_q * lse_rows);
   if (cudaMemcpy(out_bits.data(), w.output.device.get(), out_bits.size() * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
       cudaMemcpy(lse.data(), w.lse.get(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) {
     cudaGetLastError();
@@ -319,11 +385,23 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
     std::vector<double> ref_out(D);
     std::vector<float> lowp_out(D);
     for (size_t n = begin; n < end; ++n) {
-      const RowId& row = rows[n];
+      RowId row = rows[n];
       double ref_lse;
       float lowp_lse;
-      ref::attention_row_fp64(w.host, row.b, row.h, row.i, ref_out.data(), &ref_lse);
-      ref::attention_row_lowp(w.host, dtype, row.b, row.h, row.i, lowp_out.data(), &lowp_lse);
+      // A varlen batch: sequence b on its own (a one-sequence problem over its rows), and its
+      // row i at packed row cu_q[b] + i of batch entry 0.
+      ref::HostProblem host = w.host;
+      if (s.varlen()) {
+        host.batch = 1;
+        host.seqlen_q = s.seqlens_q[row.b];
+        host.seqlen_k = s.seqlens_k[row.b];
+        host.q += int64_t(w.cu_q[row.b]) * host.q_strides.seq;
+        host.k += int64_t(w.cu_k[row.b]) * host.k_strides.seq;
+        host.v += int64_t(w.cu_k[row.b]) * host.v_strides.seq;
+      }
+      ref::attention_row_fp64(host, s.varlen() ? 0 : row.b, row.h, row.i, ref_out.data(), &ref_lse);
+      ref::attention_row_lowp(host, dtype, s.varlen() ? 0 : row.b, row.h, row.i, lowp_out.data(), &lowp_lse);
+      if (s.varlen()) row = {0, row.h, w.cu_q[row.b] + row.i};
       const size_t base = size_t(row.b * os.batch + int64_t(row.i) * os.seq + row.h * os.head);
       for (int d = 0; d < D; ++d) {
         const double got = ref::bits_to_float(out_bits[base + d], dtype);
@@ -331,7 +409,7 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
         part->lowp_err = std::max(part->lowp_err, std::abs(double(lowp_out[d]) - ref_out[d]));
       }
       if (s.with_lse) {
-        const double got = lse[(size_t(row.b) * s.heads_q + row.h) * s.seqlen_q + row.i];
+        const double got = lse[(size_t(row.b) * s.heads_q + row.h) * lse_rows + row.i];
         if (std::isinf(ref_lse)) {
           if (!(std::isinf(got) && got < 0)) ++part->lse_mismatches;
         } else if (!std::isfinite(got)) {
@@ -346,7 +424,7 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
   Partial total;
   std::mutex merge;
   // Checks under about 4M multiply-adds of reference work stay on this thread.
-  const size_t work_per_row = size_t(s.seqlen_k) * size_t(D);
+  const size_t work_per_row = size_t(std::max(s.seqlen_k, 1)) * size_t(D);
   const size_t serial_below_rows = ((size_t(1) << 22) + work_per_row - 1) / work_per_row;
   parallel_for(
       rows.size(),

@@ -28,7 +28,15 @@ struct Shape {
   Layout layout = Layout::contiguous;
   bool with_lse = true;
   std::optional<float> scale;  // softmax scale; default 1/sqrt(D)
+  // A variable-length batch when not empty: sequence b has seqlens_q[b] queries and
+  // seqlens_k[b] keys, packed along the rows of [total, H, D] tensors (contiguous or padded
+  // layout); batch, seqlen_q and seqlen_k are then the count and the longest lengths
+  // (set_varlen fills them).
+  std::vector<int> seqlens_q, seqlens_k;
+  bool varlen() const { return !seqlens_q.empty(); }
 };
+// Makes `shape` a variable-length batch of these lengths (equal counts, some non-zero).
+void set_varlen(Shape* shape, std::vector<int> seqlens_q, std::vector<int> seqlens_k);
 std::string describe(const Shape& shape);
 
 // FLOPs of the forward: 4 * B * Hq * Sq * Sk * D, halved when causal with Sq == Sk
@@ -69,7 +77,9 @@ struct Workload {
   DeviceBuffer lse;
   std::vector<char> is_output_element;  // 1 where `output` holds an element of out, 0 in gaps
   AttentionProblem problem;             // device pointers and strides
-  ref::HostProblem host;                // the same tensors on the host
+  ref::HostProblem host;                // the same tensors on the host (varlen: one packed sequence)
+  DeviceBuffer cu_seqlens;              // varlen: cu_seqlens_q then cu_seqlens_k, int32
+  std::vector<int> cu_q, cu_k;          // varlen: the same offsets on the host
 };
 
 // Random inputs (uniform with unit variance around a non-zero mean), fresh for each seed.

@@ -79,7 +79,7 @@ struct AttentionProblem {
   Strides v_strides;
   void* out = nullptr;  // [B, Sq, Hq, D], same dtype as q
   Strides out_strides;
-  float* lse = nullptr;  // optional [B, Hq, Sq] contiguous fp32; -inf for a fully masked row
+  float* lse = nullptr;  // optional [B, Hq, Sq] contiguous fp32 ([Hq, total_q] when varlen); -inf for a fully masked row
 
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   // Causal mask aligned to the bottom-right corner: query i sees key j iff
@@ -93,7 +93,24 @@ struct AttentionProblem {
   int window_left = -1;
   int window_right = -1;
 
+  // Variable-length batch (FlashAttention's varlen): with cu_seqlens_q and cu_seqlens_k set,
+  // the `batch` sequences lie one after another along the rows of q and out ([total_q, Hq, D])
+  // and of k and v ([total_k, Hkv, D]); strides.batch is not used. Sequence b's queries are
+  // rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1, its keys likewise, and the masks align to
+  // each sequence's own bottom-right corner. seqlen_q and seqlen_k are then the longest
+  // lengths (FlashAttention's max_seqlen); the work is planned by them, so no sequence may be
+  // longer. lse, when set, is [Hq, total_q]. The offsets are device int32 arrays of batch + 1
+  // non-decreasing values from 0 to the totals, read only by the kernel: the host cannot check
+  // them without a synchronization, so they are the caller's promise. The kernel clamps them
+  // to [0, total] so that it never touches memory outside the tensors.
+  // Only the final kernel supports a variable-length batch; the others refuse it.
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
+  const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]
+  int total_q = 0;  // rows of q and out
+  int total_k = 0;  // rows of k and v
+
   float scale() const;
+  bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
   // A window edge that causal does not already give (causal with window_right = 0 is plain causal).
   bool has_window() const { return window_left >= 0 || (window_right >= 0 && !causal); }
 };

@@ -8,10 +8,13 @@
     out, lse = hattn.attention(q, k, v, return_lse=True)                     # lse [B, H, S] fp32
 
 The op is registered as torch.ops.hattn.attention_fwd (works with torch.compile and CUDA graphs).
+hattn.attention_varlen (op torch.ops.hattn.attention_varlen_fwd) takes a variable-length batch:
+sequences packed along the rows ([total, H, D]) with FlashAttention's int32 cu_seqlens offsets.
 hattn.scaled_dot_product_attention takes torch SDPA's arguments ([B, H, L, E] tensors) and runs
 the calls hattn supports, handing the others to torch; `with hattn.patch_sdpa():` puts it in
-place of torch.nn.functional.scaled_dot_product_attention. hattn.flash_attn_func takes
-FlashAttention-2's flash_attn_func arguments.
+place of torch.nn.functional.scaled_dot_product_attention. hattn.flash_attn_func and
+hattn.flash_attn_varlen_func take FlashAttention-2's flash_attn_func and flash_attn_varlen_func
+arguments.
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from typing import List, NamedTuple
 import torch  # noqa: F401
 
 from . import _C
-from .flash_attn import flash_attn_func
-from .ops import attention, launch, resolve_kernel
+from .flash_attn import flash_attn_func, flash_attn_varlen_func
+from .ops import attention, attention_varlen, launch, resolve_kernel
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 
 __all__ = [
     "attention",
+    "attention_varlen",
     "flash_attn_func",
+    "flash_attn_varlen_func",
     "kernels",
     "KernelInfo",
     "launch",

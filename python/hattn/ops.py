@@ -1,4 +1,5 @@
-"""The PyTorch op: hattn::attention_fwd over the raw-pointer binding hattn._C.forward.
+"""The PyTorch ops: hattn::attention_fwd and hattn::attention_varlen_fwd over the raw-pointer
+binding hattn._C.forward.
 
 Layout rules (BSHD, [batch, seqlen, heads, head_dim]):
   * A q/k/v tensor is passed to the kernel as it is, without a copy, when its last dim is
@@ -10,6 +11,11 @@ Layout rules (BSHD, [batch, seqlen, heads, head_dim]):
     write of that input.
   * out is always allocated contiguous [B, Sq, Hq, D] in the input dtype; lse is contiguous
     fp32 [B, Hq, Sq] (an empty tensor when return_lse is False).
+
+A variable-length batch (attention_varlen) packs the sequences along the rows: q and out are
+[total_q, Hq, D], k and v [total_k, Hkv, D], and the same rules apply to the row and head
+strides; lse is [Hq, total_q]. cu_seqlens_q and cu_seqlens_k are int32 [batch + 1] offsets on
+the GPU (copied when not contiguous); only the kernel reads them.
 
 The launch runs on torch.cuda.current_stream() of q's device, with no host synchronization, so
 the op can be captured in a CUDA graph.
@@ -38,22 +44,29 @@ def kernel_names() -> Tuple[str, ...]:
     return tuple(name for name, _ in _C.kernels())
 
 
-def _check_types(q, k, v) -> None:
+def _check_types(q, k, v, **more) -> None:
     # Before the op: its dispatcher would refuse a non-tensor with a less helpful message.
-    for name, t in zip(_ARG_NAMES, (q, k, v)):
+    for name, t in (*zip(_ARG_NAMES, (q, k, v)), *more.items()):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str) -> None:
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, varlen: bool = False) -> None:
     """Checks that need only shapes and dtypes (so they also run on fake and meta tensors).
 
-    The C++ library validates the rest (head_dim, sizes, strides, pointers, kernel support)
-    and its messages name the argument too.
+    varlen: q, k, v are packed [total, heads, head_dim] rather than BSHD. The C++ library
+    validates the rest (head_dim, sizes, strides, pointers, kernel support) and its messages
+    name the argument too.
     """
     _check_types(q, k, v)
     for name, t in zip(_ARG_NAMES, (q, k, v)):
-        if t.dim() != 4:
+        if varlen and t.dim() != 3:
+            rows = "total_q" if name == "q" else "total_k"
+            raise ValueError(
+                f"{name}: must be 3-D [{rows}, heads, head_dim] (the sequences packed along dim 0), "
+                f"got shape {tuple(t.shape)}"
+            )
+        if not varlen and t.dim() != 4:
             raise ValueError(f"{name}: must be 4-D [batch, seqlen, heads, head_dim] (BSHD), got shape {tuple(t.shape)}")
         if t.dtype not in _DTYPE_NAMES:
             raise ValueError(f"{name}: dtype must be torch.bfloat16 or torch.float16, got {t.dtype}")
@@ -61,21 +74,48 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: dtype {t.dtype} must match q's dtype {q.dtype}")
     if v.shape != k.shape:
-        raise ValueError(
-            f"v: shape {tuple(v.shape)} must equal k's shape {tuple(k.shape)} [batch, seqlen_k, heads_kv, head_dim]"
-        )
-    if k.shape[0] != q.shape[0]:
+        layout = "[total_k, heads_kv, head_dim]" if varlen else "[batch, seqlen_k, heads_kv, head_dim]"
+        raise ValueError(f"v: shape {tuple(v.shape)} must equal k's shape {tuple(k.shape)} {layout}")
+    if not varlen and k.shape[0] != q.shape[0]:
         raise ValueError(f"k: batch {k.shape[0]} must equal q's batch {q.shape[0]}")
-    if k.shape[3] != q.shape[3]:
-        raise ValueError(f"k: head_dim {k.shape[3]} must equal q's head_dim {q.shape[3]}")
-    if k.shape[2] < 1 or q.shape[2] % k.shape[2] != 0:
-        raise ValueError(f"k: q's heads ({q.shape[2]}) must be a multiple of k/v's heads ({k.shape[2]}) (GQA/MQA)")
+    # Heads and head_dim are the last two dims in both layouts.
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k: head_dim {k.shape[-1]} must equal q's head_dim {q.shape[-1]}")
+    if k.shape[-2] < 1 or q.shape[-2] % k.shape[-2] != 0:
+        raise ValueError(f"k: q's heads ({q.shape[-2]}) must be a multiple of k/v's heads ({k.shape[-2]}) (GQA/MQA)")
     if kernel != "auto" and kernel not in kernel_names():
         raise ValueError(f"kernel: unknown kernel {kernel!r} (known: auto, {', '.join(kernel_names())})")
 
 
-def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in zip(_ARG_NAMES, (q, k, v)):
+def _check_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> None:
+    """Shapes and dtypes of the offsets; their values are the caller's promise (reading them
+    here would synchronize the host with the GPU)."""
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name}: dtype must be torch.int32, got {t.dtype}")
+        if t.dim() != 1 or t.shape[0] < 2:
+            raise ValueError(f"{name}: must be 1-D [batch + 1] with batch >= 1, got shape {tuple(t.shape)}")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise ValueError(
+            f"cu_seqlens_k: length {cu_seqlens_k.shape[0]} must equal cu_seqlens_q's length {cu_seqlens_q.shape[0]} "
+            "(batch + 1)"
+        )
+
+
+def _check_max_seqlen(name: str, value) -> None:
+    # An int or, under torch.compile, a SymInt; bool and tensors are refused (a tensor's value
+    # would need a host synchronization).
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"{name}: must be an int (the longest sequence's length), got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: must be >= 1, got {value}")
+
+
+def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **more: torch.Tensor) -> None:
+    tensors = (*zip(_ARG_NAMES, (q, k, v)), *more.items())
+    for name, t in tensors:
         if t.device.type != "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError(
@@ -83,17 +123,17 @@ def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                     f"NVIDIA Hopper GPU (sm_90, H100/H200); {name} is on {t.device}"
                 )
             raise ValueError(f"{name}: must be a CUDA tensor, got device {t.device}")
-    for name, t in (("k", k), ("v", v)):
+    for name, t in tensors[1:]:
         if t.device != q.device:
             raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
 
 
 def _kernel_layout_ok(t: torch.Tensor) -> bool:
-    """True when the kernels can read `t` in place (see the module docstring)."""
-    if t.stride(3) != 1 or t.data_ptr() % _ALIGN_BYTES != 0:
+    """True when the kernels can read `t` (BSHD, or packed [total, H, D]) in place (see the module docstring)."""
+    if t.stride(-1) != 1 or t.data_ptr() % _ALIGN_BYTES != 0:
         return False
     return all(
-        size == 1 or (stride > 0 and stride % _ALIGN_ELEMS == 0) for size, stride in zip(t.shape[:3], t.stride()[:3])
+        size == 1 or (stride > 0 and stride % _ALIGN_ELEMS == 0) for size, stride in zip(t.shape[:-1], t.stride()[:-1])
     )
 
 
@@ -103,19 +143,38 @@ def _as_kernel_input(t: torch.Tensor) -> torch.Tensor:
 
 
 def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
+    """(batch, seq, head) element strides; a packed [total, H, D] tensor has no batch stride (unused: 0)."""
+    if t.dim() == 3:
+        return (0, t.stride(0), t.stride(1))
     return (t.stride(0), t.stride(1), t.stride(2))
 
 
-def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1)):
-    """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
+def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None):
+    """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors.
+
+    varlen: None for BSHD tensors, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    for packed [total, H, D] ones.
+    """
+    heads_q, head_dim = q.shape[-2:]
+    if varlen is None:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        packed = {}
+    else:
+        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = varlen
+        batch = cu_seqlens_q.shape[0] - 1
+        packed = dict(
+            cu_seqlens_q=cu_seqlens_q.data_ptr(),
+            cu_seqlens_k=cu_seqlens_k.data_ptr(),
+            total_q=q.shape[0],
+            total_k=k.shape[0],
+        )
     return dict(
         dtype=_DTYPE_NAMES[q.dtype],
         batch=batch,
         seqlen_q=seqlen_q,
-        seqlen_k=k.shape[1],
+        seqlen_k=seqlen_k,
         heads_q=heads_q,
-        heads_kv=k.shape[2],
+        heads_kv=k.shape[-2],
         head_dim=head_dim,
         q=q.data_ptr(),
         q_strides=_strides(q),
@@ -131,6 +190,7 @@ def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1
         window_left=window[0],
         window_right=window[1],
         kernel=kernel,
+        **packed,
     )
 
 
@@ -180,11 +240,11 @@ def _window(window_size) -> Tuple[int, int]:
     return left, right
 
 
-def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1)) -> None:
+def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None) -> None:
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
         _C.forward(
-            **_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window),
+            **_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen),
             stream=torch.cuda.current_stream(q.device).cuda_stream,
         )
 
@@ -264,6 +324,119 @@ def attention(
     out, lse = torch.ops.hattn.attention_fwd(
         q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse), left, right
     )
+    return (out, lse) if return_lse else out
+
+
+def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel) -> None:
+    _check_inputs(q, k, v, kernel, varlen=True)
+    _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+
+
+@torch.library.custom_op("hattn::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: Optional[float],
+    kernel: str,
+    return_lse: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """hattn::attention_varlen_fwd: (out [total_q, Hq, D], lse [Hq, total_q] fp32, or empty when not return_lse)."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
+    _check_device(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    q, k, v = (_as_kernel_input(t) for t in (q, k, v))
+    # The kernel reads the offsets as plain int32 arrays.
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    total_q, heads_q, head_dim = q.shape
+    out = torch.empty((total_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    window, varlen = (window_left, window_right), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, window, varlen)
+    return out, lse
+
+
+@attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, return_lse,
+    window_left=-1, window_right=-1,
+):  # fmt: skip
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
+    total_q, heads_q, head_dim = q.shape
+    out = q.new_empty((total_q, heads_q, head_dim))
+    lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    kernel: str = "auto",
+    return_lse: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+):
+    """Forward attention over a variable-length batch: sequences packed one after another along
+    the rows, as FlashAttention's varlen functions take them (cu_seqlens).
+
+    Args:
+        q: [total_q, Hq, D] CUDA tensor, torch.bfloat16 or torch.float16; D in {64, 128, 256}.
+        k, v: [total_k, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
+        cu_seqlens_q, cu_seqlens_k: torch.int32 [batch + 1] on q's device, batch >= 1. Sequence
+            b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q, its keys the
+            rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v. Non-decreasing from 0 to
+            total_q (total_k); a sequence may be empty on either side (no keys: its rows give
+            output 0 and LSE -inf).
+        max_seqlen_q, max_seqlen_k: ints >= 1, the longest sequence's query and key lengths
+            (FlashAttention's max_seqlen_q/k); the kernel plans its work by them.
+        causal: bottom-right aligned within each sequence: its query i sees its key j iff
+            j <= i + Sk_b - Sq_b. Rows that see no key give output 0 and LSE -inf.
+        softmax_scale: default 1/sqrt(D).
+        kernel: "auto" or a name from hattn.kernels(); only the final kernel (what "auto"
+            picks) has a variable-length batch, a lineage kernel raises NotImplementedError.
+        return_lse: also return the row log-sum-exp (natural log), fp32 [Hq, total_q].
+        window_size: (left, right), the sliding window of attention(), aligned like the causal
+            mask to each sequence's own bottom-right corner; -1 leaves a side open.
+
+    Returns:
+        out [total_q, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
+
+    Raises:
+        TypeError / ValueError: malformed arguments (the message names the argument).
+        NotImplementedError: the chosen kernel (or every kernel, for "auto") does not support the problem.
+        RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
+
+    The offsets' values are never read on the host (that would synchronize it with the GPU):
+    as in FlashAttention they are the caller's promise, as is that no sequence is longer than
+    max_seqlen_q/k. Offsets that break it give wrong results, but the kernel clamps them to
+    the tensors' rows, so it touches no memory outside them. Runs on
+    torch.cuda.current_stream(); works under torch.compile(fullgraph=True) and CUDA-graph
+    capture. Forward only (no autograd).
+    """
+    _check_types(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    left, right = _window(window_size)
+    out, lse = torch.ops.hattn.attention_varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        bool(causal), softmax_scale, kernel, bool(return_lse), left, right,
+    )  # fmt: skip
     return (out, lse) if return_lse else out
 
 

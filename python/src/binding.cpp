@@ -64,7 +64,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
            uintptr_t q, const StrideTuple& q_strides, uintptr_t k, const StrideTuple& k_strides, uintptr_t v,
            const StrideTuple& v_strides, uintptr_t out, const StrideTuple& out_strides, uintptr_t lse,
            std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
-           const std::string& kernel, uintptr_t stream) {
+           uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, const std::string& kernel,
+           uintptr_t stream) {
         hattn::AttentionProblem p;
         p.dtype = parse_dtype(dtype);
         p.batch = batch;
@@ -86,13 +87,18 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.causal = causal;
         p.window_left = window_left;
         p.window_right = window_right;
+        p.cu_seqlens_q = reinterpret_cast<const int32_t*>(cu_seqlens_q);
+        p.cu_seqlens_k = reinterpret_cast<const int32_t*>(cu_seqlens_k);
+        p.total_q = total_q;
+        p.total_k = total_k;
         return fn(p, kernel, stream);
       },
       nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
       nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("q"), nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"),
       nb::arg("v"), nb::arg("v_strides"), nb::arg("out"), nb::arg("out_strides"), nb::arg("lse") = 0,
       nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1,
-      nb::arg("window_right") = -1, nb::arg("kernel") = "auto",
+      nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0, nb::arg("total_q") = 0,
+      nb::arg("total_k") = 0, nb::arg("kernel") = "auto",
       nb::arg("stream") = 0, doc);
 }
 
@@ -133,7 +139,9 @@ NB_MODULE(_C, m) {
       m, "forward", &forward,
       "Validates the problem and launches `kernel` on `stream` (a cudaStream_t as int). Asynchronous.\n"
       "Pointers are device addresses as ints; strides are (batch, seq, head) in elements, the head dim\n"
-      "contiguous; lse is 0 or a contiguous fp32 [B, Hq, Sq] buffer; softmax_scale None means 1/sqrt(D).");
+      "contiguous; lse is 0 or a contiguous fp32 [B, Hq, Sq] buffer; softmax_scale None means 1/sqrt(D).\n"
+      "Variable-length batch: cu_seqlens_q/cu_seqlens_k are device int32 [batch + 1] offsets, total_q/total_k\n"
+      "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).");
   def_problem_function(
       m, "resolve_kernel", &resolve_kernel,
       "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");

@@ -106,21 +106,48 @@ constexpr int smem_bytes() {
   return int(sizeof(SharedStorage<T, D, kWide, kNumConsumers>)) + kAtomBytes;  // + slack to align the base to 1024
 }
 
-// Issues the TMA copies of one K or V tile (`tile` of the keys) into `dst`, completing on
-// `full` (the producer thread only): one 64-column box per column block.
+// Issues the TMA copies of one K or V tile (kBlockN keys from row `first_key`) into `dst`,
+// completing on `full` (the producer thread only): one 64-column box per column block.
 template <typename T, int D, bool kWide, int kNumConsumers>
 __device__ __forceinline__ void load_tile(T (&dst)[Config<D, kWide, kNumConsumers>::kColBlocks][Config<D, kWide, kNumConsumers>::kBlockN * 64],
-                                          const CUtensorMap* map, int tile, int head_kv, int batch, uint64_t* full) {
+                                          const CUtensorMap* map, int first_key, int head_kv, int batch, uint64_t* full) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * D * sizeof(T));
 #pragma unroll
   for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-    ptx::cp_async_bulk_tensor_4d_g2s(dst[cb], map, cb * 64, tile * Cfg::kBlockN, head_kv, batch, full);
+    ptx::cp_async_bulk_tensor_4d_g2s(dst[cb], map, cb * 64, first_key, head_kv, batch, full);
 }
 
-// kWindow: a sliding window (the final kernel's extension); without one the sweeps and masks
-// are those of the causal mask or none, with no window arithmetic in the tile loop.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kWindow>
+// One item's sequence: its lengths, the rows before its first query and key, and the batch
+// coordinate of its boxes. A variable-length batch packs its sequences along the rows of one
+// [1, total, H, D] tensor; otherwise sequence b is batch entry b.
+struct Sequence {
+  int seqlen_q, seqlen_k;
+  int q_start, k_start;
+  int batch_coord;
+};
+
+template <bool kVarlen>
+__device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int batch) {
+  if (kVarlen && p.cu_seqlens_q != nullptr) {
+    // Clamped to the tensors: offsets that break the caller's promise cannot send a load or a
+    // store outside them.
+    const int q_start = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
+    const int q_end = min(max(__ldg(p.cu_seqlens_q + batch + 1), q_start), p.total_q);
+    const int k_start = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
+    const int k_end = min(max(__ldg(p.cu_seqlens_k + batch + 1), k_start), p.total_k);
+    return {q_end - q_start, k_end - k_start, q_start, k_start, 0};
+  }
+  return {p.seqlen_q, p.seqlen_k, 0, 0, batch};
+}
+
+// The final kernel's extensions, as template flags so that problems without them keep the
+// step's own tile loop (the causal mask or none, with no window or sequence arithmetic):
+//   kVarlen: a variable-length batch; each item reads its sequence's bounds at run time.
+//   kWindow: a sliding window, whose edges bound the sweeps and masks. Its kernels also take
+//            variable-length batches (kWindow implies kVarlen), so three of the four
+//            combinations are compiled.
+template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
@@ -140,14 +167,17 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
 
-  // K/V tiles [first, last) query block `m_block` sweeps: all of them, or those between the
-  // edges of the causal mask or the sliding window (none when no row sees a key).
-  auto kv_tiles = [&](int m_block) -> KvTileRange {
-    if constexpr (kWindow)
-      return masked_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
-    else
-      return {0, p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, p.seqlen_q, p.seqlen_k)
-                          : (p.seqlen_k + kBlockN - 1) / kBlockN};
+  // K/V tiles [first, last) query block `m_block` of `seq` sweeps: all of them, or those
+  // between the edges of the causal mask or the sliding window (none when no row sees a key,
+  // or when the block lies past a short sequence's queries in a variable-length batch).
+  auto kv_tiles = [&](int m_block, const Sequence& seq) -> KvTileRange {
+    if (kVarlen && m_block * kBlockM >= seq.seqlen_q) return {0, 0};
+    if constexpr (kWindow) {
+      return masked_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    } else {
+      return {0, p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k)
+                          : (seq.seqlen_k + kBlockN - 1) / kBlockN};
+    }
   };
 
   if (threadIdx.x == 0) {
@@ -179,7 +209,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       int uses = 0;  // items loaded so far: Q's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
         const WorkItem item = sched.item(w);
-        const KvTileRange range = kv_tiles(item.m_block);
+        const Sequence seq = sequence_of<kVarlen>(p, item.batch);
+        const KvTileRange range = kv_tiles(item.m_block, seq);
         const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
         const int head_kv = item.head_q / p.heads_per_kv;
@@ -191,8 +222,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           ptx::mbarrier_arrive_expect_tx(&smem.q_full[c], 64 * D * sizeof(T));
 #pragma unroll
           for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-            ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64, item.m_block * kBlockM + c * 64,
-                                             item.head_q, item.batch, &smem.q_full[c]);
+            ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64,
+                                             seq.q_start + item.m_block * kBlockM + c * 64, item.head_q,
+                                             seq.batch_coord, &smem.q_full[c]);
         }
         ++uses;
         for (int tile = 0; tile < n_tiles; ++tile, ++kv) {
@@ -202,9 +234,12 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           const bool reused = kv >= Cfg::kStages;
           const uint32_t previous_use = reused ? (kv / Cfg::kStages - 1) % 2 : 0;
           if (reused) ptx::mbarrier_wait(&smem.k_empty[stage], previous_use);
-          load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, range.first + tile, head_kv, item.batch, &smem.k_full[stage]);
+          // In a variable-length batch the last tile may run into the next sequence's keys:
+          // the consumers mask them like keys past Sk (which TMA fills with zeros).
+          const int first_key = seq.k_start + (range.first + tile) * kBlockN;
+          load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, first_key, head_kv, seq.batch_coord, &smem.k_full[stage]);
           if (reused) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
-          load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, range.first + tile, head_kv, item.batch, &smem.v_full[stage]);
+          load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, first_key, head_kv, seq.batch_coord, &smem.v_full[stage]);
         }
       }
     }
@@ -268,8 +303,11 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
     const WorkItem item = sched.item(w);
+    const Sequence seq = sequence_of<kVarlen>(p, item.batch);
+    const int causal_offset = kVarlen ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = item.m_block * kBlockM;
-    const KvTileRange range = kv_tiles(item.m_block);
+    if (kVarlen && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
+    const KvTileRange range = kv_tiles(item.m_block, seq);
     const int n_tiles = range.last - range.first;
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8
 
@@ -317,14 +355,14 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // Masked entries to -inf (only tiles crossing Sk or an edge of the mask: the diagonal
       // under causal, window_right keys past it, or window_left keys before it). The warp's
       // first row has the nearest right edge, its last row (+ 15) the farthest left edge.
-      const int warp_diagonal = m_block + warp_row + p.causal_offset;
+      const int warp_diagonal = m_block + warp_row + causal_offset;
       bool need_mask;
       if constexpr (kWindow)
-        need_mask = n_start + kBlockN > p.seqlen_k ||
+        need_mask = n_start + kBlockN > seq.seqlen_k ||
                     (p.window_right >= 0 && n_start + kBlockN - 1 > warp_diagonal + p.window_right) ||
                     (p.window_left >= 0 && n_start < warp_diagonal + 15 - p.window_left);
       else
-        need_mask = n_start + kBlockN > p.seqlen_k || (p.causal && n_start + kBlockN - 1 > warp_diagonal);
+        need_mask = n_start + kBlockN > seq.seqlen_k || (p.causal && n_start + kBlockN - 1 > warp_diagonal);
       if (need_mask) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
@@ -334,10 +372,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
             const int row = row0 + e / 2 * 8;
             bool hidden;
             if constexpr (kWindow)
-              hidden = col >= p.seqlen_k || (p.window_right >= 0 && col > row + p.causal_offset + p.window_right) ||
-                       (p.window_left >= 0 && col < row + p.causal_offset - p.window_left);
+              hidden = col >= seq.seqlen_k || (p.window_right >= 0 && col > row + causal_offset + p.window_right) ||
+                       (p.window_left >= 0 && col < row + causal_offset - p.window_left);
             else
-              hidden = col >= p.seqlen_k || (p.causal && col > row + p.causal_offset);
+              hidden = col >= seq.seqlen_k || (p.causal && col > row + causal_offset);
             if (hidden) s[nt * 4 + e] = -INFINITY;
           }
       }
@@ -401,6 +439,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     }
 
     // Epilogue: finish the row sums across the quad; rows that saw no key output 0, LSE -inf.
+    // The sequence's bounds are read again rather than kept in registers across the tile loop.
+    const Sequence out_seq = sequence_of<kVarlen>(p, item.batch);
     float inv_sum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -408,14 +448,17 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
       inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
     }
-    // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum), max in raw units.
+    // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum), max in raw units. [B, Hq, Sq], or
+    // [Hq, total_q] in a variable-length batch.
     if (p.lse != nullptr && tig == 0) {
+      const bool packed = kVarlen && p.cu_seqlens_q != nullptr;
+      const int64_t lse_row0 = packed ? int64_t(item.head_q) * p.total_q + out_seq.q_start
+                                      : (int64_t(item.batch) * p.heads_q + item.head_q) * p.seqlen_q;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        if (row < p.seqlen_q)
-          p.lse[(int64_t(item.batch) * p.heads_q + item.head_q) * p.seqlen_q + row] =
-              row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+        if (row < out_seq.seqlen_q)
+          p.lse[lse_row0 + row] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
       }
     }
     if constexpr (Cfg::kStoreByTma) {
@@ -437,15 +480,33 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
       ptx::fence_proxy_async_shared_cta();  // this thread's writes, before the TMA unit reads them
       ptx::bar_sync(epilogue_barrier, 128);  // RAW: the warpgroup's 64 rows are all written and fenced
-      if (storer) {
+      // A TMA store writes all 64 rows of the box and clips only at the tensor's end. In a
+      // variable-length batch that is the last sequence's end: a box that runs past its own
+      // sequence would overwrite the next one's rows, so the warpgroup copies the rows inside
+      // it from the staging tile instead, 16 bytes per thread and step (warpgroup-uniform).
+      const int box_row0 = m_block + warpgroup * 64;  // in the sequence
+      if (!kVarlen || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q) {
+        if (storer) {
 #pragma unroll
-        for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-          ptx::cp_async_bulk_tensor_4d_s2g(&o_map, cb * 64, m_block + warpgroup * 64, item.head_q, item.batch,
-                                           &smem.o[cb][warpgroup * 64 * 64]);
-        ptx::cp_async_bulk_commit_group();
+          for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
+            ptx::cp_async_bulk_tensor_4d_s2g(&o_map, cb * 64, out_seq.q_start + box_row0, item.head_q,
+                                             out_seq.batch_coord, &smem.o[cb][warpgroup * 64 * 64]);
+          ptx::cp_async_bulk_commit_group();
+        }
+      } else {
+        constexpr int kChunks = D / 8;  // 16-byte pieces of a row
+        const int rows = out_seq.seqlen_q - box_row0;  // < 64; the item has at least one
+        T* out = static_cast<T*>(p.out) + int64_t(out_seq.q_start + box_row0) * p.out_seq_stride +
+                 item.head_q * p.out_head_stride;
+        for (int i = int(threadIdx.x) % 128; i < rows * kChunks; i += 128) {
+          const int r = i / kChunks, c = i % kChunks;  // the tile's row warpgroup * 64 + r: swizzled by r % 8
+          *reinterpret_cast<uint4*>(out + int64_t(r) * p.out_seq_stride + c * 8) =
+              *reinterpret_cast<const uint4*>(&smem.o[c / 8][(warpgroup * 64 + r) * 64 + ((c % 8) ^ (r % 8)) * 8]);
+        }
       }
     } else {
-      T* out = static_cast<T*>(p.out) + item.batch * p.out_batch_stride + item.head_q * p.out_head_stride;  // [Sq, D]
+      T* out = static_cast<T*>(p.out) + out_seq.batch_coord * p.out_batch_stride + out_seq.q_start * p.out_seq_stride +
+               item.head_q * p.out_head_stride;  // the sequence's [Sq, D] rows of this head
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
@@ -471,7 +532,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           s0 = __shfl_xor_sync(0xffffffffu, s0, 1);
           s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
           if (odd) { a[0] = s0; a[2] = s1; } else { a[1] = s0; a[3] = s1; }
-          if (row < p.seqlen_q)
+          if (row < out_seq.seqlen_q)
             *reinterpret_cast<uint4*>(out_row + (4 * k + tig) * 8) = make_uint4(a[0], a[1], a[2], a[3]);
         }
       }
@@ -487,7 +548,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 }
 
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kWindow>
+template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
@@ -497,11 +558,14 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   if (!s.ok()) return s;
   CUtensorMap o_map{};  // only read when O leaves by TMA
   if constexpr (Cfg::kStoreByTma) {
-    s = make_bshd_tensor_map(&o_map, problem.out, problem.dtype, problem.batch, problem.seqlen_q, problem.heads_q,
-                             D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
+    const bool varlen = problem.is_varlen();  // one packed sequence of total_q rows
+    s = make_bshd_tensor_map(&o_map, problem.out, problem.dtype, varlen ? 1 : problem.batch,
+                             varlen ? problem.total_q : problem.seqlen_q, problem.heads_q, D, problem.out_strides, 64,
+                             64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
-  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kWindow>;
+  static_assert(kVarlen || !kWindow, "the windowed kernels also take variable-length batches");
+  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kVarlen, kWindow>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
@@ -542,18 +606,20 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   static_assert(Config<128, true, 2>::kBlockM == Config<128, false, 2>::kBlockM &&
                     Config<256, true, 2>::kBlockM == Config<128, false, 2>::kBlockM,
                 "the two-consumer shapes split the queries alike");
-  const AttentionParams params = make_params(problem);  // the window's edges, normalized
+  const AttentionParams params = make_params(problem);  // the window's edges, normalized; varlen offsets
   const double mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM, problem.seqlen_q, problem.seqlen_k,
                                                problem.causal, params.window_left, params.window_right);
   const bool wide = mean_keys >= wide_tile_min_keys(problem.head_dim);
   // The window's kernels only where a window edge binds beyond what causal already does.
   const bool window = params.window_left >= 0 || (!problem.causal && params.window_right >= 0);
+
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   const bool three = !(problem.causal || window) || mean_keys >= kThreeConsumerMinCausalKeys;
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
     auto go = [&]<bool kWide, int kConsumers>() -> Status {
-      if (window) return launch_typed<T, D, kWide, kConsumers, true>(problem, params, stream);
-      return launch_typed<T, D, kWide, kConsumers, false>(problem, params, stream);
+      if (window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, params, stream);
+      if (problem.is_varlen()) return launch_typed<T, D, kWide, kConsumers, true, false>(problem, params, stream);
+      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, params, stream);
     };
     if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
       if (three) return go.template operator()<false, 3>();
@@ -569,7 +635,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 
 const KernelEntry& kernel_16_coalesced_store() {
   static const KernelEntry entry{kName, "O stored from registers in 16-byte pieces after a transpose across each quad (D = 256, wide D = 128)",
-                                 supports, launch, /*supports_window=*/true};
+                                 supports, launch, /*supports_window=*/true, /*supports_varlen=*/true};
   return entry;
 }
 

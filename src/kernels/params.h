@@ -28,6 +28,12 @@ struct AttentionParams {
   // j >= i + causal_offset - window_left and j <= i + causal_offset + window_right; -1 leaves
   // that side open. Causal is window_right = 0.
   int window_left, window_right;
+  // Variable-length batch (only the final kernel reads these; null otherwise): sequence b's
+  // rows are cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of total_q (keys likewise), and
+  // seqlen_q, seqlen_k are the longest lengths.
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int total_q, total_k;
 };
 
 inline AttentionParams make_params(const AttentionProblem& p) {
@@ -64,6 +70,10 @@ inline AttentionParams make_params(const AttentionProblem& p) {
   // Sk - Sq + window_right.
   a.window_left = p.window_left >= p.seqlen_k ? -1 : p.window_left;
   a.window_right = p.causal ? 0 : p.window_right >= p.seqlen_q ? -1 : p.window_right;
+  a.cu_seqlens_q = p.cu_seqlens_q;
+  a.cu_seqlens_k = p.cu_seqlens_k;
+  a.total_q = p.total_q;
+  a.total_k = p.total_k;
   return a;
 }
 
