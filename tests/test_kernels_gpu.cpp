@@ -231,6 +231,54 @@ std::string case_name(const ::testing::TestParamInfo<KernelTest::ParamType>& inf
   return name;
 }
 
+// Varlen offsets are the caller's promise, read only on the GPU. Broken ones (past the totals,
+// decreasing, negative, sequences longer than the maximum lengths) may give wrong rows, but
+// the kernel clamps them and must not write outside out and lse: guard zones around both
+// stay poisoned.
+TEST(Varlen, BrokenOffsetsStayInsideTheTensors) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  for (int d : {64, 128, 256})
+    for (bool window : {false, true}) {
+      SCOPED_TRACE("D=" + std::to_string(d) + (window ? " window" : ""));
+      Shape shape = make(1, 1, 1, 2, 1, d, false, DType::bf16, Layout::contiguous);
+      harness::set_varlen(&shape, {100, 100, 50, 50}, {100, 100, 50, 50});  // 300 rows each
+      harness::Workload w;
+      ASSERT_TRUE(harness::make_workload(shape, 5, &w).ok());
+      const std::vector<int32_t> broken = {0, 250, 90, 100000, 300,     // q: decreasing, past total_q
+                                           -50, 400, 10, 20, 99999};  // k: negative, past total_k
+      ASSERT_EQ(cudaMemcpy(w.cu_seqlens.get(), broken.data(), broken.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      AttentionProblem p = w.problem;
+      p.seqlen_q = p.seqlen_k = 64;  // shorter than some of the sequences the offsets describe
+      if (window) p.window_left = 30;
+      constexpr size_t kGuard = 4096;  // elements on each side
+      const size_t out_elems = size_t(p.total_q) * p.heads_q * d, lse_elems = size_t(p.heads_q) * p.total_q;
+      harness::DeviceBuffer out, lse;
+      ASSERT_TRUE(out.allocate((out_elems + 2 * kGuard) * 2).ok());
+      ASSERT_TRUE(lse.allocate((lse_elems + 2 * kGuard) * 4).ok());
+      ASSERT_EQ(cudaMemset(out.get(), 0xFF, out.bytes()), cudaSuccess);
+      ASSERT_EQ(cudaMemset(lse.get(), 0xFF, lse.bytes()), cudaSuccess);
+      p.out = static_cast<uint16_t*>(out.get()) + kGuard;
+      p.out_strides = contiguous_bshd(p.total_q, p.heads_q, d);
+      p.lse = static_cast<float*>(lse.get()) + kGuard;
+      const Status s = forward(p);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+      std::vector<uint16_t> out_host(out_elems + 2 * kGuard);
+      std::vector<uint32_t> lse_host(lse_elems + 2 * kGuard);
+      ASSERT_EQ(cudaMemcpy(out_host.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(lse_host.data(), lse.get(), lse.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+      int64_t touched = 0;
+      for (size_t i = 0; i < kGuard; ++i) {
+        touched += out_host[i] != 0xFFFF;
+        touched += out_host[kGuard + out_elems + i] != 0xFFFF;
+        touched += lse_host[i] != 0xFFFFFFFFu;
+        touched += lse_host[kGuard + lse_elems + i] != 0xFFFFFFFFu;
+      }
+      EXPECT_EQ(touched, 0) << "elements written outside out or lse";
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllKernels, KernelTest,
                          ::testing::Combine(::testing::ValuesIn(kernel_names()),
                                             ::testing::Range(0, int(shapes().size()))),
