@@ -14,6 +14,7 @@
 #   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
 #   PYTHON=1         also build the Python package and run its tests and benchmark
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
+#   PY_VARLEN        equal|mixed: also python -m hattn.bench --varlen MODE (flags: PY_VARLEN_ARGS)
 #   CAPSTONE=1       with PYTHON=1: also python -m hattn.capstone (Wan 2.1 1.3B at 480p, 14B at
 #                    720p). With PYTHON=1, diffusers is installed from .whl/ when that exists
 #                    (scripts/fetch_wheels.sh), before the Python tests.
@@ -110,6 +111,12 @@ if [ "${PYTHON:-0}" = 1 ]; then
     # shellcheck disable=SC2086
     PYTHONUNBUFFERED=1 python3 -m hattn.bench --out "$out" ${PY_BENCH_ARGS} 2>&1 | tee "$out/py_bench.log"
     note "python bench: rc=${PIPESTATUS[0]}"
+  fi
+  if [ -n "${PY_VARLEN:-}" ]; then
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 python3 -m hattn.bench --varlen "$PY_VARLEN" --out "$out" ${PY_VARLEN_ARGS:-} 2>&1 |
+      tee "$out/py_bench_varlen_$PY_VARLEN.log"
+    note "python varlen bench ($PY_VARLEN): rc=${PIPESTATUS[0]}"
   fi
   if [ "${CAPSTONE:-0}" = 1 ]; then
     for spec in "wan2.1-1.3b 480p 5" "wan2.1-14b 720p 3"; do

@@ -22,6 +22,15 @@ the fp64-referenced bounds are the tests' job (python/tests). NaN always fails.
 
 FLOPs = 4 * B * Hq * Sq * Sk * D, halved when causal. Output: a table on stdout (with progress
 lines while it runs) and pybench.csv, pybench.json, pybench_lineage.png, pybench_vs_anchors.png in --out.
+
+--varlen equal|mixed: the grid's shapes as variable-length batches (packed [total, H, D] tensors
+and int32 cu_seqlens) of B sequences, all of length S or of lengths drawn from [S/4, 7S/4]
+(seeded), timed with hattn.attention_varlen beside torch's varlen kernels, called through their
+aten ops (what torch.nn.attention.varlen.varlen_attn calls):
+  varlen_cudnn     aten._cudnn_attention_forward with cum_seq_q/cum_seq_k (the reference)
+  varlen_flash     aten._flash_attention_forward with cum_seq_q/cum_seq_k (FlashAttention-2)
+Only the final kernel runs varlen batches, so it is the default --kernels there. FLOPs sum the
+sequences'. Output: pybench_varlen_<mode>.csv and .json, no plots.
 """
 
 from __future__ import annotations
@@ -50,6 +59,8 @@ CAPSTONE_SEQLENS = (32760, 75600)
 CAPSTONE_HEADS = (12, 40)
 CAPSTONE_DIM = 128
 ANCHORS = ("sdpa_cudnn", "sdpa_cudnn_bshd", "sdpa_flash")
+VARLEN_ANCHORS = ("varlen_cudnn", "varlen_flash")
+VARLEN_MODES = ("equal", "mixed")
 SLOW_PREFIXES = ("01_", "02_")  # the CUDA-core steps of the lineage
 INPUT_MEAN = 0.5
 
@@ -64,12 +75,16 @@ class Shape:
     heads_kv: int
     head_dim: int
     causal: bool
+    # A variable-length batch: the sequences' lengths (queries and keys alike), packed along the
+    # rows; seqlen_q and seqlen_k are then the longest. Empty for a dense [B, S, H, D] batch.
+    lengths: Tuple[int, ...] = ()
 
     @property
     def flops(self) -> float:
-        return (
-            4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim / (2 if self.causal else 1)
-        )
+        per_entry = 4.0 * self.heads_q * self.head_dim / (2 if self.causal else 1)
+        if self.lengths:
+            return per_entry * sum(n * n for n in self.lengths)
+        return per_entry * self.batch * self.seqlen_q * self.seqlen_k
 
 
 def grid_shapes(dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool]) -> List[Shape]:
@@ -80,6 +95,25 @@ def grid_shapes(dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bo
         for s in seqlens
         for c in causal
     ]
+
+
+def varlen_shapes(dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool], mode: str) -> List[Shape]:
+    """The grid as variable-length batches of B = 16384 / S sequences: all of length S ("equal",
+    the same work as the dense grid point) or of lengths drawn from [S/4, 7S/4] ("mixed", seeded
+    by S and D)."""
+    shapes = []
+    for d in dims:
+        for s in seqlens:
+            batch = max(1, GRID_TOKENS // s)
+            lengths = [s] * batch
+            if mode == "mixed":
+                rng = random.Random(s * 131 + d)
+                lengths = [rng.randint(max(1, s // 4), s * 7 // 4) for _ in range(batch)]
+            for c in causal:
+                longest = max(lengths)
+                shapes.append(Shape(f"varlen-{mode}", batch, longest, longest, GRID_WIDTH // d, GRID_WIDTH // d, d, c,
+                                    tuple(lengths)))  # fmt: skip
+    return shapes
 
 
 def capstone_shapes() -> List[Shape]:
@@ -138,16 +172,24 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     p.add_argument("--all", action="store_true", help="run slow kernels on every shape")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="draw PNG plots (default: yes)")
+    p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
+                   help="the grid as variable-length batches beside torch's varlen kernels "
+                   "(no capstone, no plots)")  # fmt: skip
     args = p.parse_args(argv)
 
-    args.kernel_list = [k for k in (args.kernels.split(",") if args.kernels else kernel_names) if k]
+    anchors = VARLEN_ANCHORS if args.varlen else ANCHORS
+    if args.varlen and args.anchors == ",".join(ANCHORS):  # the default list: the varlen anchors instead
+        args.anchors = ",".join(VARLEN_ANCHORS)
+    default_kernels = kernel_names[-1:] if args.varlen else kernel_names  # only the final kernel has varlen
+    args.kernel_list = [k for k in (args.kernels.split(",") if args.kernels else default_kernels) if k]
     unknown = [k for k in args.kernel_list if k != "auto" and kernel_names and k not in kernel_names]
     if unknown:
         p.error(f"--kernels: unknown {', '.join(unknown)} (known: auto, {', '.join(kernel_names)})")
     args.anchor_list = [a for a in args.anchors.split(",") if a]
-    bad = [a for a in args.anchor_list if a not in ANCHORS]
+    bad = [a for a in args.anchor_list if a not in anchors]
     if bad:
-        p.error(f"--anchors: unknown {', '.join(bad)} (known: {', '.join(ANCHORS)})")
+        mode = " with --varlen" if args.varlen else ""
+        p.error(f"--anchors: unknown{mode} {', '.join(bad)} (known{mode}: {', '.join(anchors)})")
     try:
         args.dim_list = parse_int_list(args.dims)
         args.seqlen_list = parse_int_list(args.seqlens)
@@ -156,9 +198,13 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     if args.reps < 1 or args.warmup < 0:
         p.error("--reps must be >= 1 and --warmup >= 0")
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    args.shapes = (grid_shapes(args.dim_list, args.seqlen_list, causal) if args.grid else []) + (
-        capstone_shapes() if args.capstone else []
-    )
+    if args.varlen:
+        args.shapes = varlen_shapes(args.dim_list, args.seqlen_list, causal, args.varlen) if args.grid else []
+        args.plots = False
+    else:
+        args.shapes = (grid_shapes(args.dim_list, args.seqlen_list, causal) if args.grid else []) + (
+            capstone_shapes() if args.capstone else []
+        )
     return args
 
 
@@ -281,6 +327,31 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):
     )
 
 
+def make_varlen_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):
+    """Packed q [total, Hq, D], k, v [total, Hkv, D] and the int32 offsets of shape.lengths."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    total = sum(shape.lengths)
+
+    def rand(heads):
+        t = torch.randn(total, heads, shape.head_dim, device="cuda", dtype=dtype, generator=gen)
+        return t.add_(INPUT_MEAN)
+
+    offsets = [0]
+    for n in shape.lengths:
+        offsets.append(offsets[-1] + n)
+    cu = torch.tensor(offsets, dtype=torch.int32, device="cuda")
+    return rand(shape.heads_q), rand(shape.heads_kv), rand(shape.heads_kv), cu
+
+
+def varlen_anchor_fn(name: str, q, k, v, cu, longest: int, causal: bool) -> Callable[[], torch.Tensor]:
+    """A call of torch's varlen kernel `name` through its aten op, returning [total, Hq, D]."""
+    if name == "varlen_flash":
+        return lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0, causal, False)[0]
+    return lambda: torch.ops.aten._cudnn_attention_forward(
+        q, k, v, None, cu, cu, longest, longest, False, 0.0, causal, False
+    )[0]  # fmt: skip
+
+
 def anchor_fn(name: str, q, k, v, causal: bool, bhsd) -> Callable[[], torch.Tensor]:
     """A call of torch SDPA returning BSHD output; `bhsd` holds contiguous BHSD copies of q, k, v."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -299,10 +370,11 @@ def anchor_fn(name: str, q, k, v, causal: bool, bhsd) -> Callable[[], torch.Tens
 
 
 def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref| in fp32, head by head (bounded memory); NaN anywhere gives NaN."""
+    """max |out - ref| in fp32, head by head (bounded memory); NaN anywhere gives NaN. The head
+    dim is the second last ([B, S, H, D] or packed [total, H, D])."""
     err = 0.0
-    for h in range(out.shape[2]):
-        diff = (out[:, :, h].float() - ref[:, :, h].float()).abs()
+    for h in range(out.shape[-2]):
+        diff = (out[..., h, :].float() - ref[..., h, :].float()).abs()
         if torch.isnan(diff).any():
             return float("nan")
         err = max(err, diff.max().item())
@@ -321,13 +393,22 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
         records.append(r)
         progress(r)
 
-    q, k, v = make_inputs(shape, dtype)
-    bhsd = tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+    if shape.lengths:
+        q, k, v, cu = make_varlen_inputs(shape, dtype)
+        longest = shape.seqlen_q
+        calls: Dict[str, Callable[[], torch.Tensor]] = {
+            a: varlen_anchor_fn(a, q, k, v, cu, longest, shape.causal) for a in VARLEN_ANCHORS
+        }
+        cudnn, flash = VARLEN_ANCHORS
+    else:
+        q, k, v = make_inputs(shape, dtype)
+        bhsd = tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+        calls = {a: anchor_fn(a, q, k, v, shape.causal, bhsd) for a in ANCHORS}
+        cudnn, flash = "sdpa_cudnn", "sdpa_flash"
 
-    # Reference first: cuDNN on BHSD copies; FLASH when cuDNN refuses the shape.
-    calls: Dict[str, Callable[[], torch.Tensor]] = {a: anchor_fn(a, q, k, v, shape.causal, bhsd) for a in ANCHORS}
+    # Reference first: cuDNN (on BHSD copies when dense); FLASH when cuDNN refuses the shape.
     ref = ref_name = None
-    for name in ("sdpa_cudnn", "sdpa_flash"):
+    for name in (cudnn, flash):
         try:
             ref, ref_name = calls[name]().clone(), name
             break
@@ -350,9 +431,9 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
     # floor of 4 ulps at the largest output (two implementations that both round P to the input
     # dtype differ by a few ulps; a broken kernel is off by far more).
     tol = 4 * eps * ref_max if ref_max is not None else None
-    if ref_name == "sdpa_cudnn":
+    if ref_name == cudnn:
         try:
-            flash_err = max_error(calls["sdpa_flash"](), ref)
+            flash_err = max_error(calls[flash](), ref)
             if math.isfinite(flash_err):
                 tol = max(tol, 2 * flash_err + 0.5 * eps * ref_max)
         except RuntimeError:
@@ -376,8 +457,15 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
             record(name, "hattn", "skipped", note=f"over --slow-flop-budget {args.slow_flop_budget:.3g}")
             continue
 
-        def call(name=name):
-            return hattn.attention(q, k, v, causal=shape.causal, kernel=name)
+        if shape.lengths:
+
+            def call(name=name):
+                return hattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=shape.causal, kernel=name)
+
+        else:
+
+            def call(name=name):
+                return hattn.attention(q, k, v, causal=shape.causal, kernel=name)
 
         try:
             out = call()
@@ -393,7 +481,8 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
         if why and why != "reference unavailable":
             record(name, "hattn", "FAIL", err=err, tol=tol, note=why)
             continue
-        label = name if name != "auto" else f"auto={hattn.resolve_kernel(q, k, v, shape.causal)}"
+        resolved = hattn.kernels()[-1].name if shape.lengths else None  # varlen: only the final kernel
+        label = name if name != "auto" else f"auto={resolved or hattn.resolve_kernel(q, k, v, shape.causal)}"
         to_time.append((label, "hattn", call, err, why or ""))
 
     for (name, kind, _, err, note), (ms, reps) in zip(to_time, timer.interleaved([c[2] for c in to_time])):
@@ -445,7 +534,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     meta["sm_clock_mhz_end"] = sm_clock_mhz()
     meta["seconds"] = round(time.time() - started, 1)
-    csv_path, json_path = (os.path.join(args.out, f"pybench.{ext}") for ext in ("csv", "json"))
+    stem = f"pybench_varlen_{args.varlen}" if args.varlen else "pybench"
+    csv_path, json_path = (os.path.join(args.out, f"{stem}.{ext}") for ext in ("csv", "json"))
     report.write_csv(records, csv_path)
     report.write_json(meta, records, json_path)
     written = [csv_path, json_path]

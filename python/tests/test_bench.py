@@ -145,3 +145,33 @@ def test_main_without_gpu_says_so(capsys):
         pytest.skip("a GPU is present: the benchmark would run")
     assert bench.main(["--no-capstone", "--dims", "64", "--seqlens", "512"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_varlen_flags_and_shapes():
+    args = bench.parse_args(["--varlen", "equal", "--dims", "128", "--seqlens", "512,2k"], KERNELS)
+    assert args.kernel_list == KERNELS[-1:]  # only the final kernel runs varlen batches
+    assert args.anchor_list == list(bench.VARLEN_ANCHORS)
+    assert not args.plots
+    assert len(args.shapes) == 2 * 2  # no capstone shapes
+    for s in args.shapes:
+        assert s.tag == "varlen-equal" and s.lengths == (s.seqlen_q,) * s.batch
+        dense = bench.Shape("grid", s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, s.causal)
+        assert s.flops == dense.flops  # equal lengths: the dense grid point's work
+
+
+def test_varlen_mixed_lengths():
+    shapes = bench.varlen_shapes((64,), (1024,), (False, True), "mixed")
+    full, causal = shapes
+    assert full.lengths == causal.lengths  # the same batch under both masks
+    assert len(full.lengths) == 16 and all(256 <= n <= 1792 for n in full.lengths)
+    assert full.seqlen_q == max(full.lengths) and len(set(full.lengths)) > 1
+    assert full.flops == 4.0 * full.heads_q * 64 * sum(n * n for n in full.lengths)
+    assert causal.flops == full.flops / 2
+    assert shapes == bench.varlen_shapes((64,), (1024,), (False, True), "mixed")  # seeded
+
+
+def test_varlen_anchor_names_are_checked():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--varlen", "mixed", "--anchors", "sdpa_cudnn"], KERNELS)
+    args = bench.parse_args(["--varlen", "mixed", "--anchors", "varlen_flash"], KERNELS)
+    assert args.anchor_list == ["varlen_flash"]
