@@ -86,6 +86,7 @@ constexpr int kMaxGridYZ = 65535;
 // Rows are read with 16-byte vector loads.
 constexpr int kRowAlignBytes = 16;
 
+
 Status check_tensor(const char* name, const void* ptr, const Strides& strides, int batch, int seqlen,
                     int heads, int head_dim, bool is_output) {
   if (ptr == nullptr) return invalid(std::string(name) + ": pointer is null");
@@ -259,6 +260,9 @@ Status validate_arguments(const AttentionProblem& p) {
     return invalid("total_q, total_k: only for a variable-length batch (set cu_seqlens_q and cu_seqlens_k), got " +
                    std::to_string(p.total_q) + ", " + std::to_string(p.total_k));
   }
+  if (p.num_splits < 0 || p.num_splits > kMaxSplits)
+    return invalid("num_splits: must be 0 (automatic), 1 (off) or up to " + std::to_string(kMaxSplits) + " (got " +
+                   std::to_string(p.num_splits) + ")");
   const int tensor_batch = varlen ? 1 : p.batch;
   const int rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
   Status s;

@@ -243,6 +243,21 @@ TEST(Validation, BadVarlen) {
   expect_invalid(p, "out");
 }
 
+TEST(Validation, BadNumSplits) {
+  for (int parts : {-1, kMaxSplits + 1}) {
+    AttentionProblem p = valid_problem();
+    p.num_splits = parts;
+    expect_invalid(p, "num_splits");
+  }
+  AttentionProblem p = valid_problem();
+  for (int parts : {0, 1, 7, kMaxSplits}) {
+    p.num_splits = parts;
+    EXPECT_TRUE(validate_arguments(p).ok()) << parts;
+  }
+  std::string resolved;  // a hint: every kernel still runs the problem
+  EXPECT_TRUE(resolve_kernel(p, "08_warp_specialization", &resolved).ok());
+}
+
 // Only the final kernel has variable-length batches: "auto" picks it, a lineage kernel says no.
 TEST(Dispatch, VarlenGoesToTheFinalKernelOnly) {
   AttentionProblem p = varlen_problem();

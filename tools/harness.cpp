@@ -28,6 +28,7 @@ std::string describe(const Shape& s) {
      << dtype_name(s.dtype) << " " << layout_name(s.layout) << (s.with_lse ? " lse" : "");
   if (s.scale) os << " scale=" << *s.scale;
   if (s.window_left >= 0 || s.window_right >= 0) os << " window=(" << s.window_left << "," << s.window_right << ")";
+  if (s.num_splits != 0) os << " num_splits=" << s.num_splits;
   if (s.varlen()) {
     os << " varlen q/k=";
     for (size_t b = 0; b < s.seqlens_q.size(); ++b) {
@@ -265,6 +266,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.window_left = shape.window_left;
   p.window_right = shape.window_right;
   p.softmax_scale = shape.scale;
+  p.num_splits = shape.num_splits;
   if (varlen) {
     std::vector<int32_t> offsets(w->cu_q.begin(), w->cu_q.end());
     offsets.insert(offsets.end(), w->cu_k.begin(), w->cu_k.end());

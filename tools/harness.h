@@ -34,6 +34,7 @@ struct Shape {
   // (set_varlen fills them).
   std::vector<int> seqlens_q, seqlens_k;
   bool varlen() const { return !seqlens_q.empty(); }
+  int num_splits = 0;  // split-KV: 0 automatic, 1 off, n parts (AttentionProblem::num_splits)
 };
 // Makes `shape` a variable-length batch of these lengths (equal counts, some non-zero).
 void set_varlen(Shape* shape, std::vector<int> seqlens_q, std::vector<int> seqlens_k);

@@ -62,6 +62,9 @@ struct Strides {
 // Strides of a contiguous [B, S, H, D] tensor.
 Strides contiguous_bshd(int seqlen, int heads, int head_dim);
 
+// The most parts AttentionProblem::num_splits may ask for.
+inline constexpr int kMaxSplits = 64;
+
 struct AttentionProblem {
   DType dtype = DType::bf16;  // q, k, v and out share it
   int batch = 0;
@@ -108,6 +111,15 @@ struct AttentionProblem {
   const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]
   int total_q = 0;  // rows of q and out
   int total_k = 0;  // rows of k and v
+
+  // Split-KV (flash-decoding): each query block's keys are cut into num_splits parts computed
+  // by different CTAs, whose partial results a second kernel combines. It fills the GPU when
+  // there are few query blocks and long key sweeps (decoding: a few queries per sequence).
+  // 0 lets the final kernel decide; 1 turns it off; n > 1 asks for n parts (at most 64;
+  // fewer when a block has fewer K/V tiles). The partial results live in a workspace the
+  // library takes with cudaMallocAsync on the call's stream. A hint: the lineage kernels
+  // ignore it.
+  int num_splits = 0;
 
   float scale() const;
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }

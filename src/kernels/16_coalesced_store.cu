@@ -179,6 +179,16 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
                           : (seq.seqlen_k + kBlockN - 1) / kBlockN};
     }
   };
+  // Split-KV numbers the parts of a query block inside the item's m_block (block * splits +
+  // part), and each part sweeps its share of the block's tiles. Only the varlen kernels take
+  // it; without it p.splits is 1 and these are the block and kv_tiles.
+  auto block_of = [&](const WorkItem& item) { return kVarlen ? item.m_block / p.splits : item.m_block; };
+  auto item_tiles = [&](const WorkItem& item, const Sequence& seq) -> KvTileRange {
+    const KvTileRange all = kv_tiles(block_of(item), seq);
+    if (!kVarlen || p.splits == 1) return all;
+    const int part = item.m_block % p.splits, n = all.last - all.first;
+    return {all.first + n * part / p.splits, all.first + n * (part + 1) / p.splits};
+  };
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);
@@ -210,9 +220,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
         const WorkItem item = sched.item(w);
         const Sequence seq = sequence_of<kVarlen>(p, item.batch);
-        const KvTileRange range = kv_tiles(item.m_block, seq);
+        const KvTileRange range = item_tiles(item, seq);
         const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
+        const int q_row = seq.q_start + block_of(item) * kBlockM;
         const int head_kv = item.head_q / p.heads_per_kv;
         // Q in two halves, one per consumer, each loaded as soon as its consumer is done with
         // it. WAR: consumer c's last S of the previous item has finished reading its rows.
@@ -223,7 +234,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
           for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
             ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64,
-                                             seq.q_start + item.m_block * kBlockM + c * 64, item.head_q,
+                                             q_row + c * 64, item.head_q,
                                              seq.batch_coord, &smem.q_full[c]);
         }
         ++uses;
@@ -305,9 +316,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     const WorkItem item = sched.item(w);
     const Sequence seq = sequence_of<kVarlen>(p, item.batch);
     const int causal_offset = kVarlen ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
-    const int m_block = item.m_block * kBlockM;
+    const int m_block = block_of(item) * kBlockM;
     if (kVarlen && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
-    const KvTileRange range = kv_tiles(item.m_block, seq);
+    const KvTileRange range = item_tiles(item, seq);
     const int n_tiles = range.last - range.first;
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8
 
@@ -449,6 +460,30 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
       inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
     }
+    if (kVarlen && p.splits > 1) {
+      // Split-KV: this part's O, normalized by its own sum, and its LSE, in fp32 for the
+      // combine step; -inf and zeros where the part saw no key. A quad writes 32 contiguous
+      // bytes per n8 tile.
+      const bool packed = p.cu_seqlens_q != nullptr;
+      const int rows = packed ? p.total_q : p.seqlen_q;
+      const int part = item.m_block % p.splits;
+      const int64_t part_row0 =
+          ((int64_t(part) * (packed ? 1 : p.batch) + (packed ? 0 : item.batch)) * p.heads_q + item.head_q) * rows +
+          out_seq.q_start;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + r * 8;
+        if (row >= out_seq.seqlen_q) continue;
+        if (tig == 0)
+          p.lse_partial[part_row0 + row] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+        float* o_row = p.o_partial + (part_row0 + row) * D;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+          *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * tig) =
+              make_float2(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+      }
+      continue;  // the combine step writes out and lse
+    }
     // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum), max in raw units. [B, Hq, Sq], or
     // [Hq, total_q] in a variable-length batch.
     if (p.lse != nullptr && tig == 0) {
@@ -548,9 +583,56 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   }
 }
 
+// Split-KV's second step: one warp per output row combines the parts' fp32 results,
+// O = sum_s e^(lse_s - lse) O_s with lse = ln sum_s e^(lse_s), and writes out (in T) and lse.
+// `rows_all` rows of the partial layout [B][Hq][rows] (B = 1 for a varlen batch), which is
+// also the layout of lse. A lane holds two parts' LSEs (kMaxSplits = 64) and D / 32 columns.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionParams p, int64_t rows_all) {
+  static_assert(kMaxSplits <= 64, "a lane holds two parts' LSEs");
+  constexpr int kPerLane = D / 32;  // 2, 4 or 8 columns
+  const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (r >= rows_all) return;  // warp-uniform
+  const int lane = int(threadIdx.x) % 32;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const int rows = packed ? p.total_q : p.seqlen_q;
+  const int row = int(r % rows);
+  const int head = int(r / rows % p.heads_q), batch = int(r / rows / p.heads_q);  // batch 0 when packed
+  const float lse0 = lane < p.splits ? p.lse_partial[lane * rows_all + r] : -INFINITY;
+  const float lse1 = lane + 32 < p.splits ? p.lse_partial[(lane + 32) * rows_all + r] : -INFINITY;
+  float m = fmaxf(lse0, lse1);
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+  // No part saw a key: weights 0 (not NaN), output 0 and LSE -inf, as without splitting.
+  const float w0 = m == -INFINITY ? 0.f : expf(lse0 - m), w1 = m == -INFINITY ? 0.f : expf(lse1 - m);
+  float sum = w0 + w1;
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+  const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+  float acc[kPerLane] = {};
+  for (int part = 0; part < p.splits; ++part) {
+    const float w = __shfl_sync(0xffffffffu, part < 32 ? w0 : w1, part % 32) * inv_sum;
+    if (w == 0.f) continue;  // warp-uniform: a part without keys
+    const float* o = p.o_partial + (part * rows_all + r) * D + lane * kPerLane;
+#pragma unroll
+    for (int i = 0; i < kPerLane; i += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(o + i);
+      acc[i] += w * v.x;
+      acc[i + 1] += w * v.y;
+    }
+  }
+  T* out = static_cast<T*>(p.out) + int64_t(batch) * p.out_batch_stride + int64_t(row) * p.out_seq_stride +
+           int64_t(head) * p.out_head_stride + lane * kPerLane;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i += 2) *reinterpret_cast<uint32_t*>(out + i) = frag::pack2<T>(acc[i], acc[i + 1]);
+  if (lane == 0 && p.lse != nullptr) p.lse[r] = m == -INFINITY ? -INFINITY : m + logf(sum);
+}
+
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
+// splits > 1 (varlen kernels only): split-KV with that many parts, when its workspace can be had.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
-Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, cudaStream_t stream) {
+Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, int splits, int sms,
+                    cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
@@ -570,14 +652,64 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
-  const int sms = sm_count();
-  if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
-  const PersistentLaunch plan =
+  PersistentLaunch plan =
       plan_persistent_launch(problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.causal,
                              Cfg::kBlockM, Cfg::kBlockN, sms, params.window_left, params.window_right);
+  AttentionParams kernel_params = params;
+  float* workspace = nullptr;
+  int64_t rows_all = 0;  // rows of the partial layout, [B][Hq][rows]
+  if (kVarlen && splits > 1) {
+    const bool packed = problem.is_varlen();
+    rows_all = int64_t(packed ? 1 : problem.batch) * problem.heads_q * (packed ? problem.total_q : problem.seqlen_q);
+    const size_t bytes = size_t(splits) * size_t(rows_all) * (D + 1) * sizeof(float);
+    // Stream-ordered, so the pool hands the memory back to the next call on the stream, and a
+    // CUDA graph capture records it. Without it the problem runs unsplit.
+    if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream) == cudaSuccess) {
+      kernel_params.splits = splits;
+      kernel_params.o_partial = workspace;
+      kernel_params.lse_partial = workspace + size_t(splits) * size_t(rows_all) * D;
+      // The parts of a block are adjacent items (m_block = block * splits + part) in the order
+      // by pair: each part's cost is a share of its block's.
+      plan.sched.m_blocks *= splits;
+      plan.sched.by_rank = false;
+      plan.ctas = int(std::min<int64_t>(int64_t(plan.sched.total()), sms));
+    } else {
+      cudaGetLastError();  // clear it: the unsplit launch below does not depend on it
+      workspace = nullptr;
+    }
+  }
   const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, params, plan.sched);
-  return launch_status(kName);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, plan.sched);
+  s = launch_status(kName);
+  if (workspace != nullptr) {
+    if (s.ok()) {
+      combine_splits_kernel<T, D><<<unsigned((rows_all + 3) / 4), 128, 0, stream>>>(kernel_params, rows_all);
+      s = launch_status(kName);
+    }
+    const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
+    if (s.ok()) s = freed;
+  }
+  return s;
+}
+
+// K/V tiles each split-KV part sweeps at least, when the parts are chosen automatically.
+constexpr int kMinTilesPerSplit = 4;
+
+// Split-KV parts: num_splits when the caller gives it (1: off), else, when the query blocks
+// alone would leave more than half of the SMs idle, enough parts to give each SM an item, as
+// long as each part keeps kMinTilesPerSplit tiles of the mean sweep. Capped so that the work
+// list still fits an int.
+int split_parts(const AttentionProblem& problem, int block_m, int block_n, double mean_keys, int sms) {
+  const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, block_m);
+  int parts = problem.num_splits;
+  if (parts == 0) {
+    if (items * 2 > sms) return 1;
+    const int64_t by_sms = (sms + items - 1) / items;
+    const int64_t by_tiles = int64_t(mean_keys / block_n) / kMinTilesPerSplit;
+    parts = int(std::min<int64_t>({by_sms, by_tiles, kMaxSplits}));
+  }
+  if (parts < 2 || items * parts > kMaxWorkItems) return 1;
+  return parts;
 }
 
 // The whole contract with a positive scale, as long as the work list fits an int
@@ -616,11 +748,17 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   const bool three = !(problem.causal || window) || mean_keys >= kThreeConsumerMinCausalKeys;
+  const int sms = sm_count();
+  if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
     auto go = [&]<bool kWide, int kConsumers>() -> Status {
-      if (window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, params, stream);
-      if (problem.is_varlen()) return launch_typed<T, D, kWide, kConsumers, true, false>(problem, params, stream);
-      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, params, stream);
+      using Cfg = Config<D, kWide, kConsumers>;
+      // Split-KV runs in the varlen kernels (their items already read their bounds at run time).
+      const int splits = split_parts(problem, Cfg::kBlockM, Cfg::kBlockN, mean_keys, sms);
+      if (window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, params, splits, sms, stream);
+      if (problem.is_varlen() || splits > 1)
+        return launch_typed<T, D, kWide, kConsumers, true, false>(problem, params, splits, sms, stream);
+      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, params, 1, sms, stream);
     };
     if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
       if (three) return go.template operator()<false, 3>();
