@@ -112,6 +112,23 @@ struct AttentionProblem {
   int total_q = 0;  // rows of q and out
   int total_k = 0;  // rows of k and v
 
+  // Keys in use per sequence (FlashAttention's cache_seqlens / seqused_k): when set, sequence
+  // b attends to the first seqlens_k[b] of its keys only (clamped to the keys it has), and the
+  // masks align to that length. A device int32 array [batch], read only by the kernel.
+  const int32_t* seqlens_k = nullptr;
+  // Paged KV cache (FlashAttention's and vLLM's block_table): when set, k and v are caches of
+  // num_pages pages of page_size keys, [num_pages, page_size, Hkv, D] (strides.batch is the
+  // page stride), and sequence b's key j lies in page block_table[b * max_pages_per_seq +
+  // j / page_size], row j % page_size. seqlens_k must then be set too; seqlen_k is the
+  // longest length, at most max_pages_per_seq * page_size. A device int32 array
+  // [batch, max_pages_per_seq], read only by the kernel, which clamps page indices to the
+  // cache. Only the final kernel supports it, with page_size a multiple of 128 (one K/V tile
+  // never spans two pages), and not with a variable-length batch.
+  const int32_t* block_table = nullptr;
+  int max_pages_per_seq = 0;
+  int num_pages = 0;
+  int page_size = 0;
+
   // Split-KV (flash-decoding): each query block's keys are cut into num_splits parts computed
   // by different CTAs, whose partial results a second kernel combines. It fills the GPU when
   // there are few query blocks and long key sweeps (decoding: a few queries per sequence).
@@ -123,6 +140,9 @@ struct AttentionProblem {
 
   float scale() const;
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
+  bool is_paged() const { return block_table != nullptr; }
+  // Features only the final kernel has: a variable-length batch, keys in use, a paged cache.
+  bool has_sequence_bounds() const { return is_varlen() || seqlens_k != nullptr || is_paged(); }
   // A window edge that causal does not already give (causal with window_right = 0 is plain causal).
   bool has_window() const { return window_left >= 0 || (window_right >= 0 && !causal); }
 };

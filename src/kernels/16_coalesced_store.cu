@@ -120,34 +120,39 @@ __device__ __forceinline__ void load_tile(T (&dst)[Config<D, kWide, kNumConsumer
 
 // One item's sequence: its lengths, the rows before its first query and key, and the batch
 // coordinate of its boxes. A variable-length batch packs its sequences along the rows of one
-// [1, total, H, D] tensor; otherwise sequence b is batch entry b.
+// [1, total, H, D] tensor; otherwise sequence b is batch entry b. With seqlens_k it uses only
+// its first seqlens_k[b] keys (a paged cache always has seqlens_k; its pages are found per
+// tile, from the block table).
 struct Sequence {
   int seqlen_q, seqlen_k;
   int q_start, k_start;
   int batch_coord;
 };
 
-template <bool kVarlen>
+template <bool kRuntimeBounds>
 __device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int batch) {
-  if (kVarlen && p.cu_seqlens_q != nullptr) {
+  Sequence seq = {p.seqlen_q, p.seqlen_k, 0, 0, batch};
+  if (kRuntimeBounds && p.cu_seqlens_q != nullptr) {
     // Clamped to the tensors: offsets that break the caller's promise cannot send a load or a
     // store outside them.
     const int q_start = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
     const int q_end = min(max(__ldg(p.cu_seqlens_q + batch + 1), q_start), p.total_q);
     const int k_start = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
     const int k_end = min(max(__ldg(p.cu_seqlens_k + batch + 1), k_start), p.total_k);
-    return {q_end - q_start, k_end - k_start, q_start, k_start, 0};
+    seq = {q_end - q_start, k_end - k_start, q_start, k_start, 0};
   }
-  return {p.seqlen_q, p.seqlen_k, 0, 0, batch};
+  if (kRuntimeBounds && p.seqlens_k != nullptr) seq.seqlen_k = min(max(__ldg(p.seqlens_k + batch), 0), seq.seqlen_k);
+  return seq;
 }
 
 // The final kernel's extensions, as template flags so that problems without them keep the
 // step's own tile loop (the causal mask or none, with no window or sequence arithmetic):
-//   kVarlen: a variable-length batch; each item reads its sequence's bounds at run time.
+//   kRuntimeBounds: each item reads its sequence's bounds at run time: a variable-length
+//            batch, keys in use (seqlens_k), a paged cache, split-KV parts.
 //   kWindow: a sliding window, whose edges bound the sweeps and masks. Its kernels also take
-//            variable-length batches (kWindow implies kVarlen), so three of the four
+//            run-time bounds (kWindow implies kRuntimeBounds), so three of the four
 //            combinations are compiled.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
@@ -171,7 +176,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // between the edges of the causal mask or the sliding window (none when no row sees a key,
   // or when the block lies past a short sequence's queries in a variable-length batch).
   auto kv_tiles = [&](int m_block, const Sequence& seq) -> KvTileRange {
-    if (kVarlen && m_block * kBlockM >= seq.seqlen_q) return {0, 0};
+    if (kRuntimeBounds && m_block * kBlockM >= seq.seqlen_q) return {0, 0};
     if constexpr (kWindow) {
       return masked_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
     } else {
@@ -182,10 +187,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // Split-KV numbers the parts of a query block inside the item's m_block (block * splits +
   // part), and each part sweeps its share of the block's tiles. Only the varlen kernels take
   // it; without it p.splits is 1 and these are the block and kv_tiles.
-  auto block_of = [&](const WorkItem& item) { return kVarlen ? item.m_block / p.splits : item.m_block; };
+  auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? item.m_block / p.splits : item.m_block; };
   auto item_tiles = [&](const WorkItem& item, const Sequence& seq) -> KvTileRange {
     const KvTileRange all = kv_tiles(block_of(item), seq);
-    if (!kVarlen || p.splits == 1) return all;
+    if (!kRuntimeBounds || p.splits == 1) return all;
     const int part = item.m_block % p.splits, n = all.last - all.first;
     return {all.first + n * part / p.splits, all.first + n * (part + 1) / p.splits};
   };
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       int uses = 0;  // items loaded so far: Q's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
         const WorkItem item = sched.item(w);
-        const Sequence seq = sequence_of<kVarlen>(p, item.batch);
+        const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
         const KvTileRange range = item_tiles(item, seq);
         const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
@@ -247,10 +252,18 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           if (reused) ptx::mbarrier_wait(&smem.k_empty[stage], previous_use);
           // In a variable-length batch the last tile may run into the next sequence's keys:
           // the consumers mask them like keys past Sk (which TMA fills with zeros).
-          const int first_key = seq.k_start + (range.first + tile) * kBlockN;
-          load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, first_key, head_kv, seq.batch_coord, &smem.k_full[stage]);
+          const int key = (range.first + tile) * kBlockN;  // the tile's first key in the sequence
+          int kv_row = seq.k_start + key, kv_entry = seq.batch_coord;
+          if (kRuntimeBounds && p.block_table != nullptr) {
+            // A paged cache: the tile is rows key % page_size onward of one page (page_size is
+            // a multiple of kBlockN), the page clamped to the cache.
+            const int page = __ldg(p.block_table + int64_t(item.batch) * p.max_pages_per_seq + key / p.page_size);
+            kv_entry = min(max(page, 0), p.num_pages - 1);
+            kv_row = key % p.page_size;
+          }
+          load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, kv_row, head_kv, kv_entry, &smem.k_full[stage]);
           if (reused) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
-          load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, first_key, head_kv, seq.batch_coord, &smem.v_full[stage]);
+          load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
         }
       }
     }
@@ -314,10 +327,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
     const WorkItem item = sched.item(w);
-    const Sequence seq = sequence_of<kVarlen>(p, item.batch);
-    const int causal_offset = kVarlen ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
+    const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
+    const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = block_of(item) * kBlockM;
-    if (kVarlen && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
+    if (kRuntimeBounds && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
     const KvTileRange range = item_tiles(item, seq);
     const int n_tiles = range.last - range.first;
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8
@@ -452,7 +465,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // Epilogue: finish the row sums across the quad; rows that saw no key output 0, LSE -inf.
     // The epilogue reads its sequence again instead of using the loop's copy: with the copy,
     // ptxas spilled 72 bytes in the varlen + window kernel at D = 128, and 0 with the re-read.
-    const Sequence out_seq = sequence_of<kVarlen>(p, item.batch);
+    const Sequence out_seq = sequence_of<kRuntimeBounds>(p, item.batch);
     float inv_sum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -460,7 +473,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
       inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
     }
-    if (kVarlen && p.splits > 1) {
+    if (kRuntimeBounds && p.splits > 1) {
       // Split-KV: this part's O, normalized by its own sum, and its LSE, in fp32 for the
       // combine step; -inf and zeros where the part saw no key. A quad writes 32 contiguous
       // bytes per n8 tile.
@@ -487,7 +500,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum), max in raw units. [B, Hq, Sq], or
     // [Hq, total_q] in a variable-length batch.
     if (p.lse != nullptr && tig == 0) {
-      const bool packed = kVarlen && p.cu_seqlens_q != nullptr;
+      const bool packed = kRuntimeBounds && p.cu_seqlens_q != nullptr;
       const int64_t lse_row0 = packed ? int64_t(item.head_q) * p.total_q + out_seq.q_start
                                       : (int64_t(item.batch) * p.heads_q + item.head_q) * p.seqlen_q;
 #pragma unroll
@@ -521,7 +534,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // sequence would overwrite the next one's rows, so the warpgroup copies the rows inside
       // it from the staging tile instead, 16 bytes per thread and step (warpgroup-uniform).
       const int box_row0 = m_block + warpgroup * 64;  // in the sequence
-      if (!kVarlen || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q) {
+      if (!kRuntimeBounds || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q) {
         if (storer) {
 #pragma unroll
           for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
@@ -630,7 +643,7 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionPara
 
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
 // splits > 1 (varlen kernels only): split-KV with that many parts, when its workspace can be had.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, int splits, int sms,
                     cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
@@ -647,8 +660,8 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
                              64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
-  static_assert(kVarlen || !kWindow, "the windowed kernels also take variable-length batches");
-  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kVarlen, kWindow>;
+  static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
+  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
@@ -658,7 +671,7 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   AttentionParams kernel_params = params;
   float* workspace = nullptr;
   int64_t rows_all = 0;  // rows of the partial layout, [B][Hq][rows]
-  if (kVarlen && splits > 1) {
+  if (kRuntimeBounds && splits > 1) {
     const bool packed = problem.is_varlen();
     rows_all = int64_t(packed ? 1 : problem.batch) * problem.heads_q * (packed ? problem.total_q : problem.seqlen_q);
     const size_t bytes = size_t(splits) * size_t(rows_all) * (D + 1) * sizeof(float);
@@ -712,12 +725,23 @@ int split_parts(const AttentionProblem& problem, int block_m, int block_n, doubl
   return parts;
 }
 
+// Pages of a paged cache hold a whole number of the K/V tiles paged problems run with (128 keys,
+// 64 at D = 256).
+constexpr int kPageMultiple = 128;
+static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultiple % Config<128, false, 2>::kBlockN == 0 &&
+                  kPageMultiple % Config<256, false, 2>::kBlockN == 0 && kPageMultiple % Config<64, false, 2>::kBlockN == 0,
+              "a page holds whole K/V tiles of the narrow shapes");
+
 // The whole contract with a positive scale, as long as the work list fits an int
-// (B * Hq * ceil(Sq / 128) < 2^31).
+// (B * Hq * ceil(Sq / 128) < 2^31); a paged cache's pages must hold whole K/V tiles.
 Status supports(const AttentionProblem& problem) {
   if (!(problem.scale() > 0.f))
     return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
                                        "on unscaled scores); got " + std::to_string(problem.scale())};
+  if (problem.is_paged() && problem.page_size % kPageMultiple != 0)
+    return {StatusCode::not_supported, std::string(kName) + ": page_size must be a multiple of " +
+                                           std::to_string(kPageMultiple) + " (a K/V tile never spans two pages); got " +
+                                           std::to_string(problem.page_size)};
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64, false, 2>::kBlockM);
   if (items > kMaxWorkItems)
     return {StatusCode::not_supported, std::string(kName) + ": batch * heads_q * ceil(seqlen_q / 128) = " +
@@ -742,7 +766,8 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   const AttentionParams params = make_params(problem);  // the window's edges, normalized; varlen offsets
   const double mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM, problem.seqlen_q, problem.seqlen_k,
                                                problem.causal, params.window_left, params.window_right);
-  const bool wide = mean_keys >= wide_tile_min_keys(problem.head_dim);
+  // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
+  const bool wide = !problem.is_paged() && mean_keys >= wide_tile_min_keys(problem.head_dim);
   // The window's kernels only where a window edge binds beyond what causal already does.
   const bool window = params.window_left >= 0 || (!problem.causal && params.window_right >= 0);
 
@@ -756,7 +781,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
       // Split-KV runs in the varlen kernels (their items already read their bounds at run time).
       const int splits = split_parts(problem, Cfg::kBlockM, Cfg::kBlockN, mean_keys, sms);
       if (window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, params, splits, sms, stream);
-      if (problem.is_varlen() || splits > 1)
+      if (problem.has_sequence_bounds() || splits > 1)
         return launch_typed<T, D, kWide, kConsumers, true, false>(problem, params, splits, sms, stream);
       return launch_typed<T, D, kWide, kConsumers, false, false>(problem, params, 1, sms, stream);
     };
@@ -774,7 +799,8 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 
 const KernelEntry& kernel_16_coalesced_store() {
   static const KernelEntry entry{kName, "O stored from registers in 16-byte pieces after a transpose across each quad (D = 256, wide D = 128)",
-                                 supports, launch, /*supports_window=*/true, /*supports_varlen=*/true};
+                                 supports, launch, /*supports_window=*/true, /*supports_varlen=*/true,
+                                 /*supports_paged=*/true};
   return entry;
 }
 
