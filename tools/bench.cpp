@@ -36,6 +36,7 @@ struct Config {
   std::string varlen;  // "", "equal" or "mixed": every shape as a variable-length batch
   int seqlen_q = 0;     // queries per sequence; 0: as many as keys (the grid's S)
   int num_splits = 0;   // split-KV parts (AttentionProblem::num_splits): 0 automatic, 1 off
+  int page_size = 0;    // > 0: K and V in a paged cache of such pages (every key in use)
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -62,6 +63,7 @@ void usage() {
       "                      drawn from [S/4, 7S/4] (fixed seed; FLOPs count the real lengths)\n"
       "  --seqlen-q N        queries per sequence (default: S, as many as keys); e.g. 1 for decoding\n"
       "  --num-splits N      split-KV parts: 0 automatic (default), 1 off, N (final kernel only)\n"
+      "  --page-size N       K and V in a paged cache of N-key pages, shuffled (final kernel only)\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -121,7 +123,7 @@ int parse(int argc, char** argv, Config* c) {
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
                a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--check-rows" ||
                a == "--csv" || a == "--commit" || a == "--window" || a == "--varlen" || a == "--seqlen-q" ||
-               a == "--num-splits") {
+               a == "--num-splits" || a == "--page-size") {
       if (!(v = value(a.c_str()))) return 2;
       const std::string s = v;
       bool ok = true;
@@ -151,6 +153,9 @@ int parse(int argc, char** argv, Config* c) {
         }
         c->window_left = edges[0];
         c->window_right = edges[1];
+      } else if (a == "--page-size") {
+        c->page_size = std::atoi(s.c_str());
+        ok = c->page_size >= 1;
       } else if (a == "--seqlen-q" || a == "--num-splits") {
         char* end = nullptr;
         const long n = std::strtol(s.c_str(), &end, 10);
@@ -326,6 +331,10 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.seqlen_q = sh.seqlen_k = s;
         if (cfg.seqlen_q > 0) sh.seqlen_q = cfg.seqlen_q;
         sh.num_splits = cfg.num_splits;
+        if (cfg.page_size > 0) {
+          sh.page_size = cfg.page_size;
+          sh.seqlens_k_used.assign(size_t(sh.batch), s);
+        }
         sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
         sh.head_dim = d;
         sh.causal = causal;
