@@ -233,6 +233,17 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
       w->inputs.host[i] = ref::bits_to_float(bits[i], shape.dtype);
     }
   });
+  // Keys past a sequence's seqlens_k_used are outside the problem (a cache's unused rows): NaN
+  // there, on the GPU only, checks that no kernel lets them into a result (0 x NaN is NaN).
+  if (!shape.seqlens_k_used.empty() && !varlen && int(shape.seqlens_k_used.size()) == B) {
+    for (const TensorPlacement* t : {&k, &v})
+      for (int b = 0; b < B; ++b)
+        for (int j = std::max(0, shape.seqlens_k_used[b]); j < Sk; ++j)
+          for (int h = 0; h < Hkv; ++h)
+            std::fill_n(bits.begin() + t->offset + size_t(b * t->strides.batch + int64_t(j) * t->strides.seq +
+                                                          h * t->strides.head),
+                        D, uint16_t(0xFFFF));
+  }
   Status s = w->inputs.device.allocate(bits.size() * 2);
   if (!s.ok()) return s;
   if (!(s = cuda_check(cudaMemcpy(w->inputs.device.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice),
@@ -287,7 +298,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   }
   if (shape.page_size > 0) {
     // The cache: B * ceil(Sk / page_size) pages plus two spare ones, in a shuffled order; page
-    // rows that hold no key of the logical [B, Sk] tensors keep finite random values.
+    // rows that hold no key in use are NaN.
     if (shape.seqlens_k_used.empty() || shape.layout == Layout::packed_qkv)
       return {StatusCode::invalid_argument, "page_size: needs seqlens_k_used and no packed_qkv layout"};
     const int per_seq = (Sk + shape.page_size - 1) / shape.page_size, num_pages = B * per_seq + 2;
@@ -296,7 +307,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
     for (int i = 0; i < num_pages; ++i) order[i] = i;
     std::shuffle(order.begin(), order.end(), std::mt19937_64(seed ^ 0x5bd1e995u));
     std::vector<uint16_t> cache(2 * cache_elems);
-    for (size_t i = 0; i < cache.size(); ++i) cache[i] = bits[i % bits.size()];  // finite filler
+    std::fill(cache.begin(), cache.end(), uint16_t(0xFFFF));
     std::vector<int32_t> table(size_t(B) * per_seq);
     for (int b = 0; b < B; ++b)
       for (int j = 0; j < per_seq; ++j) table[size_t(b) * per_seq + j] = order[size_t(b) * per_seq + j];

@@ -163,8 +163,8 @@ def flash_attn_with_kvcache(
     Returns out [B, Sq, Hq, D], or (out, softmax_lse [B, Hq, Sq] fp32) when return_softmax_lse.
     The cache is only read: appending k, v (and rotary embedding), cache_batch_idx,
     cache_leftpad, softcap and alibi_slopes raise NotImplementedError naming them.
-    rotary_interleaved matters only with rotary_cos and is ignored. Unused cache rows must be
-    finite (zero-initialize the cache; see hattn.attention_paged).
+    rotary_interleaved matters only with rotary_cos and is ignored. Unused cache rows may hold
+    anything (see hattn.attention_paged).
     """
     unsupported = []
     if k is not None or v is not None:

@@ -420,9 +420,9 @@ def attention(
             first seqlens_k[b] keys only (clamped to [0, Sk]; FlashAttention's cache_seqlens /
             seqused_k, e.g. a KV cache of capacity Sk), and the causal mask and window align to
             that length (Sk above becomes seqlens_k[b]). A sequence with no keys gives output 0
-            and LSE -inf. The keys past seqlens_k[b] must be finite (zero-initialize the cache):
-            the last tile reads them with zero weight, and a NaN there gives NaN. Only the final
-            kernel has it; a lineage kernel raises NotImplementedError.
+            and LSE -inf. The keys past seqlens_k[b] may hold anything (NaN included): the
+            kernel zeroes their V rows in shared memory before they meet their zero weights.
+            Only the final kernel has it; a lineage kernel raises NotImplementedError.
         num_splits: split-KV (flash-decoding) parts per query block: 0 lets the final kernel
             decide, 1 turns it off, n <= 64 asks for n. A performance hint: the result is the
             same up to rounding, and the lineage kernels ignore it.
@@ -632,8 +632,8 @@ def attention_paged(
             last page are not used (the kernel clamps indices to the cache).
         seqlens_k: torch.int32 [B] on q's device, the keys in each sequence (FlashAttention's
             cache_seqlens), from 0 to max_pages_per_seq * page_size (clamped to that range).
-            The rows past them in a sequence's last page must be finite (zero-initialize the
-            cache): the last tile reads them with zero weight, and a NaN there gives NaN.
+            The rows past them in a sequence's last page may hold anything (NaN included): the
+            kernel zeroes their V rows in shared memory before they meet their zero weights.
         causal: bottom-right aligned to each sequence's length: query i sees key j iff
             j <= i + seqlens_k[b] - Sq. Rows that see no key give output 0 and LSE -inf.
         softmax_scale: default 1/sqrt(D).

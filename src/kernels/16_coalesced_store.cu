@@ -99,7 +99,12 @@ struct SharedStorage {
   uint64_t v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages];
   uint64_t v_empty[Cfg::kStages];
+  uint64_t v_landed;  // a V tile that ends past its sequence: landed, its tail not yet zeroed
 };
+
+// Zeros for the rows of a V tile past its sequence's end (static storage starts zeroed): at
+// most a whole tile's rows of one 64-column block.
+__device__ __align__(128) uint4 g_zero_rows[256 * kSwizzleBytes / sizeof(uint4)];
 
 template <typename T, int D, bool kWide, int kNumConsumers>
 constexpr int smem_bytes() {
@@ -212,6 +217,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       ptx::mbarrier_init(&smem.k_empty[s], Cfg::kConsumers * 4);  // one arrival per consumer warp
       ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumers * 4);
     }
+    ptx::mbarrier_init(&smem.v_landed, 1);
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
@@ -220,8 +226,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // Producer. Every warp of the warpgroup must execute setmaxnreg; one thread then loads.
     ptx::setmaxnreg_dec<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      int kv = 0;    // K/V tiles loaded so far: the ring position
-      int uses = 0;  // items loaded so far: Q's phase
+      int kv = 0;      // K/V tiles loaded so far: the ring position
+      int uses = 0;    // items loaded so far: Q's phase
+      int landed = 0;  // V tiles whose tail was zeroed so far: v_landed's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
         const WorkItem item = sched.item(w);
         const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
@@ -263,7 +270,23 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           }
           load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, kv_row, head_kv, kv_entry, &smem.k_full[stage]);
           if (reused) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
-          load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
+          const int valid = seq.seqlen_k - key;  // keys of the tile inside the sequence
+          if (kRuntimeBounds && valid < kBlockN) {
+            // The rows past the sequence's end hold anything: the next sequence's keys, a
+            // cache's unused rows. Their weights are 0, but 0 x NaN is NaN in P V. So the tile
+            // first lands on v_landed; then (one async copy after the other, the first seen
+            // complete) zeros overwrite those rows, and that copy completes v_full. K needs
+            // nothing: its masked scores are set to -inf.
+            load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_landed);
+            ptx::mbarrier_wait(&smem.v_landed, landed++ % 2);
+            const uint32_t zero_bytes = uint32_t(kBlockN - valid) * kSwizzleBytes;  // per 64-column block
+            ptx::mbarrier_arrive_expect_tx(&smem.v_full[stage], zero_bytes * Cfg::kColBlocks);
+#pragma unroll
+            for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
+              ptx::cp_async_bulk_g2s(smem.v[stage][cb] + valid * 64, g_zero_rows, zero_bytes, &smem.v_full[stage]);
+          } else {
+            load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
+          }
         }
       }
     }
