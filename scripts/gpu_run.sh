@@ -8,6 +8,9 @@
 #
 # Environment knobs:
 #   BENCH_ARGS       extra hattn-bench flags (default: the full grid, all kernels)
+#   BENCH2_ARGS, BENCH3_ARGS
+#                    when set, more hattn-bench runs with these flags (bench2.csv, bench3.csv):
+#                    e.g. the same kernel with split-KV on and off
 #   GTEST_FILTER     restrict the GPU tests (default: all)
 #   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip the benchmark
 #   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
@@ -96,6 +99,14 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   "$build/hattn-bench" --csv "$out/bench.csv" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
   note "bench: rc=${PIPESTATUS[0]} -> $out/bench.csv"
 fi
+for n in 2 3; do
+  args_var="BENCH${n}_ARGS"
+  [ -n "${!args_var:-}" ] || continue
+  # shellcheck disable=SC2086
+  "$build/hattn-bench" --csv "$out/bench$n.csv" ${!args_var} >"$out/bench$n.log" 2>&1
+  note "bench $n: rc=$? -> $out/bench$n.csv"
+  sed -n '/^# TFLOP\/s/,$p' "$out/bench$n.log"
+done
 
 # --- Python package ------------------------------------------------------------------------------
 if [ "${PYTHON:-0}" = 1 ]; then
