@@ -22,7 +22,7 @@
 #                    720p). With PYTHON=1, diffusers is installed from .whl/ when that exists
 #                    (scripts/fetch_wheels.sh), before the Python tests.
 #   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
-#   TEST_TIMEOUT     seconds before a hung GPU test run is killed (default 1200)
+#   TEST_TIMEOUT     seconds before a hung GPU test, sanitizer or pytest run is killed (default 1200)
 #   PACK=1           at the end, pack OUT_DIR into OUT_DIR.tgz and remove it (one file to
 #                    bring back from a remote machine instead of many)
 set -uo pipefail
@@ -87,8 +87,8 @@ fi
 if [ "${SANITIZE:-0}" = 1 ]; then
   filter=${SANITIZE_FILTER:-'AllKernels/KernelTest.MatchesFp64Reference/*_4_*:*MatchesFp64Reference/*_7_*:*MatchesFp64Reference/*_12_*'}
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 "$build/hattn_tests" --gtest_filter="$filter" \
-      >"$out/sanitizer_$tool.log" 2>&1
+    timeout "${TEST_TIMEOUT:-1200}" compute-sanitizer --tool $tool --error-exitcode 9 "$build/hattn_tests" \
+      --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1
     note "compute-sanitizer $tool: rc=$? ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?' "$out/sanitizer_$tool.log" | tail -1))"
   done
 fi
@@ -116,7 +116,7 @@ if [ "${PYTHON:-0}" = 1 ]; then
     python3 -m pip install --no-index --find-links .whl -q 'diffusers==0.42.1' >"$out/pip_diffusers.log" 2>&1
     note "pip install diffusers from .whl: rc=$?"
   fi
-  python3 -m pytest -q python/tests >"$out/pytest.log" 2>&1
+  timeout "${TEST_TIMEOUT:-1200}" python3 -m pytest -q python/tests >"$out/pytest.log" 2>&1
   note "pytest: rc=$? $(tail -1 "$out/pytest.log")"
   if [ -n "${PY_BENCH_ARGS+x}" ]; then
     # shellcheck disable=SC2086
