@@ -259,8 +259,7 @@ Status validate_arguments(const AttentionProblem& p) {
     return invalid("total_q, total_k: only for a variable-length batch (set cu_seqlens_q and cu_seqlens_k), got " +
                    std::to_string(p.total_q) + ", " + std::to_string(p.total_k));
   }
-  const int tensor_batch = varlen ? 1 : p.batch;
-  const int rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
+  const int tensor_batch = p.tensor_batch(), rows_q = p.tensor_rows_q(), rows_k = p.tensor_rows_k();
   Status s;
   if (!(s = check_tensor("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, false)).ok()) return s;
   if (!(s = check_tensor("k", p.k, p.k_strides, tensor_batch, rows_k, p.heads_kv, p.head_dim, false)).ok()) return s;

@@ -111,6 +111,11 @@ struct AttentionProblem {
 
   float scale() const;
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
+  // The [batch, rows] extents q, k, v and out are laid out with: [batch, seqlen], or for a
+  // variable-length batch one packed sequence, [1, total].
+  int tensor_batch() const { return is_varlen() ? 1 : batch; }
+  int tensor_rows_q() const { return is_varlen() ? total_q : seqlen_q; }
+  int tensor_rows_k() const { return is_varlen() ? total_k : seqlen_k; }
   // A window edge that causal does not already give (causal with window_right = 0 is plain causal).
   bool has_window() const { return window_left >= 0 || (window_right >= 0 && !causal); }
 };
