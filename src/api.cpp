@@ -285,10 +285,8 @@ Status validate_arguments(const AttentionProblem& p) {
   } else if (p.page_size != 0 || p.num_pages != 0 || p.max_pages_per_seq != 0) {
     return invalid("page_size, num_pages, max_pages_per_seq: only with block_table (a paged cache)");
   }
-  const int tensor_batch = varlen ? 1 : p.batch;
-  const int rows_q = varlen ? p.total_q : p.seqlen_q, rows_k = varlen ? p.total_k : p.seqlen_k;
-  // A paged cache: num_pages pages of page_size rows.
-  const int kv_batch = paged ? p.num_pages : tensor_batch, kv_rows = paged ? p.page_size : rows_k;
+  const int tensor_batch = p.tensor_batch(), rows_q = p.tensor_rows_q();
+  const int kv_batch = p.tensor_batch_k(), kv_rows = p.tensor_rows_k();
   Status s;
   if (!(s = check_tensor("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, false)).ok()) return s;
   if (!(s = check_tensor("k", p.k, p.k_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false)).ok()) return s;

@@ -57,19 +57,14 @@ Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int
 Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_box_rows, const char* kernel,
                             QkvTensorMaps* maps) {
   constexpr int kBoxCols = 64;  // 128 bytes: one swizzle row
-  // A variable-length batch is one packed sequence per tensor: batch 1, total rows.
-  const int batch = p.is_varlen() ? 1 : p.batch;
-  const int rows_q = p.is_varlen() ? p.total_q : p.seqlen_q, rows_k = p.is_varlen() ? p.total_k : p.seqlen_k;
-  Status s = make_bshd_tensor_map(&maps->q, p.q, p.dtype, batch, rows_q, p.heads_q, p.head_dim, p.q_strides,
-                                  q_box_rows, kBoxCols);
-  // A paged cache: num_pages entries of page_size rows.
-  const int kv_batch = p.is_paged() ? p.num_pages : batch, kv_rows = p.is_paged() ? p.page_size : rows_k;
+  Status s = make_bshd_tensor_map(&maps->q, p.q, p.dtype, p.tensor_batch(), p.tensor_rows_q(), p.heads_q, p.head_dim,
+                                  p.q_strides, q_box_rows, kBoxCols);
   if (s.ok())
-    s = make_bshd_tensor_map(&maps->k, p.k, p.dtype, kv_batch, kv_rows, p.heads_kv, p.head_dim, p.k_strides,
-                             kv_box_rows, kBoxCols);
+    s = make_bshd_tensor_map(&maps->k, p.k, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
+                             p.k_strides, kv_box_rows, kBoxCols);
   if (s.ok())
-    s = make_bshd_tensor_map(&maps->v, p.v, p.dtype, kv_batch, kv_rows, p.heads_kv, p.head_dim, p.v_strides,
-                             kv_box_rows, kBoxCols);
+    s = make_bshd_tensor_map(&maps->v, p.v, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
+                             p.v_strides, kv_box_rows, kBoxCols);
   if (!s.ok()) return {s.code(), std::string(kernel) + ": " + s.message()};
   return Status::Ok();
 }

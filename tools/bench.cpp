@@ -323,6 +323,18 @@ bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& ker
 
 std::vector<Shape> grid(const Config& cfg) {
   std::vector<Shape> shapes;
+  // --varlen: the shape's B sequences packed along the rows, of length S or of lengths drawn
+  // from [S/4, 7S/4] (seeded by S and D).
+  auto packed = [&](Shape* sh, int s, int d) {
+    if (cfg.varlen.empty()) return;
+    std::vector<int> lens(sh->batch, s);
+    if (cfg.varlen == "mixed") {
+      std::mt19937 rng(uint32_t(s) * 131u + uint32_t(d));
+      for (int& n : lens) n = std::uniform_int_distribution<int>(std::max(1, s / 4), s * 7 / 4)(rng);
+    }
+    const std::vector<int> lens_q = cfg.seqlen_q > 0 ? std::vector<int>(lens.size(), cfg.seqlen_q) : lens;
+    harness::set_varlen(sh, lens_q, lens);
+  };
   for (int d : cfg.dims)
     for (bool causal : cfg.causal)
       for (int s : cfg.seqlens) {
@@ -341,15 +353,7 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.window_left = cfg.window_left;
         sh.window_right = causal && cfg.window_right > 0 ? 0 : cfg.window_right;  // causal's right edge
         sh.dtype = cfg.dtype;
-        if (!cfg.varlen.empty()) {
-          std::vector<int> lens(sh.batch, s);
-          if (cfg.varlen == "mixed") {
-            std::mt19937 rng(uint32_t(s) * 131u + uint32_t(d));
-            for (int& n : lens) n = std::uniform_int_distribution<int>(std::max(1, s / 4), s * 7 / 4)(rng);
-          }
-          const std::vector<int> lens_q = cfg.seqlen_q > 0 ? std::vector<int>(lens.size(), cfg.seqlen_q) : lens;
-          harness::set_varlen(&sh, lens_q, lens);
-        }
+        packed(&sh, s, d);
         shapes.push_back(sh);
       }
   if (cfg.capstone)
@@ -363,6 +367,7 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.window_left = cfg.window_left;
         sh.window_right = cfg.window_right;
         sh.dtype = cfg.dtype;
+        packed(&sh, s, sh.head_dim);
         shapes.push_back(sh);
       }
   return shapes;

@@ -143,6 +143,13 @@ struct AttentionProblem {
   bool is_paged() const { return block_table != nullptr; }
   // Features only the final kernel has: a variable-length batch, keys in use, a paged cache.
   bool has_sequence_bounds() const { return is_varlen() || seqlens_k != nullptr || is_paged(); }
+  // The [batch, rows] extents q, k, v and out are laid out with: [batch, seqlen], or for a
+  // variable-length batch one packed sequence, [1, total]; k and v of a paged cache are
+  // [num_pages, page_size].
+  int tensor_batch() const { return is_varlen() ? 1 : batch; }
+  int tensor_rows_q() const { return is_varlen() ? total_q : seqlen_q; }
+  int tensor_batch_k() const { return is_paged() ? num_pages : tensor_batch(); }
+  int tensor_rows_k() const { return is_paged() ? page_size : is_varlen() ? total_k : seqlen_k; }
   // A window edge that causal does not already give (causal with window_right = 0 is plain causal).
   bool has_window() const { return window_left >= 0 || (window_right >= 0 && !causal); }
 };

@@ -677,10 +677,8 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   if (!s.ok()) return s;
   CUtensorMap o_map{};  // only read when O leaves by TMA
   if constexpr (Cfg::kStoreByTma) {
-    const bool varlen = problem.is_varlen();  // one packed sequence of total_q rows
-    s = make_bshd_tensor_map(&o_map, problem.out, problem.dtype, varlen ? 1 : problem.batch,
-                             varlen ? problem.total_q : problem.seqlen_q, problem.heads_q, D, problem.out_strides, 64,
-                             64);  // one consumer warpgroup's rows per box
+    s = make_bshd_tensor_map(&o_map, problem.out, problem.dtype, problem.tensor_batch(), problem.tensor_rows_q(),
+                             problem.heads_q, D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
