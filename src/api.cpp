@@ -86,6 +86,7 @@ constexpr int kMaxGridYZ = 65535;
 // Rows are read with 16-byte vector loads.
 constexpr int kRowAlignBytes = 16;
 
+
 Status check_tensor(const char* name, const void* ptr, const Strides& strides, int batch, int seqlen,
                     int heads, int head_dim, bool is_output) {
   if (ptr == nullptr) return invalid(std::string(name) + ": pointer is null");
@@ -175,6 +176,9 @@ Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
   if (problem.is_varlen() && !entry.supports_varlen)
     return {StatusCode::not_supported,
             std::string(entry.name) + ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the final kernel has it"};
+  if ((problem.seqlens_k != nullptr || problem.is_paged()) && !entry.supports_paged)
+    return {StatusCode::not_supported, std::string(entry.name) +
+                                           ": no seqlens_k or paged KV cache (block_table); the final kernel has them"};
   return entry.supports(problem);
 }
 
@@ -212,7 +216,8 @@ Status check_all(const AttentionProblem& problem, const std::string& kernel, con
   const std::pair<const char*, const void*> pointers[] = {
       {"q", problem.q},     {"k", problem.k},     {"v", problem.v},
       {"out", problem.out}, {"lse", problem.lse}, {"cu_seqlens_q", problem.cu_seqlens_q},
-      {"cu_seqlens_k", problem.cu_seqlens_k}};
+      {"cu_seqlens_k", problem.cu_seqlens_k}, {"seqlens_k", problem.seqlens_k},
+      {"block_table", problem.block_table}};
   for (const auto& [name, ptr] : pointers)
     if (!(s = check_device_pointer(name, ptr)).ok()) return s;
   return Status::Ok();
@@ -259,11 +264,33 @@ Status validate_arguments(const AttentionProblem& p) {
     return invalid("total_q, total_k: only for a variable-length batch (set cu_seqlens_q and cu_seqlens_k), got " +
                    std::to_string(p.total_q) + ", " + std::to_string(p.total_k));
   }
-  const int tensor_batch = p.tensor_batch(), rows_q = p.tensor_rows_q(), rows_k = p.tensor_rows_k();
+  if (p.num_splits < 0 || p.num_splits > kMaxSplits)
+    return invalid("num_splits: must be 0 (automatic), 1 (off) or up to " + std::to_string(kMaxSplits) + " (got " +
+                   std::to_string(p.num_splits) + ")");
+  if (p.seqlens_k != nullptr && reinterpret_cast<uintptr_t>(p.seqlens_k) % alignof(int32_t) != 0)
+    return invalid("seqlens_k: pointer must be 4-byte aligned (int32 lengths)");
+  const bool paged = p.is_paged();
+  if (paged) {
+    if (varlen) return invalid("block_table: a paged cache cannot be combined with cu_seqlens (varlen)");
+    if (p.seqlens_k == nullptr) return invalid("seqlens_k: must be set with block_table (keys in each sequence's pages)");
+    if (reinterpret_cast<uintptr_t>(p.block_table) % alignof(int32_t) != 0)
+      return invalid("block_table: pointer must be 4-byte aligned (int32 page indices)");
+    const std::pair<const char*, int> counts[] = {
+        {"page_size", p.page_size}, {"num_pages", p.num_pages}, {"max_pages_per_seq", p.max_pages_per_seq}};
+    for (const auto& [name, value] : counts)
+      if (value < 1) return invalid(std::string(name) + ": must be >= 1 with block_table (got " + std::to_string(value) + ")");
+    if (int64_t(p.max_pages_per_seq) * p.page_size < p.seqlen_k)
+      return invalid("seqlen_k: " + std::to_string(p.seqlen_k) + " keys do not fit in max_pages_per_seq (" +
+                     std::to_string(p.max_pages_per_seq) + ") pages of page_size (" + std::to_string(p.page_size) + ")");
+  } else if (p.page_size != 0 || p.num_pages != 0 || p.max_pages_per_seq != 0) {
+    return invalid("page_size, num_pages, max_pages_per_seq: only with block_table (a paged cache)");
+  }
+  const int tensor_batch = p.tensor_batch(), rows_q = p.tensor_rows_q();
+  const int kv_batch = p.tensor_batch_k(), kv_rows = p.tensor_rows_k();
   Status s;
   if (!(s = check_tensor("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, false)).ok()) return s;
-  if (!(s = check_tensor("k", p.k, p.k_strides, tensor_batch, rows_k, p.heads_kv, p.head_dim, false)).ok()) return s;
-  if (!(s = check_tensor("v", p.v, p.v_strides, tensor_batch, rows_k, p.heads_kv, p.head_dim, false)).ok()) return s;
+  if (!(s = check_tensor("k", p.k, p.k_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false)).ok()) return s;
+  if (!(s = check_tensor("v", p.v, p.v_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false)).ok()) return s;
   if (!(s = check_tensor("out", p.out, p.out_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, true)).ok())
     return s;
   if (p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % alignof(float) != 0)

@@ -18,6 +18,8 @@ struct KernelEntry {
   bool supports_window = false;
   // Runs variable-length batches (cu_seqlens_q / cu_seqlens_k); likewise only the final kernel.
   bool supports_varlen = false;
+  // Runs seqlens_k (keys in use per sequence) and paged KV caches (block_table); likewise.
+  bool supports_paged = false;
 };
 
 // One accessor per lineage kernel, defined in its own file under src/kernels/.

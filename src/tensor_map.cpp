@@ -60,10 +60,10 @@ Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_bo
   Status s = make_bshd_tensor_map(&maps->q, p.q, p.dtype, p.tensor_batch(), p.tensor_rows_q(), p.heads_q, p.head_dim,
                                   p.q_strides, q_box_rows, kBoxCols);
   if (s.ok())
-    s = make_bshd_tensor_map(&maps->k, p.k, p.dtype, p.tensor_batch(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
+    s = make_bshd_tensor_map(&maps->k, p.k, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
                              p.k_strides, kv_box_rows, kBoxCols);
   if (s.ok())
-    s = make_bshd_tensor_map(&maps->v, p.v, p.dtype, p.tensor_batch(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
+    s = make_bshd_tensor_map(&maps->v, p.v, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
                              p.v_strides, kv_box_rows, kBoxCols);
   if (!s.ok()) return {s.code(), std::string(kernel) + ": " + s.message()};
   return Status::Ok();

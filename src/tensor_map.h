@@ -15,7 +15,8 @@ Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int
 
 // The three maps of an attention problem: q with boxes of q_box_rows rows, k and v with
 // boxes of kv_box_rows rows, all 64 columns wide; a variable-length batch's maps are over its
-// packed rows ([1, total, H, D]). Errors name `kernel`.
+// packed rows ([1, total, H, D]), a paged cache's over its pages ([num_pages, page_size, H, D]).
+// Errors name `kernel`.
 struct QkvTensorMaps {
   CUtensorMap q, k, v;
 };

@@ -136,6 +136,43 @@ std::vector<Shape> test_shapes() {
     varlen(make(1, 1, 1, 8, 8, 64, false, bf, Layout::contiguous), lens_q, lens_k);
     varlen(make(1, 1, 1, 4, 1, 128, true, fp, Layout::padded), lens_q, lens_k);
   }
+  // Split-KV (the final kernel; the lineage kernels ignore num_splits): decoding shapes with
+  // few queries and long sweeps, where it splits by itself, and forced part counts on other
+  // masks: causal with a window, rows that see no key, more parts than K/V tiles, a varlen
+  // batch, the wide tiles.
+  shapes.push_back(make(2, 1, 5000, 8, 2, 128, false, bf, Layout::contiguous));
+  shapes.push_back(make(1, 4, 3000, 4, 1, 64, true, fp, Layout::padded));
+  shapes.push_back(make(1, 1, 2000, 2, 2, 256, false, bf, Layout::contiguous));
+  auto split = [&](Shape s, int parts) {
+    s.num_splits = parts;
+    shapes.push_back(s);
+  };
+  split(make(2, 300, 700, 4, 2, 128, false, fp, Layout::padded), 3);
+  split(make(1, 257, 900, 2, 1, 64, true, bf, Layout::contiguous), 7);
+  shapes.back().window_left = 300;
+  split(make(1, 300, 50, 2, 2, 128, true, bf, Layout::contiguous), 4);
+  split(make(1, 100, 300, 2, 2, 256, false, fp, Layout::contiguous), 64);
+  varlen(make(1, 1, 1, 4, 1, 128, true, bf, Layout::contiguous), {1, 1, 3}, {4000, 100, 2500});
+  varlen(make(1, 1, 1, 2, 2, 64, false, fp, Layout::padded), {130, 0, 70}, {900, 40, 1200});
+  shapes.back().num_splits = 5;
+  // Keys in use per sequence (seqlens_k) on a dense cache, and paged caches (the final kernel
+  // only): decoding and short prefill shapes, lengths 0, 1 and not tile multiples, pages of 128
+  // and 384 keys in a shuffled order, causal and windowed masks at each sequence's own length,
+  // GQA, forced split-KV parts.
+  auto used = [&](Shape s, std::vector<int> lengths, int page_size) {
+    s.seqlens_k_used = std::move(lengths);
+    s.page_size = page_size;
+    shapes.push_back(s);
+  };
+  used(make(3, 1, 1000, 8, 2, 128, false, bf, Layout::contiguous), {1000, 1, 513}, 0);
+  used(make(2, 4, 700, 4, 1, 64, true, fp, Layout::padded), {700, 130}, 0);
+  used(make(3, 1, 1000, 8, 2, 128, false, bf, Layout::contiguous), {1000, 1, 513}, 128);
+  used(make(2, 4, 700, 4, 4, 64, true, fp, Layout::contiguous), {700, 130}, 384);
+  used(make(2, 64, 300, 2, 1, 256, false, bf, Layout::padded), {300, 0}, 128);
+  used(make(1, 200, 900, 2, 2, 128, true, fp, Layout::contiguous), {777}, 128);
+  shapes.back().window_left = 100;
+  shapes.back().num_splits = 3;
+  used(make(4, 1, 2000, 16, 2, 64, false, bf, Layout::contiguous), {2000, 1999, 129, 128}, 256);
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})
@@ -228,6 +265,9 @@ std::string case_name(const ::testing::TestParamInfo<KernelTest::ParamType>& inf
     name += "_window" + std::to_string(s.window_left < 0 ? 0 : s.window_left) + (s.window_left < 0 ? "open" : "") + "x" +
             std::to_string(s.window_right < 0 ? 0 : s.window_right) + (s.window_right < 0 ? "open" : "");
   if (s.varlen()) name += "_varlen" + std::to_string(s.batch);
+  if (s.num_splits != 0) name += "_split" + std::to_string(s.num_splits);
+  if (!s.seqlens_k_used.empty()) name += "_seqlensk";
+  if (s.page_size > 0) name += "_paged" + std::to_string(s.page_size);
   return name;
 }
 

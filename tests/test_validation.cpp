@@ -243,6 +243,84 @@ TEST(Validation, BadVarlen) {
   expect_invalid(p, "out");
 }
 
+// A paged cache of 40 pages of 128 keys, 4 pages per sequence.
+AttentionProblem paged_problem() {
+  AttentionProblem p = valid_problem();
+  p.seqlens_k = static_cast<const int32_t*>(fake_ptr(7));
+  p.block_table = static_cast<const int32_t*>(fake_ptr(8));
+  p.page_size = 128;
+  p.num_pages = 40;
+  p.max_pages_per_seq = 4;  // 512 keys >= seqlen_k 130
+  p.k_strides = p.v_strides = contiguous_bshd(128, p.heads_kv, p.head_dim);
+  return p;
+}
+
+TEST(Validation, PagedProblemPasses) { EXPECT_TRUE(validate_arguments(paged_problem()).ok()); }
+
+TEST(Validation, BadPagedCache) {
+  AttentionProblem p = paged_problem();
+  p.seqlens_k = nullptr;
+  expect_invalid(p, "seqlens_k");
+  for (auto field : {&AttentionProblem::page_size, &AttentionProblem::num_pages, &AttentionProblem::max_pages_per_seq}) {
+    p = paged_problem();
+    p.*field = 0;
+    expect_invalid(p, field == &AttentionProblem::page_size   ? "page_size"
+                      : field == &AttentionProblem::num_pages ? "num_pages"
+                                                              : "max_pages_per_seq");
+  }
+  p = paged_problem();
+  p.max_pages_per_seq = 1;  // 128 keys < seqlen_k 130
+  expect_invalid(p, "seqlen_k");
+  p = paged_problem();
+  p.block_table = reinterpret_cast<const int32_t*>(static_cast<const char*>(fake_ptr(8)) + 2);
+  expect_invalid(p, "block_table");
+  p = paged_problem();
+  p.cu_seqlens_q = static_cast<const int32_t*>(fake_ptr(5));
+  p.cu_seqlens_k = static_cast<const int32_t*>(fake_ptr(6));
+  p.total_q = p.total_k = 300;
+  expect_invalid(p, "block_table");
+  p = valid_problem();  // page geometry without a block table
+  p.page_size = 128;
+  expect_invalid(p, "page_size, num_pages, max_pages_per_seq");
+}
+
+// Only the final kernel has seqlens_k and paged caches, and only with pages of whole K/V tiles.
+TEST(Dispatch, PagedGoesToTheFinalKernelOnly) {
+  AttentionProblem p = paged_problem();
+  std::string resolved;
+  ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_EQ(resolved, kernels().back().name);
+  Status s = resolve_kernel(p, "15_three_consumers", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("paged"), std::string::npos) << s.message();
+  p.page_size = 16;  // vLLM's default: a tile would span pages
+  p.max_pages_per_seq = 16;
+  p.k_strides = p.v_strides = contiguous_bshd(16, p.heads_kv, p.head_dim);
+  s = resolve_kernel(p, "auto", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("page_size must be a multiple of 128"), std::string::npos) << s.message();
+  p = valid_problem();  // seqlens_k alone, on a dense cache
+  p.seqlens_k = static_cast<const int32_t*>(fake_ptr(7));
+  ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_EQ(resolved, kernels().back().name);
+  EXPECT_EQ(resolve_kernel(p, "14_seamless_items", &resolved).code(), StatusCode::not_supported);
+}
+
+TEST(Validation, BadNumSplits) {
+  for (int parts : {-1, kMaxSplits + 1}) {
+    AttentionProblem p = valid_problem();
+    p.num_splits = parts;
+    expect_invalid(p, "num_splits");
+  }
+  AttentionProblem p = valid_problem();
+  for (int parts : {0, 1, 7, kMaxSplits}) {
+    p.num_splits = parts;
+    EXPECT_TRUE(validate_arguments(p).ok()) << parts;
+  }
+  std::string resolved;  // a hint: every kernel still runs the problem
+  EXPECT_TRUE(resolve_kernel(p, "08_warp_specialization", &resolved).ok());
+}
+
 // Only the final kernel has variable-length batches: "auto" picks it, a lineage kernel says no.
 TEST(Dispatch, VarlenGoesToTheFinalKernelOnly) {
   AttentionProblem p = varlen_problem();

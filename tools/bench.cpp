@@ -34,6 +34,9 @@ struct Config {
   std::vector<bool> causal = {false, true};
   int window_left = -1, window_right = -1;  // a sliding window on every shape; -1: that side open
   std::string varlen;  // "", "equal" or "mixed": every shape as a variable-length batch
+  int seqlen_q = 0;     // queries per sequence; 0: as many as keys (the grid's S)
+  int num_splits = 0;   // split-KV parts (AttentionProblem::num_splits): 0 automatic, 1 off
+  int page_size = 0;    // > 0: K and V in a paged cache of such pages (every key in use)
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -58,6 +61,9 @@ void usage() {
       "  --varlen equal|mixed every shape as a variable-length batch (final kernel only) of its B\n"
       "                      sequences: all of length S (compare with the dense run), or of lengths\n"
       "                      drawn from [S/4, 7S/4] (fixed seed; FLOPs count the real lengths)\n"
+      "  --seqlen-q N        queries per sequence (default: S, as many as keys); e.g. 1 for decoding\n"
+      "  --num-splits N      split-KV parts: 0 automatic (default), 1 off, N (final kernel only)\n"
+      "  --page-size N       K and V in a paged cache of N-key pages, shuffled (final kernel only)\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -116,7 +122,8 @@ int parse(int argc, char** argv, Config* c) {
       c->gemm = false;
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
                a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--check-rows" ||
-               a == "--csv" || a == "--commit" || a == "--window" || a == "--varlen") {
+               a == "--csv" || a == "--commit" || a == "--window" || a == "--varlen" || a == "--seqlen-q" ||
+               a == "--num-splits" || a == "--page-size") {
       if (!(v = value(a.c_str()))) return 2;
       const std::string s = v;
       bool ok = true;
@@ -146,6 +153,14 @@ int parse(int argc, char** argv, Config* c) {
         }
         c->window_left = edges[0];
         c->window_right = edges[1];
+      } else if (a == "--page-size") {
+        c->page_size = std::atoi(s.c_str());
+        ok = c->page_size >= 1;
+      } else if (a == "--seqlen-q" || a == "--num-splits") {
+        char* end = nullptr;
+        const long n = std::strtol(s.c_str(), &end, 10);
+        ok = *end == '\0' && n >= (a == "--seqlen-q" ? 1 : 0) && n <= (a == "--seqlen-q" ? (1L << 30) : kMaxSplits);
+        (a == "--seqlen-q" ? c->seqlen_q : c->num_splits) = int(n);
       } else if (a == "--varlen") {
         ok = s == "equal" || s == "mixed";
         c->varlen = s;
@@ -317,7 +332,8 @@ std::vector<Shape> grid(const Config& cfg) {
       std::mt19937 rng(uint32_t(s) * 131u + uint32_t(d));
       for (int& n : lens) n = std::uniform_int_distribution<int>(std::max(1, s / 4), s * 7 / 4)(rng);
     }
-    harness::set_varlen(sh, lens, lens);
+    const std::vector<int> lens_q = cfg.seqlen_q > 0 ? std::vector<int>(lens.size(), cfg.seqlen_q) : lens;
+    harness::set_varlen(sh, lens_q, lens);
   };
   for (int d : cfg.dims)
     for (bool causal : cfg.causal)
@@ -325,6 +341,12 @@ std::vector<Shape> grid(const Config& cfg) {
         Shape sh;
         sh.batch = std::max(1, cfg.tokens / s);
         sh.seqlen_q = sh.seqlen_k = s;
+        if (cfg.seqlen_q > 0) sh.seqlen_q = cfg.seqlen_q;
+        sh.num_splits = cfg.num_splits;
+        if (cfg.page_size > 0) {
+          sh.page_size = cfg.page_size;
+          sh.seqlens_k_used.assign(size_t(sh.batch), s);
+        }
         sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
         sh.head_dim = d;
         sh.causal = causal;
@@ -401,7 +423,8 @@ int main(int argc, char** argv) {
     }
     csv << "commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
            "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check"
-        << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "") << '\n';
+        << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "")
+        << (cfg.num_splits != 0 ? ",num_splits" : "") << '\n';
   }
 
   harness::DeviceBuffer flush;
@@ -468,7 +491,7 @@ int main(int argc, char** argv) {
       char progress[32];
       std::snprintf(progress, sizeof progress, "[%zu/%zu]", done, total);
       std::printf("%-9s %-26s %4d %-6s %6d %2dx%-2d %10.3f %9.1f %7.1f %9.2e %s\n", progress, kernel.c_str(),
-                  shape.head_dim, shape.causal ? "causal" : "full", shape.seqlen_q, shape.batch, shape.heads_q, row.ms,
+                  shape.head_dim, shape.causal ? "causal" : "full", shape.seqlen_k, shape.batch, shape.heads_q, row.ms,
                   row.tflops, gemm > 0 ? 100 * row.tflops / gemm : 0.0, row.max_err, row.check.c_str());
       std::fflush(stdout);
       if (csv.is_open()) {
@@ -480,6 +503,7 @@ int main(int argc, char** argv) {
             << row.check;
         if (windowed) csv << ',' << shape.window_left << ',' << shape.window_right;
         if (varlen) csv << ',' << cfg.varlen;
+        if (cfg.num_splits != 0) csv << ',' << cfg.num_splits;
         csv << '\n' << std::flush;
       }
       rows.push_back(row);
@@ -497,8 +521,12 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < rows.size(); i += cfg.kernels.size()) {
     const Shape& s = rows[i].shape;
     char label[64];
-    std::snprintf(label, sizeof label, "D%d %s S%d H%d", s.head_dim, s.causal ? "causal" : "full", s.seqlen_q,
-                  s.heads_q);
+    if (s.seqlen_q == s.seqlen_k)
+      std::snprintf(label, sizeof label, "D%d %s S%d H%d", s.head_dim, s.causal ? "causal" : "full", s.seqlen_q,
+                    s.heads_q);
+    else
+      std::snprintf(label, sizeof label, "D%d %s Sq%d Sk%d H%d", s.head_dim, s.causal ? "causal" : "full",
+                    s.seqlen_q, s.seqlen_k, s.heads_q);
     if (windowed) {
       const std::string base = label;  // the window as a suffix; the column stays 22 wide when it fits
       std::snprintf(label, sizeof label, "%s w%d,%d", base.c_str(), s.window_left, s.window_right);

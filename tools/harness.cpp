@@ -28,6 +28,12 @@ std::string describe(const Shape& s) {
      << dtype_name(s.dtype) << " " << layout_name(s.layout) << (s.with_lse ? " lse" : "");
   if (s.scale) os << " scale=" << *s.scale;
   if (s.window_left >= 0 || s.window_right >= 0) os << " window=(" << s.window_left << "," << s.window_right << ")";
+  if (s.num_splits != 0) os << " num_splits=" << s.num_splits;
+  if (s.page_size > 0) os << " page_size=" << s.page_size;
+  if (!s.seqlens_k_used.empty()) {
+    os << " seqlens_k=";
+    for (size_t b = 0; b < s.seqlens_k_used.size() && b < 8; ++b) os << (b ? "," : "") << s.seqlens_k_used[b];
+  }
   if (s.varlen()) {
     os << " varlen q/k=";
     for (size_t b = 0; b < s.seqlens_q.size(); ++b) {
@@ -50,15 +56,17 @@ void set_varlen(Shape* s, std::vector<int> seqlens_q, std::vector<int> seqlens_k
 }
 
 double forward_flops(const Shape& s) {
-  if (s.varlen()) {  // the sum over the sequences
+  if (s.varlen() || !s.seqlens_k_used.empty()) {  // the sum over the sequences
     double flops = 0;
-    for (size_t b = 0; b < s.seqlens_q.size(); ++b) {
+    for (int b = 0; b < s.batch; ++b) {
       Shape one = s;
       one.seqlens_q.clear();
       one.seqlens_k.clear();
+      one.seqlens_k_used.clear();
       one.batch = 1;
-      one.seqlen_q = s.seqlens_q[b];
-      one.seqlen_k = s.seqlens_k[b];
+      one.seqlen_q = s.varlen() ? s.seqlens_q[b] : s.seqlen_q;
+      one.seqlen_k = s.varlen() ? s.seqlens_k[b] : s.seqlen_k;
+      if (!s.seqlens_k_used.empty()) one.seqlen_k = std::min(one.seqlen_k, s.seqlens_k_used[b]);
       flops += forward_flops(one);
     }
     return flops;
@@ -225,6 +233,17 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
       w->inputs.host[i] = ref::bits_to_float(bits[i], shape.dtype);
     }
   });
+  // Keys past a sequence's seqlens_k_used are outside the problem (a cache's unused rows): NaN
+  // there, on the GPU only, checks that no kernel lets them into a result (0 x NaN is NaN).
+  if (!shape.seqlens_k_used.empty() && !varlen && int(shape.seqlens_k_used.size()) == B) {
+    for (const TensorPlacement* t : {&k, &v})
+      for (int b = 0; b < B; ++b)
+        for (int j = std::max(0, shape.seqlens_k_used[b]); j < Sk; ++j)
+          for (int h = 0; h < Hkv; ++h)
+            std::fill_n(bits.begin() + t->offset + size_t(b * t->strides.batch + int64_t(j) * t->strides.seq +
+                                                          h * t->strides.head),
+                        D, uint16_t(0xFFFF));
+  }
   Status s = w->inputs.device.allocate(bits.size() * 2);
   if (!s.ok()) return s;
   if (!(s = cuda_check(cudaMemcpy(w->inputs.device.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice),
@@ -265,6 +284,61 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.window_left = shape.window_left;
   p.window_right = shape.window_right;
   p.softmax_scale = shape.scale;
+  p.num_splits = shape.num_splits;
+  if (!shape.seqlens_k_used.empty()) {
+    if (varlen || int(shape.seqlens_k_used.size()) != B)
+      return {StatusCode::invalid_argument, "seqlens_k_used: one length per sequence, and not with varlen"};
+    if (!(s = w->seqlens_k.allocate(size_t(B) * 4)).ok()) return s;
+    if (!(s = cuda_check(cudaMemcpy(w->seqlens_k.get(), shape.seqlens_k_used.data(), size_t(B) * 4,
+                                    cudaMemcpyHostToDevice),
+                         "uploading seqlens_k"))
+             .ok())
+      return s;
+    p.seqlens_k = static_cast<const int32_t*>(w->seqlens_k.get());
+  }
+  if (shape.page_size > 0) {
+    // The cache: B * ceil(Sk / page_size) pages plus two spare ones, in a shuffled order; page
+    // rows that hold no key in use are NaN.
+    if (shape.seqlens_k_used.empty() || shape.layout == Layout::packed_qkv)
+      return {StatusCode::invalid_argument, "page_size: needs seqlens_k_used and no packed_qkv layout"};
+    const int per_seq = (Sk + shape.page_size - 1) / shape.page_size, num_pages = B * per_seq + 2;
+    const size_t page_elems = size_t(shape.page_size) * Hkv * D, cache_elems = size_t(num_pages) * page_elems;
+    std::vector<int32_t> order(num_pages);
+    for (int i = 0; i < num_pages; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed ^ 0x5bd1e995u));
+    std::vector<uint16_t> cache(2 * cache_elems);
+    std::fill(cache.begin(), cache.end(), uint16_t(0xFFFF));
+    std::vector<int32_t> table(size_t(B) * per_seq);
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < per_seq; ++j) table[size_t(b) * per_seq + j] = order[size_t(b) * per_seq + j];
+    for (int kv = 0; kv < 2; ++kv) {
+      const TensorPlacement& src = kv == 0 ? k : v;
+      for (int b = 0; b < B; ++b)
+        for (int j = 0; j < Sk; ++j)
+          for (int h = 0; h < Hkv; ++h) {
+            const size_t from = src.offset + size_t(b * src.strides.batch + int64_t(j) * src.strides.seq + h * src.strides.head);
+            const size_t to = kv * cache_elems + size_t(table[size_t(b) * per_seq + j / shape.page_size]) * page_elems +
+                              (size_t(j % shape.page_size) * Hkv + h) * D;
+            std::copy_n(bits.begin() + from, D, cache.begin() + to);
+          }
+    }
+    const size_t bytes = cache.size() * 2 + table.size() * 4;
+    if (!(s = w->pages.allocate(bytes)).ok()) return s;
+    auto* base = static_cast<char*>(w->pages.get());
+    if (!(s = cuda_check(cudaMemcpy(base, cache.data(), cache.size() * 2, cudaMemcpyHostToDevice), "uploading pages"))
+             .ok() ||
+        !(s = cuda_check(cudaMemcpy(base + cache.size() * 2, table.data(), table.size() * 4, cudaMemcpyHostToDevice),
+                         "uploading the block table"))
+             .ok())
+      return s;
+    p.k = base;
+    p.v = base + cache_elems * 2;
+    p.k_strides = p.v_strides = contiguous_bshd(shape.page_size, Hkv, D);  // batch stride: one page
+    p.block_table = reinterpret_cast<const int32_t*>(base + cache.size() * 2);
+    p.max_pages_per_seq = per_seq;
+    p.num_pages = num_pages;
+    p.page_size = shape.page_size;
+  }
   if (varlen) {
     std::vector<int32_t> offsets(w->cu_q.begin(), w->cu_q.end());
     offsets.insert(offsets.end(), w->cu_k.begin(), w->cu_k.end());
@@ -391,6 +465,7 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
       // A varlen batch: sequence b on its own (a one-sequence problem over its rows), and its
       // row i at packed row cu_q[b] + i of batch entry 0.
       ref::HostProblem host = w.host;
+      if (!s.seqlens_k_used.empty()) host.seqlen_k = std::min(host.seqlen_k, s.seqlens_k_used[row.b]);
       if (s.varlen()) {
         host.batch = 1;
         host.seqlen_q = s.seqlens_q[row.b];

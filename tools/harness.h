@@ -34,6 +34,13 @@ struct Shape {
   // (set_varlen fills them).
   std::vector<int> seqlens_q, seqlens_k;
   bool varlen() const { return !seqlens_q.empty(); }
+  int num_splits = 0;  // split-KV: 0 automatic, 1 off, n parts (AttentionProblem::num_splits)
+  // Keys in use per sequence (AttentionProblem::seqlens_k) when not empty: sequence b uses its
+  // first seqlens_k_used[b] keys (<= seqlen_k). Not with a varlen batch.
+  std::vector<int> seqlens_k_used;
+  // A paged KV cache when > 0: k and v go into pages of page_size keys in a shuffled order
+  // with spare pages, and a block table; needs seqlens_k_used (contiguous or padded layout).
+  int page_size = 0;
 };
 // Makes `shape` a variable-length batch of these lengths (equal counts, some non-zero).
 void set_varlen(Shape* shape, std::vector<int> seqlens_q, std::vector<int> seqlens_k);
@@ -79,6 +86,8 @@ struct Workload {
   AttentionProblem problem;             // device pointers and strides
   ref::HostProblem host;                // the same tensors on the host (varlen: one packed sequence)
   DeviceBuffer cu_seqlens;              // varlen: cu_seqlens_q then cu_seqlens_k, int32
+  DeviceBuffer seqlens_k;               // seqlens_k_used, int32
+  DeviceBuffer pages;                   // a paged cache: k's pages, then v's, and the block table
   std::vector<int> cu_q, cu_k;          // varlen: the same offsets on the host
 };
 

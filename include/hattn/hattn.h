@@ -62,6 +62,9 @@ struct Strides {
 // Strides of a contiguous [B, S, H, D] tensor.
 Strides contiguous_bshd(int seqlen, int heads, int head_dim);
 
+// The most parts AttentionProblem::num_splits may ask for.
+inline constexpr int kMaxSplits = 64;
+
 struct AttentionProblem {
   DType dtype = DType::bf16;  // q, k, v and out share it
   int batch = 0;
@@ -109,13 +112,44 @@ struct AttentionProblem {
   int total_q = 0;  // rows of q and out
   int total_k = 0;  // rows of k and v
 
+  // Keys in use per sequence (FlashAttention's cache_seqlens / seqused_k): when set, sequence
+  // b attends to the first seqlens_k[b] of its keys only (clamped to the keys it has), and the
+  // masks align to that length. A device int32 array [batch], read only by the kernel.
+  const int32_t* seqlens_k = nullptr;
+  // Paged KV cache (FlashAttention's and vLLM's block_table): when set, k and v are caches of
+  // num_pages pages of page_size keys, [num_pages, page_size, Hkv, D] (strides.batch is the
+  // page stride), and sequence b's key j lies in page block_table[b * max_pages_per_seq +
+  // j / page_size], row j % page_size. seqlens_k must then be set too; seqlen_k is the
+  // longest length, at most max_pages_per_seq * page_size. A device int32 array
+  // [batch, max_pages_per_seq], read only by the kernel, which clamps page indices to the
+  // cache. Only the final kernel supports it, with page_size a multiple of 128 (one K/V tile
+  // never spans two pages), and not with a variable-length batch.
+  const int32_t* block_table = nullptr;
+  int max_pages_per_seq = 0;
+  int num_pages = 0;
+  int page_size = 0;
+
+  // Split-KV (flash-decoding): each query block's keys are cut into num_splits parts computed
+  // by different CTAs, whose partial results a second kernel combines. It fills the GPU when
+  // there are few query blocks and long key sweeps (decoding: a few queries per sequence).
+  // 0 lets the final kernel decide; 1 turns it off; n > 1 asks for n parts (at most 64;
+  // fewer when a block has fewer K/V tiles). The partial results live in a workspace the
+  // library takes with cudaMallocAsync on the call's stream. A hint: the lineage kernels
+  // ignore it.
+  int num_splits = 0;
+
   float scale() const;
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
+  bool is_paged() const { return block_table != nullptr; }
+  // Features only the final kernel has: a variable-length batch, keys in use, a paged cache.
+  bool has_sequence_bounds() const { return is_varlen() || seqlens_k != nullptr || is_paged(); }
   // The [batch, rows] extents q, k, v and out are laid out with: [batch, seqlen], or for a
-  // variable-length batch one packed sequence, [1, total].
+  // variable-length batch one packed sequence, [1, total]; k and v of a paged cache are
+  // [num_pages, page_size].
   int tensor_batch() const { return is_varlen() ? 1 : batch; }
   int tensor_rows_q() const { return is_varlen() ? total_q : seqlen_q; }
-  int tensor_rows_k() const { return is_varlen() ? total_k : seqlen_k; }
+  int tensor_batch_k() const { return is_paged() ? num_pages : tensor_batch(); }
+  int tensor_rows_k() const { return is_paged() ? page_size : is_varlen() ? total_k : seqlen_k; }
   // A window edge that causal does not already give (causal with window_right = 0 is plain causal).
   bool has_window() const { return window_left >= 0 || (window_right >= 0 && !causal); }
 };

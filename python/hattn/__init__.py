@@ -10,11 +10,14 @@
 The op is registered as torch.ops.hattn.attention_fwd (works with torch.compile and CUDA graphs).
 hattn.attention_varlen (op torch.ops.hattn.attention_varlen_fwd) takes a variable-length batch:
 sequences packed along the rows ([total, H, D]) with FlashAttention's int32 cu_seqlens offsets.
+hattn.attention_paged (op torch.ops.hattn.attention_paged_fwd) reads a paged KV cache through an
+int32 block table, with the keys in use per sequence (seqlens_k); hattn.attention takes seqlens_k
+for a dense cache too.
 hattn.scaled_dot_product_attention takes torch SDPA's arguments ([B, H, L, E] tensors) and runs
 the calls hattn supports, handing the others to torch; `with hattn.patch_sdpa():` puts it in
-place of torch.nn.functional.scaled_dot_product_attention. hattn.flash_attn_func and
-hattn.flash_attn_varlen_func take FlashAttention-2's flash_attn_func and flash_attn_varlen_func
-arguments.
+place of torch.nn.functional.scaled_dot_product_attention. hattn.flash_attn_func,
+hattn.flash_attn_varlen_func and hattn.flash_attn_with_kvcache take the arguments of
+FlashAttention-2's functions of those names.
 """
 
 from __future__ import annotations
@@ -26,15 +29,17 @@ from typing import List, NamedTuple
 import torch  # noqa: F401
 
 from . import _C
-from .flash_attn import flash_attn_func, flash_attn_varlen_func
-from .ops import attention, attention_varlen, launch, resolve_kernel
+from .flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from .ops import attention, attention_paged, attention_varlen, launch, resolve_kernel
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 
 __all__ = [
     "attention",
+    "attention_paged",
     "attention_varlen",
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "kernels",
     "KernelInfo",
     "launch",

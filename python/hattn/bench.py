@@ -84,13 +84,19 @@ class Shape:
         per_entry = 4.0 * self.heads_q * self.head_dim / (2 if self.causal else 1)
         if self.lengths:
             return per_entry * sum(n * n for n in self.lengths)
+        if self.causal and self.seqlen_q < self.seqlen_k:  # the visible entries, bottom-right aligned
+            q, k = self.seqlen_q, self.seqlen_k
+            return 4.0 * self.heads_q * self.head_dim * self.batch * (q * k - q * (q - 1) / 2)
         return per_entry * self.batch * self.seqlen_q * self.seqlen_k
 
 
-def grid_shapes(dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool]) -> List[Shape]:
-    """The FlashAttention-3 benchmark grid: batch*seqlen = 16384, heads*D = 2048."""
+def grid_shapes(
+    dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool], seqlen_q: Optional[int] = None
+) -> List[Shape]:
+    """The FlashAttention-3 benchmark grid: batch*seqlen = 16384, heads*D = 2048. seqlen_q: as
+    many queries per sequence instead of S (decoding: 1), against S keys."""
     return [
-        Shape("grid", max(1, GRID_TOKENS // s), s, s, GRID_WIDTH // d, GRID_WIDTH // d, d, c)
+        Shape("grid", max(1, GRID_TOKENS // s), seqlen_q or s, s, GRID_WIDTH // d, GRID_WIDTH // d, d, c)
         for d in dims
         for s in seqlens
         for c in causal
@@ -172,6 +178,8 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     p.add_argument("--all", action="store_true", help="run slow kernels on every shape")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="draw PNG plots (default: yes)")
+    p.add_argument("--seqlen-q", type=int, default=None,
+                   help="queries per sequence on the grid (default: S, as many as keys; 1 for decoding)")  # fmt: skip
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels "
                    "(no capstone, no plots)")  # fmt: skip
@@ -197,12 +205,19 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
         p.error(f"--dims/--seqlens: {e}")
     if args.reps < 1 or args.warmup < 0:
         p.error("--reps must be >= 1 and --warmup >= 0")
+    if args.seqlen_q is not None and (args.seqlen_q < 1 or args.varlen):
+        p.error("--seqlen-q must be >= 1, and not with --varlen")
+    if args.seqlen_q is not None and args.causal != "no":
+        p.error(
+            "--seqlen-q needs --causal no: with fewer queries than keys torch SDPA aligns the causal mask "
+            "top-left and hattn bottom-right (for one query, bottom-right causal is no mask)"
+        )
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     if args.varlen:
         args.shapes = varlen_shapes(args.dim_list, args.seqlen_list, causal, args.varlen) if args.grid else []
         args.plots = False
     else:
-        args.shapes = (grid_shapes(args.dim_list, args.seqlen_list, causal) if args.grid else []) + (
+        args.shapes = (grid_shapes(args.dim_list, args.seqlen_list, causal, args.seqlen_q) if args.grid else []) + (
             capstone_shapes() if args.capstone else []
         )
     return args

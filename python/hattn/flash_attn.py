@@ -1,17 +1,19 @@
-"""Drop-ins for flash_attn.flash_attn_func and flash_attn.flash_attn_varlen_func
-(FlashAttention-2's Python entry points).
+"""Drop-ins for flash_attn.flash_attn_func, flash_attn.flash_attn_varlen_func and
+flash_attn.flash_attn_with_kvcache (FlashAttention-2's Python entry points).
 
     from hattn import flash_attn_func, flash_attn_varlen_func   # in place of: from flash_attn import ...
     out = flash_attn_func(q, k, v, causal=True)   # [B, S, H, D] in, [B, S, H, D] out
     out = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
                                           # [total_q, H, D] in and out, sequences packed by rows
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)
+                                          # decoding against a dense or paged KV cache
 
 The signatures and layouts are FlashAttention-2's, and so are its conventions: the causal
 mask is aligned to the bottom-right corner (of each sequence, for varlen), GQA comes from
 fewer K/V heads, window_size=(left, right) is a sliding window aligned the same way, and the
 default scale is 1/sqrt(D). What hattn does not have (dropout, softcapping, ALiBi, the
-attention probabilities, gradients, paged KV) raises NotImplementedError naming the argument.
-Nothing falls back to another library.
+attention probabilities, gradients, paged KV with varlen, appending to or rotating the KV
+cache) raises NotImplementedError naming the argument. Nothing falls back to another library.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .ops import _window, attention, attention_varlen
+from .ops import _PAGED_NAMES, _check_inputs, _check_seqlens_k, _window, attention, attention_paged, attention_varlen
 
 
 def _unsupported(q, k, v, dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str) -> List[str]:
@@ -101,7 +103,7 @@ def flash_attn_varlen_func(
     """
     unsupported = _unsupported(q, k, v, dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen")
     if block_table is not None:
-        unsupported.append("block_table (no paged KV)")
+        unsupported.append("block_table (no paged KV with a variable-length batch; flash_attn_with_kvcache has it)")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_varlen_func does not support " + "; ".join(unsupported))
     window = _flash_window(window_size, causal)
@@ -109,3 +111,93 @@ def flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         causal=causal, softmax_scale=softmax_scale, window_size=window,
     )  # fmt: skip
+
+
+def _cache_seqlens(cache_seqlens, q: torch.Tensor) -> Optional[torch.Tensor]:
+    """cache_seqlens (None, an int, or int32 [B]) as hattn's seqlens_k: None or int32 [B] on q's device."""
+    if cache_seqlens is None:
+        return None
+    if isinstance(cache_seqlens, torch.Tensor):
+        _check_seqlens_k(cache_seqlens, q.shape[0], "cache_seqlens")
+        return cache_seqlens
+    if isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int):
+        raise TypeError(
+            f"cache_seqlens: must be an int or a torch.int32 tensor [batch], got {type(cache_seqlens).__name__}"
+        )
+    if cache_seqlens < 0:
+        raise ValueError(f"cache_seqlens: must be >= 0, got {cache_seqlens}")
+    # Every sequence has that many keys; filled on the GPU, no host synchronization.
+    return torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens=None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+):
+    """flash_attn_with_kvcache's arguments and result, run by hattn.attention_paged (with a
+    block_table) or hattn.attention with seqlens_k (a dense cache).
+
+    q [B, Sq, Hq, D]; k_cache, v_cache [B, S_cache, Hkv, D] (dense) or [num_pages, page_size,
+    Hkv, D] with block_table int32 [B, max_pages_per_seq] (paged; page_size a multiple of 128).
+    cache_seqlens: the keys in each sequence's cache, an int (the same for all) or int32 [B] on
+    q's device; None uses every key of a dense cache and is an error with a block_table. As in
+    FlashAttention, causal and window_size align to each sequence's cache_seqlens and causal
+    sets the window's right side to 0; num_splits is the split-KV hint (0 automatic, 1 off).
+    Returns out [B, Sq, Hq, D], or (out, softmax_lse [B, Hq, Sq] fp32) when return_softmax_lse.
+    The cache is only read: appending k, v (and rotary embedding), cache_batch_idx,
+    cache_leftpad, softcap and alibi_slopes raise NotImplementedError naming them.
+    rotary_interleaved matters only with rotary_cos and is ignored. Unused cache rows may hold
+    anything (see hattn.attention_paged).
+    """
+    unsupported = []
+    if k is not None or v is not None:
+        unsupported.append("k, v (appending to the KV cache; write the cache first, then call with cache_seqlens)")
+    if rotary_cos is not None or rotary_sin is not None:
+        unsupported.append("rotary_cos, rotary_sin (no rotary embedding)")
+    if cache_batch_idx is not None:
+        unsupported.append("cache_batch_idx (no cache indexing; use block_table)")
+    if cache_leftpad is not None:
+        unsupported.append("cache_leftpad (no left padding)")
+    if softcap != 0.0:
+        unsupported.append(f"softcap={softcap} (no softcapping)")
+    if alibi_slopes is not None:
+        unsupported.append("alibi_slopes (no ALiBi)")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k_cache, v_cache)):
+        unsupported.append("inputs that require grad (hattn is forward-only; use torch.no_grad())")
+    if unsupported:
+        raise NotImplementedError("hattn.flash_attn_with_kvcache does not support " + "; ".join(unsupported))
+    paged = block_table is not None
+    # First, so that errors call the caches by these names (hattn.attention calls them k and v).
+    _check_inputs(q, k_cache, v_cache, "auto", paged=paged, names=_PAGED_NAMES)
+    seqlens_k = _cache_seqlens(cache_seqlens, q)
+    window = _flash_window(window_size, causal)
+    if paged:
+        if seqlens_k is None:
+            raise ValueError("cache_seqlens: required with block_table (the keys in each sequence's pages)")
+        result = attention_paged(
+            q, k_cache, v_cache, block_table, seqlens_k, causal=causal, softmax_scale=softmax_scale,
+            return_lse=return_softmax_lse, window_size=window, num_splits=num_splits,
+        )  # fmt: skip
+    else:
+        result = attention(
+            q, k_cache, v_cache, causal=causal, softmax_scale=softmax_scale, return_lse=return_softmax_lse,
+            window_size=window, seqlens_k=seqlens_k, num_splits=num_splits,
+        )  # fmt: skip
+    return result

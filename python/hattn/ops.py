@@ -1,5 +1,5 @@
-"""The PyTorch ops: hattn::attention_fwd and hattn::attention_varlen_fwd over the raw-pointer
-binding hattn._C.forward.
+"""The PyTorch ops: hattn::attention_fwd, hattn::attention_varlen_fwd and
+hattn::attention_paged_fwd over the raw-pointer binding hattn._C.forward.
 
 Layout rules (BSHD, [batch, seqlen, heads, head_dim]):
   * A q/k/v tensor is passed to the kernel as it is, without a copy, when its last dim is
@@ -17,6 +17,12 @@ A variable-length batch (attention_varlen) packs the sequences along the rows: q
 strides; lse is [Hq, total_q]. cu_seqlens_q and cu_seqlens_k are int32 [batch + 1] offsets on
 the GPU (copied when not contiguous); only the kernel reads them.
 
+A paged KV cache (attention_paged) holds the keys and values in pages: k_cache and v_cache are
+[num_pages, page_size, Hkv, D], and the same rules apply to their page, row and head strides
+(an odd layout copies the whole cache). block_table [batch, max_pages_per_seq] and seqlens_k
+[batch] are int32 on the GPU (copied when not contiguous); only the kernel reads them, as it
+reads attention's optional seqlens_k.
+
 The launch runs on torch.cuda.current_stream() of q's device, with no host synchronization, so
 the op can be captured in a CUDA graph.
 """
@@ -32,6 +38,10 @@ from . import _C
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ARG_NAMES = ("q", "k", "v")
+_PAGED_NAMES = ("q", "k_cache", "v_cache")
+
+# The most parts num_splits may ask for (hattn::kMaxSplits).
+_MAX_SPLITS = 64
 
 # Kernel rows must be 16-byte aligned: 8 elements of a 2-byte dtype.
 _ALIGN_BYTES = 16
@@ -44,45 +54,63 @@ def kernel_names() -> Tuple[str, ...]:
     return tuple(name for name, _ in _C.kernels())
 
 
-def _check_types(q, k, v, **more) -> None:
+def _check_types(q, k, v, names=_ARG_NAMES, **more) -> None:
     # Before the op: its dispatcher would refuse a non-tensor with a less helpful message.
-    for name, t in (*zip(_ARG_NAMES, (q, k, v)), *more.items()):
+    for name, t in (*zip(names, (q, k, v)), *more.items()):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: str, varlen: bool = False) -> None:
+def _check_inputs(q, k, v, kernel: str, varlen: bool = False, paged: bool = False, names=None) -> None:
     """Checks that need only shapes and dtypes (so they also run on fake and meta tensors).
 
-    varlen: q, k, v are packed [total, heads, head_dim] rather than BSHD. The C++ library
+    varlen: q, k, v are packed [total, heads, head_dim] rather than BSHD. paged: k and v are
+    the pages of a cache, [num_pages, page_size, heads, head_dim]. names: what the messages
+    call q, k and v (default: q, k, v; q, k_cache, v_cache when paged). The C++ library
     validates the rest (head_dim, sizes, strides, pointers, kernel support) and its messages
     name the argument too.
     """
-    _check_types(q, k, v)
-    for name, t in zip(_ARG_NAMES, (q, k, v)):
+    names = names or (_PAGED_NAMES if paged else _ARG_NAMES)
+    kn, vn = names[1:]
+    _check_types(q, k, v, names)
+    for i, (name, t) in enumerate(zip(names, (q, k, v))):
         if varlen and t.dim() != 3:
-            rows = "total_q" if name == "q" else "total_k"
+            rows = "total_q" if i == 0 else "total_k"
             raise ValueError(
                 f"{name}: must be 3-D [{rows}, heads, head_dim] (the sequences packed along dim 0), "
+                f"got shape {tuple(t.shape)}"
+            )
+        if paged and i > 0 and t.dim() != 4:
+            raise ValueError(
+                f"{name}: must be 4-D [num_pages, page_size, heads_kv, head_dim] (a paged cache), "
                 f"got shape {tuple(t.shape)}"
             )
         if not varlen and t.dim() != 4:
             raise ValueError(f"{name}: must be 4-D [batch, seqlen, heads, head_dim] (BSHD), got shape {tuple(t.shape)}")
         if t.dtype not in _DTYPE_NAMES:
             raise ValueError(f"{name}: dtype must be torch.bfloat16 or torch.float16, got {t.dtype}")
-    for name, t in (("k", k), ("v", v)):
+    for name, t in ((kn, k), (vn, v)):
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: dtype {t.dtype} must match q's dtype {q.dtype}")
     if v.shape != k.shape:
-        layout = "[total_k, heads_kv, head_dim]" if varlen else "[batch, seqlen_k, heads_kv, head_dim]"
-        raise ValueError(f"v: shape {tuple(v.shape)} must equal k's shape {tuple(k.shape)} {layout}")
-    if not varlen and k.shape[0] != q.shape[0]:
-        raise ValueError(f"k: batch {k.shape[0]} must equal q's batch {q.shape[0]}")
-    # Heads and head_dim are the last two dims in both layouts.
+        if varlen:
+            layout = "[total_k, heads_kv, head_dim]"
+        elif paged:
+            layout = "[num_pages, page_size, heads_kv, head_dim]"
+        else:
+            layout = "[batch, seqlen_k, heads_kv, head_dim]"
+        raise ValueError(f"{vn}: shape {tuple(v.shape)} must equal {kn}'s shape {tuple(k.shape)} {layout}")
+    if paged and (k.shape[0] < 1 or k.shape[1] < 1):
+        raise ValueError(f"{kn}: num_pages and page_size (dims 0 and 1) must be >= 1, got shape {tuple(k.shape)}")
+    if not varlen and not paged and k.shape[0] != q.shape[0]:
+        raise ValueError(f"{kn}: batch {k.shape[0]} must equal q's batch {q.shape[0]}")
+    # Heads and head_dim are the last two dims in every layout.
     if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k: head_dim {k.shape[-1]} must equal q's head_dim {q.shape[-1]}")
+        raise ValueError(f"{kn}: head_dim {k.shape[-1]} must equal q's head_dim {q.shape[-1]}")
     if k.shape[-2] < 1 or q.shape[-2] % k.shape[-2] != 0:
-        raise ValueError(f"k: q's heads ({q.shape[-2]}) must be a multiple of k/v's heads ({k.shape[-2]}) (GQA/MQA)")
+        raise ValueError(
+            f"{kn}: q's heads ({q.shape[-2]}) must be a multiple of {kn}/{vn}'s heads ({k.shape[-2]}) (GQA/MQA)"
+        )
     if kernel != "auto" and kernel not in kernel_names():
         raise ValueError(f"kernel: unknown kernel {kernel!r} (known: auto, {', '.join(kernel_names())})")
 
@@ -113,8 +141,50 @@ def _check_max_seqlen(name: str, value) -> None:
         raise ValueError(f"{name}: must be >= 1, got {value}")
 
 
-def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **more: torch.Tensor) -> None:
-    tensors = (*zip(_ARG_NAMES, (q, k, v)), *more.items())
+def _check_seqlens_k(seqlens_k: torch.Tensor, batch: int, name: str = "seqlens_k") -> None:
+    """Shape and dtype of the keys in use per sequence; the values stay on the GPU (clamped there)."""
+    if not isinstance(seqlens_k, torch.Tensor):
+        raise TypeError(f"{name}: must be a torch.Tensor, got {type(seqlens_k).__name__}")
+    if seqlens_k.dtype != torch.int32:
+        raise ValueError(f"{name}: dtype must be torch.int32, got {seqlens_k.dtype}")
+    if seqlens_k.dim() != 1 or seqlens_k.shape[0] != batch:
+        raise ValueError(f"{name}: must be 1-D [batch] with q's batch {batch}, got shape {tuple(seqlens_k.shape)}")
+
+
+def _check_block_table(block_table: torch.Tensor, batch: int, page_size: int) -> None:
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table: must be a torch.Tensor, got {type(block_table).__name__}")
+    if block_table.dtype != torch.int32:
+        raise ValueError(f"block_table: dtype must be torch.int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
+        raise ValueError(
+            f"block_table: must be 2-D [batch, max_pages_per_seq] with q's batch {batch} and max_pages_per_seq >= 1, "
+            f"got shape {tuple(block_table.shape)}"
+        )
+    # The kernel plans by max_pages_per_seq * page_size keys, an int on the C++ side.
+    if block_table.shape[1] * page_size > 2**31 - 1:
+        raise ValueError(
+            f"block_table: max_pages_per_seq ({block_table.shape[1]}) * page_size ({page_size}) keys exceed 2^31 - 1"
+        )
+
+
+def _check_num_splits(num_splits) -> None:
+    # An int or, under torch.compile, a SymInt, as max_seqlen.
+    if isinstance(num_splits, bool) or not isinstance(num_splits, (int, torch.SymInt)):
+        raise TypeError(f"num_splits: must be an int, got {type(num_splits).__name__}")
+    if not 0 <= num_splits <= _MAX_SPLITS:
+        raise ValueError(f"num_splits: must be 0 (automatic), 1 (off) or up to {_MAX_SPLITS}, got {num_splits}")
+
+
+def _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits) -> None:
+    _check_inputs(q, k_cache, v_cache, kernel, paged=True)
+    _check_block_table(block_table, q.shape[0], k_cache.shape[1])
+    _check_seqlens_k(seqlens_k, q.shape[0])
+    _check_num_splits(num_splits)
+
+
+def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names=_ARG_NAMES, **more: torch.Tensor) -> None:
+    tensors = (*zip(names, (q, k, v)), *((name, t) for name, t in more.items() if t is not None))
     for name, t in tensors:
         if t.device.type != "cuda":
             if not torch.cuda.is_available():
@@ -129,7 +199,8 @@ def _check_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **more: tor
 
 
 def _kernel_layout_ok(t: torch.Tensor) -> bool:
-    """True when the kernels can read `t` (BSHD, or packed [total, H, D]) in place (see the module docstring)."""
+    """True when the kernels can read `t` (BSHD, packed [total, H, D] or a cache's pages) in place (see the
+    module docstring)."""
     if t.stride(-1) != 1 or t.data_ptr() % _ALIGN_BYTES != 0:
         return False
     return all(
@@ -143,30 +214,48 @@ def _as_kernel_input(t: torch.Tensor) -> torch.Tensor:
 
 
 def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
-    """(batch, seq, head) element strides; a packed [total, H, D] tensor has no batch stride (unused: 0)."""
+    """(batch, seq, head) element strides; a packed [total, H, D] tensor has no batch stride (unused: 0);
+    a paged cache [num_pages, page_size, H, D] gives (page, row, head)."""
     if t.dim() == 3:
         return (0, t.stride(0), t.stride(1))
     return (t.stride(0), t.stride(1), t.stride(2))
 
 
-def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None):
+def _problem_kwargs(
+    q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, *,
+    seqlens_k=None, block_table=None, num_splits=0,
+):  # fmt: skip
     """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors.
 
     varlen: None for BSHD tensors, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    for packed [total, H, D] ones.
+    for packed [total, H, D] ones. seqlens_k: None, or int32 [batch], the keys in use per
+    sequence. block_table: None, or the int32 [batch, max_pages_per_seq] page table of a paged
+    cache k, v [num_pages, page_size, Hkv, D]; seqlen_k is then max_pages_per_seq * page_size,
+    the most keys a sequence can have (the kernel plans by it; seqlens_k is not read here).
     """
     heads_q, head_dim = q.shape[-2:]
+    extra = {}
     if varlen is None:
         batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-        packed = {}
     else:
         cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = varlen
         batch = cu_seqlens_q.shape[0] - 1
-        packed = dict(
+        extra.update(
             cu_seqlens_q=cu_seqlens_q.data_ptr(),
             cu_seqlens_k=cu_seqlens_k.data_ptr(),
             total_q=q.shape[0],
             total_k=k.shape[0],
+        )
+    if seqlens_k is not None:
+        extra.update(seqlens_k=seqlens_k.data_ptr())
+    if block_table is not None:
+        num_pages, page_size = k.shape[0], k.shape[1]
+        seqlen_k = block_table.shape[1] * page_size
+        extra.update(
+            block_table=block_table.data_ptr(),
+            max_pages_per_seq=block_table.shape[1],
+            num_pages=num_pages,
+            page_size=page_size,
         )
     return dict(
         dtype=_DTYPE_NAMES[q.dtype],
@@ -189,8 +278,9 @@ def _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1
         causal=causal,
         window_left=window[0],
         window_right=window[1],
+        num_splits=num_splits,
         kernel=kernel,
-        **packed,
+        **extra,
     )
 
 
@@ -240,13 +330,21 @@ def _window(window_size) -> Tuple[int, int]:
     return left, right
 
 
-def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None) -> None:
+def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, **extra) -> None:
+    """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits."""
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
         _C.forward(
-            **_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen),
+            **_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen, **extra),
             stream=torch.cuda.current_stream(q.device).cuda_stream,
         )
+
+
+def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits) -> None:
+    _check_inputs(q, k, v, kernel)
+    if seqlens_k is not None:
+        _check_seqlens_k(seqlens_k, q.shape[0])
+    _check_num_splits(num_splits)
 
 
 @torch.library.custom_op("hattn::attention_fwd", mutates_args=())
@@ -260,21 +358,31 @@ def attention_fwd(
     return_lse: bool,
     window_left: int = -1,
     window_right: int = -1,
+    seqlens_k: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
-    _check_inputs(q, k, v, kernel)
-    _check_device(q, k, v)
+    _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits)
+    _check_device(q, k, v, seqlens_k=seqlens_k)
     q, k, v = (_as_kernel_input(t) for t in (q, k, v))
+    if seqlens_k is not None:
+        seqlens_k = seqlens_k.contiguous()  # the kernel reads a plain int32 array
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
-    _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, (window_left, window_right))
+    window = (window_left, window_right)
+    _forward(
+        q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, window,
+        seqlens_k=seqlens_k, num_splits=num_splits,
+    )  # fmt: skip
     return out, lse
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, softmax_scale, kernel, return_lse, window_left=-1, window_right=-1):
-    _check_inputs(q, k, v, kernel)
+def _attention_fwd_fake(
+    q, k, v, causal, softmax_scale, kernel, return_lse, window_left=-1, window_right=-1, seqlens_k=None, num_splits=0
+):
+    _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
     lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
@@ -290,6 +398,9 @@ def attention(
     kernel: str = "auto",
     return_lse: bool = False,
     window_size: Tuple[int, int] = (-1, -1),
+    *,
+    seqlens_k: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
 ):
     """Forward attention O = softmax(scale * Q K^T + mask) V on BSHD tensors.
 
@@ -305,6 +416,16 @@ def attention(
             like the causal mask: query i sees key j iff i + Sk - Sq - left <= j <= i + Sk - Sq + right;
             -1 leaves a side open. With causal, right must be -1 or 0. Only the final kernel
             (what "auto" picks) has it; a lineage kernel raises NotImplementedError.
+        seqlens_k: None (every key), or torch.int32 [B] on q's device: sequence b attends to its
+            first seqlens_k[b] keys only (clamped to [0, Sk]; FlashAttention's cache_seqlens /
+            seqused_k, e.g. a KV cache of capacity Sk), and the causal mask and window align to
+            that length (Sk above becomes seqlens_k[b]). A sequence with no keys gives output 0
+            and LSE -inf. The keys past seqlens_k[b] may hold anything (NaN included): the
+            kernel zeroes their V rows in shared memory before they meet their zero weights.
+            Only the final kernel has it; a lineage kernel raises NotImplementedError.
+        num_splits: split-KV (flash-decoding) parts per query block: 0 lets the final kernel
+            decide, 1 turns it off, n <= 64 asks for n. A performance hint: the result is the
+            same up to rounding, and the lineage kernels ignore it.
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -314,15 +435,17 @@ def attention(
         NotImplementedError: the chosen kernel (or every kernel, for "auto") does not support the problem.
         RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
 
-    Runs on torch.cuda.current_stream() without host synchronization; works under
-    torch.compile(fullgraph=True) and CUDA-graph capture. Forward only (no autograd).
+    Runs on torch.cuda.current_stream() without host synchronization (seqlens_k is read by the
+    kernel only); works under torch.compile(fullgraph=True) and CUDA-graph capture. Forward
+    only (no autograd).
     """
-    _check_types(q, k, v)
+    _check_types(q, k, v, **({} if seqlens_k is None else {"seqlens_k": seqlens_k}))
+    _check_num_splits(num_splits)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
     out, lse = torch.ops.hattn.attention_fwd(
-        q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse), left, right
+        q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse), left, right, seqlens_k, num_splits
     )
     return (out, lse) if return_lse else out
 
@@ -440,6 +563,116 @@ def attention_varlen(
     return (out, lse) if return_lse else out
 
 
+@torch.library.custom_op("hattn::attention_paged_fwd", mutates_args=())
+def attention_paged_fwd(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    causal: bool,
+    softmax_scale: Optional[float],
+    kernel: str,
+    return_lse: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    num_splits: int = 0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """hattn::attention_paged_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
+    _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits)
+    _check_device(q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k)
+    q, k_cache, v_cache = (_as_kernel_input(t) for t in (q, k_cache, v_cache))
+    # The kernel reads plain int32 arrays: block_table's rows max_pages_per_seq apart.
+    block_table, seqlens_k = block_table.contiguous(), seqlens_k.contiguous()
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    _forward(
+        q, k_cache, v_cache, out, lse if return_lse else None, causal, softmax_scale, kernel,
+        (window_left, window_right), seqlens_k=seqlens_k, block_table=block_table, num_splits=num_splits,
+    )  # fmt: skip
+    return out, lse
+
+
+@attention_paged_fwd.register_fake
+def _attention_paged_fwd_fake(
+    q, k_cache, v_cache, block_table, seqlens_k, causal, softmax_scale, kernel, return_lse,
+    window_left=-1, window_right=-1, num_splits=0,
+):  # fmt: skip
+    _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
+    lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+def attention_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    kernel: str = "auto",
+    return_lse: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    num_splits: int = 0,
+):
+    """Forward attention over a paged KV cache, as FlashAttention's flash_attn_with_kvcache and
+    vLLM keep it: keys and values in fixed-size pages that a block table maps to each sequence.
+
+    Args:
+        q: [B, Sq, Hq, D] CUDA tensor, torch.bfloat16 or torch.float16; D in {64, 128, 256}.
+        k_cache, v_cache: [num_pages, page_size, Hkv, D], same dtype and device; Hq % Hkv == 0
+            (GQA/MQA). page_size must be a multiple of 128 (a K/V tile never spans two pages);
+            other sizes raise NotImplementedError.
+        block_table: torch.int32 [B, max_pages_per_seq] on q's device: sequence b's key j is
+            row j % page_size of page block_table[b, j // page_size]. Entries past a sequence's
+            last page are not used (the kernel clamps indices to the cache).
+        seqlens_k: torch.int32 [B] on q's device, the keys in each sequence (FlashAttention's
+            cache_seqlens), from 0 to max_pages_per_seq * page_size (clamped to that range).
+            The rows past them in a sequence's last page may hold anything (NaN included): the
+            kernel zeroes their V rows in shared memory before they meet their zero weights.
+        causal: bottom-right aligned to each sequence's length: query i sees key j iff
+            j <= i + seqlens_k[b] - Sq. Rows that see no key give output 0 and LSE -inf.
+        softmax_scale: default 1/sqrt(D).
+        kernel: "auto" or a name from hattn.kernels(); only the final kernel (what "auto"
+            picks) has a paged cache, a lineage kernel raises NotImplementedError.
+        return_lse: also return the row log-sum-exp (natural log), fp32 [B, Hq, Sq].
+        window_size: (left, right), the sliding window of attention(), aligned like the causal
+            mask to seqlens_k[b]; -1 leaves a side open.
+        num_splits: split-KV (flash-decoding) parts: 0 automatic, 1 off, n <= 64 (see attention()).
+
+    Returns:
+        out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
+
+    Raises:
+        TypeError / ValueError: malformed arguments (the message names the argument).
+        NotImplementedError: the chosen kernel (or every kernel, for "auto") does not support the
+            problem, e.g. a page_size that is not a multiple of 128.
+        RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
+
+    The kernel plans its work for max_pages_per_seq * page_size keys per sequence (block_table's
+    width, not seqlens_k's values, which are never read on the host: that would synchronize it
+    with the GPU), so a block table no wider than the longest sequence needs is cheapest. The
+    caches are read in place when their layout allows (see the module docstring; otherwise the
+    whole cache is copied). Runs on torch.cuda.current_stream(); works under
+    torch.compile(fullgraph=True) and CUDA-graph capture, where new seqlens_k and block_table
+    values of the same shapes need no new capture. Forward only (no autograd).
+    """
+    _check_types(q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k)
+    _check_num_splits(num_splits)
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    left, right = _window(window_size)
+    out, lse = torch.ops.hattn.attention_paged_fwd(
+        q, k_cache, v_cache, block_table, seqlens_k, bool(causal), softmax_scale, kernel, bool(return_lse),
+        left, right, num_splits,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
 def resolve_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -447,17 +680,22 @@ def resolve_kernel(
     causal: bool = False,
     kernel: str = "auto",
     window_size: Tuple[int, int] = (-1, -1),
+    *,
+    seqlens_k: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
 ) -> str:
-    """The kernel that `kernel` ("auto" or a name) resolves to for these tensors; launches nothing.
+    """The kernel that `kernel` ("auto" or a name) resolves to for these tensors (with
+    attention()'s seqlens_k and num_splits); launches nothing.
 
     Raises NotImplementedError when no kernel (or not the named one) supports the problem.
     Needs no GPU.
     """
-    _check_inputs(q, k, v, kernel)
+    _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits)
     q, k, v = (_as_kernel_input(t) for t in (q, k, v))
     # Resolution looks at shapes, not memory: q's pointer stands in for a contiguous output.
     batch, seqlen_q, heads_q, head_dim = q.shape
     out_strides = (seqlen_q * heads_q * head_dim, heads_q * head_dim, head_dim)
-    kwargs = _problem_kwargs(q, k, v, q, None, causal, None, kernel, _window(window_size))
+    window = _window(window_size)
+    kwargs = _problem_kwargs(q, k, v, q, None, causal, None, kernel, window, seqlens_k=seqlens_k, num_splits=num_splits)
     kwargs["out_strides"] = out_strides
     return _C.resolve_kernel(**kwargs)

@@ -64,8 +64,9 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
            uintptr_t q, const StrideTuple& q_strides, uintptr_t k, const StrideTuple& k_strides, uintptr_t v,
            const StrideTuple& v_strides, uintptr_t out, const StrideTuple& out_strides, uintptr_t lse,
            std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
-           uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, const std::string& kernel,
-           uintptr_t stream) {
+           uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, uintptr_t seqlens_k,
+           uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, int num_splits,
+           const std::string& kernel, uintptr_t stream) {
         hattn::AttentionProblem p;
         p.dtype = parse_dtype(dtype);
         p.batch = batch;
@@ -91,6 +92,12 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.cu_seqlens_k = reinterpret_cast<const int32_t*>(cu_seqlens_k);
         p.total_q = total_q;
         p.total_k = total_k;
+        p.seqlens_k = reinterpret_cast<const int32_t*>(seqlens_k);
+        p.block_table = reinterpret_cast<const int32_t*>(block_table);
+        p.max_pages_per_seq = max_pages_per_seq;
+        p.num_pages = num_pages;
+        p.page_size = page_size;
+        p.num_splits = num_splits;
         return fn(p, kernel, stream);
       },
       nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
@@ -98,7 +105,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       nb::arg("v"), nb::arg("v_strides"), nb::arg("out"), nb::arg("out_strides"), nb::arg("lse") = 0,
       nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1,
       nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0, nb::arg("total_q") = 0,
-      nb::arg("total_k") = 0, nb::arg("kernel") = "auto",
+      nb::arg("total_k") = 0, nb::arg("seqlens_k") = 0, nb::arg("block_table") = 0, nb::arg("max_pages_per_seq") = 0,
+      nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("num_splits") = 0, nb::arg("kernel") = "auto",
       nb::arg("stream") = 0, doc);
 }
 
@@ -141,7 +149,9 @@ NB_MODULE(_C, m) {
       "Pointers are device addresses as ints; strides are (batch, seq, head) in elements, the head dim\n"
       "contiguous; lse is 0 or a contiguous fp32 [B, Hq, Sq] buffer; softmax_scale None means 1/sqrt(D).\n"
       "Variable-length batch: cu_seqlens_q/cu_seqlens_k are device int32 [batch + 1] offsets, total_q/total_k\n"
-      "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).");
+      "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).\n"
+      "seqlens_k: device int32 [batch], keys in use per sequence. Paged KV: block_table device int32\n"
+      "[batch, max_pages_per_seq], k/v [num_pages, page_size, Hkv, D]. num_splits: split-KV parts (0 auto).");
   def_problem_function(
       m, "resolve_kernel", &resolve_kernel,
       "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");

@@ -109,3 +109,30 @@ def lse_bound(ref: torch.Tensor, naive: torch.Tensor) -> float:
     if not finite.any():
         return 1e-4
     return 2 * (naive.double() - ref)[finite].abs().max().item() + 1e-4
+
+
+def check_sequence(o, lse_b, q, k, v, causal, softmax_scale, window, label):
+    """One sequence's out o [Sq, Hq, D] and lse_b [Hq, Sq] against attention_ref on that
+    sequence alone (q [Sq, Hq, D], k and v [Sk, Hkv, D]), within twice the error of plain
+    same-dtype torch (test_gpu.py's bound); rows that see no key must give 0 and -inf."""
+    if k.shape[0] == 0:  # no keys: every row sees none
+        assert (o == 0).all(), f"{label}: rows without keys must give output 0"
+        assert torch.isneginf(lse_b).all(), f"{label}: rows without keys must give lse -inf"
+        return
+    qb, kb, vb = q[None], k[None], v[None]
+    ref_out, ref_lse = attention_ref(qb, kb, vb, causal, softmax_scale, upcast=True, window=window)
+    naive_out, naive_lse = attention_ref(qb, kb, vb, causal, softmax_scale, upcast=False, window=window)
+    ref_out, naive_out, ref_lse, naive_lse = ref_out[0], naive_out[0], ref_lse[0], naive_lse[0]
+    err = (o.double() - ref_out).abs().max().item()
+    bound = error_bound(ref_out, naive_out, q.dtype)
+    assert err <= bound, f"{label} ({q.shape[0]}x{k.shape[0]}): out max error {err:.3e} > bound {bound:.3e}"
+    dead = torch.isneginf(ref_lse[0])  # rows that see no key, the same for every head
+    if dead.any():
+        assert (o[dead] == 0).all(), f"{label}: fully masked rows must give output 0"
+        assert torch.isneginf(lse_b[:, dead]).all(), f"{label}: fully masked rows must give lse -inf"
+    live = ~dead
+    if live.any():
+        assert torch.isfinite(lse_b[:, live]).all(), f"{label}: lse must be finite on rows that see a key"
+        lerr = (lse_b[:, live].double() - ref_lse[:, live]).abs().max().item()
+        lbound = lse_bound(ref_lse[:, live], naive_lse[:, live])
+        assert lerr <= lbound, f"{label}: lse max error {lerr:.3e} > bound {lbound:.3e}"

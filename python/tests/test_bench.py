@@ -175,3 +175,17 @@ def test_varlen_anchor_names_are_checked():
         bench.parse_args(["--varlen", "mixed", "--anchors", "sdpa_cudnn"], KERNELS)
     args = bench.parse_args(["--varlen", "mixed", "--anchors", "varlen_flash"], KERNELS)
     assert args.anchor_list == ["varlen_flash"]
+
+
+def test_decode_flag_sets_the_queries():
+    argv = ["--seqlen-q", "1", "--dims", "128", "--seqlens", "4k", "--no-capstone", "--causal", "no"]
+    args = bench.parse_args(argv, KERNELS)
+    assert [(s.seqlen_q, s.seqlen_k, s.batch) for s in args.shapes] == [(1, 4096, 4)]
+    assert args.shapes[0].flops == 4.0 * 4 * 16 * 1 * 4096 * 128
+    causal = bench.Shape("grid", 4, 1, 4096, 16, 16, 128, True)  # one query sees every key, bottom-right
+    assert causal.flops == args.shapes[0].flops
+    s = bench.Shape("grid", 1, 4, 10, 1, 1, 64, True)  # rows see 7, 8, 9 and 10 keys
+    assert s.flops == 4.0 * 64 * (7 + 8 + 9 + 10)
+    for bad in (["--varlen", "equal", "--causal", "no"], ["--causal", "both"]):
+        with pytest.raises(SystemExit):  # not with varlen; SDPA's causal is top-left when Sq != Sk
+            bench.parse_args(["--seqlen-q", "1", *bad], KERNELS)

@@ -1,11 +1,12 @@
-"""hattn.flash_attn_func and hattn.flash_attn_varlen_func, the drop-ins for FlashAttention-2's
-flash_attn_func and flash_attn_varlen_func: what they refuse (CPU), and that they are
-hattn.attention and hattn.attention_varlen under FlashAttention's argument order (GPU)."""
+"""hattn.flash_attn_func, hattn.flash_attn_varlen_func and hattn.flash_attn_with_kvcache, the
+drop-ins for FlashAttention-2's functions of those names: what they refuse (CPU), and that they
+are hattn.attention, hattn.attention_varlen and hattn.attention_paged under FlashAttention's
+argument order (GPU)."""
 
 import hattn
 import pytest
 import torch
-from helpers import make_qkv, requires_hopper
+from helpers import INPUT_MEAN, make_qkv, requires_hopper
 
 
 def cpu_qkv():
@@ -66,7 +67,7 @@ def test_window_size_reaches_the_op():
         ({"softcap": 30.0}, "softcap"),
         ({"alibi_slopes": torch.zeros(2)}, "alibi_slopes"),
         ({"return_attn_probs": True}, r"return_attn_probs=True \(use hattn.attention_varlen"),
-        ({"block_table": torch.zeros(2, 4, dtype=torch.int32)}, r"block_table \(no paged KV\)"),
+        ({"block_table": torch.zeros(2, 4, dtype=torch.int32)}, r"block_table \(no paged KV with a variable-length"),
     ],
 )
 def test_varlen_unsupported_arguments_are_named(kwargs, words):
@@ -139,3 +140,175 @@ def test_varlen_window_same_as_attention_varlen(causal):
     out = hattn.flash_attn_varlen_func(*args, causal=causal, window_size=(50, 30), deterministic=True)
     expect = hattn.attention_varlen(*args, causal=causal, window_size=(50, 0 if causal else 30))
     torch.testing.assert_close(out, expect, rtol=0, atol=0)
+
+
+# --- flash_attn_with_kvcache ------------------------------------------------------------------------------
+
+
+def cpu_kvcache(device="cpu"):
+    """q [2, 4, 8, 64]; a dense cache [2, 300, 2, 64]; a paged one [6, 128, 2, 64] with table [2, 3]."""
+    q = torch.randn(2, 4, 8, 64, dtype=torch.bfloat16, device=device)
+    dense = torch.randn(2, 300, 2, 64, dtype=torch.bfloat16, device=device)
+    pages = torch.randn(6, 128, 2, 64, dtype=torch.bfloat16, device=device)
+    table = torch.arange(6, dtype=torch.int32, device=device).view(2, 3)
+    return q, dense, pages, table
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"k": torch.zeros(2, 1, 2, 64)}, r"k, v \(appending to the KV cache"),
+        ({"v": torch.zeros(2, 1, 2, 64)}, r"k, v \(appending to the KV cache"),
+        ({"rotary_cos": torch.zeros(8, 32), "rotary_sin": torch.zeros(8, 32)}, r"rotary_cos, rotary_sin"),
+        ({"cache_batch_idx": torch.zeros(2, dtype=torch.int32)}, r"cache_batch_idx"),
+        ({"cache_leftpad": torch.zeros(2, dtype=torch.int32)}, r"cache_leftpad"),
+        ({"softcap": 30.0}, r"softcap=30.0"),
+        ({"alibi_slopes": torch.zeros(8)}, r"alibi_slopes"),
+    ],
+)
+def test_kvcache_unsupported_arguments_are_named(kwargs, words):
+    q, dense, _, _ = cpu_kvcache()
+    with pytest.raises(NotImplementedError, match=r"hattn.flash_attn_with_kvcache does not support .*" + words):
+        hattn.flash_attn_with_kvcache(q, dense, dense, cache_seqlens=10, **kwargs)
+
+
+def test_kvcache_names_every_unsupported_argument_and_grad():
+    q, dense, _, _ = cpu_kvcache()
+    with pytest.raises(NotImplementedError, match=r"cache_leftpad .*softcap=1.0 .*forward-only"):
+        hattn.flash_attn_with_kvcache(
+            q.requires_grad_(), dense, dense, cache_leftpad=torch.zeros(2, dtype=torch.int32), softcap=1.0
+        )
+
+
+def test_kvcache_positional_order_is_flash_attn_s():
+    # k comes fourth and cache_seqlens eighth, as in flash_attn_with_kvcache.
+    q, dense, _, _ = cpu_kvcache()
+    with pytest.raises(NotImplementedError, match=r"k, v \(appending"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, q[:, :, :2])
+    with pytest.raises(ValueError, match=r"cache_seqlens: dtype must be torch.int32, got torch.int64"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, None, None, None, None, torch.zeros(2, dtype=torch.int64))
+
+
+@pytest.mark.parametrize(
+    "cache_seqlens, error, pattern",
+    [
+        (torch.zeros(2, dtype=torch.int64), ValueError, r"cache_seqlens: dtype must be torch.int32"),
+        (torch.zeros(3, dtype=torch.int32), ValueError, r"cache_seqlens: must be 1-D \[batch\] with q's batch 2"),
+        (-1, ValueError, r"cache_seqlens: must be >= 0, got -1"),
+        (10.0, TypeError, r"cache_seqlens: must be an int or a torch.int32 tensor \[batch\], got float"),
+        (True, TypeError, r"cache_seqlens: must be an int or a torch.int32 tensor \[batch\], got bool"),
+    ],
+)
+def test_kvcache_cache_seqlens_errors(cache_seqlens, error, pattern):
+    q, dense, pages, table = cpu_kvcache()
+    with pytest.raises(error, match=pattern):
+        hattn.flash_attn_with_kvcache(q, dense, dense, cache_seqlens=cache_seqlens)
+    with pytest.raises(error, match=pattern):
+        hattn.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=cache_seqlens, block_table=table)
+
+
+def test_kvcache_errors_name_the_caches():
+    q, dense, pages, table = cpu_kvcache()
+    with pytest.raises(ValueError, match=r"cache_seqlens: required with block_table"):
+        hattn.flash_attn_with_kvcache(q, pages, pages, block_table=table)
+    with pytest.raises(ValueError, match=r"k_cache: batch 1 must equal q's batch 2"):
+        hattn.flash_attn_with_kvcache(q, dense[:1], dense[:1], cache_seqlens=10)
+    with pytest.raises(ValueError, match=r"v_cache: shape \(2, 299, 2, 64\) must equal k_cache's shape"):
+        hattn.flash_attn_with_kvcache(q, dense, dense[:, 1:], cache_seqlens=10)
+    with pytest.raises(ValueError, match=r"k_cache: must be 4-D \[num_pages, page_size, heads_kv, head_dim\]"):
+        hattn.flash_attn_with_kvcache(q, pages[0], pages[0], cache_seqlens=10, block_table=table)
+    with pytest.raises(ValueError, match=r"block_table: dtype must be torch.int32"):
+        hattn.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=10, block_table=table.long())
+    with pytest.raises(ValueError, match=r"num_splits: must be 0 \(automatic\), 1 \(off\) or up to 64, got 99"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, num_splits=99)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_supported_call_reaches_the_op(paged):
+    q, dense, pages, table = cpu_kvcache()
+    cache, extra = (pages, {"block_table": table}) if paged else (dense, {})
+    with pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
+        hattn.flash_attn_with_kvcache(
+            q, cache, cache, cache_seqlens=torch.full((2,), 7, dtype=torch.int32), causal=True, window_size=(50, 3),
+            num_splits=2, rotary_interleaved=False, **extra,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_meta_shapes(paged):
+    """On meta tensors the ops' fake implementations answer: the drop-in's result shapes."""
+    q, dense, pages, table = cpu_kvcache("meta")
+    cache, extra = (pages, {"block_table": table}) if paged else (dense, {})
+    out = hattn.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=100, **extra)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.device.type == "meta"
+    out, lse = hattn.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=100, return_softmax_lse=True, **extra)
+    assert out.shape == q.shape and lse.shape == (2, 8, 4) and lse.dtype == torch.float32
+
+
+def gpu_kvcache(lens, seqlen_q=4, page_size=128, heads_q=8, heads_kv=2, head_dim=128, seed=0):
+    """q; a paged cache with a random block table; the same keys in a dense cache; int32 lengths."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    max_pages = max(1, max(-(-n // page_size) for n in lens))
+    num_pages = len(lens) * max_pages
+    table = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).view(len(lens), max_pages)
+    table = table.to(torch.int32).cuda()
+
+    def rand(*shape):
+        return torch.randn(*shape, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen) + INPUT_MEAN
+
+    q = rand(len(lens), seqlen_q, heads_q)
+    k_pages, v_pages = rand(num_pages, page_size, heads_kv), rand(num_pages, page_size, heads_kv)
+    k_dense, v_dense = (c[table.long()].flatten(1, 2) for c in (k_pages, v_pages))  # [B, max_pages * page_size, ...]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    return q, k_pages, v_pages, table, k_dense, v_dense, seqlens
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_kvcache_paged_same_as_attention_paged(causal):
+    q, k_pages, v_pages, table, _, _, seqlens = gpu_kvcache([0, 1, 300, 129, 512])
+    out, lse = hattn.flash_attn_with_kvcache(
+        q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, softmax_scale=0.1, causal=causal,
+        window_size=(50, 30), num_splits=3, return_softmax_lse=True,
+    )  # fmt: skip
+    expect, expect_lse = hattn.attention_paged(
+        q, k_pages, v_pages, table, seqlens, causal=causal, softmax_scale=0.1, return_lse=True,
+        window_size=(50, 0 if causal else 30), num_splits=3,
+    )  # fmt: skip
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
+    torch.testing.assert_close(lse, expect_lse, rtol=0, atol=0)
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_kvcache_dense_same_as_attention_with_seqlens_k(causal):
+    q, _, _, _, k_dense, v_dense, seqlens = gpu_kvcache([0, 1, 300, 129, 512])
+    out = hattn.flash_attn_with_kvcache(q, k_dense, v_dense, cache_seqlens=seqlens, causal=causal)
+    expect = hattn.attention(q, k_dense, v_dense, causal=causal, seqlens_k=seqlens)
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
+    # No cache_seqlens: every key of the dense cache.
+    out = hattn.flash_attn_with_kvcache(q, k_dense, v_dense, causal=causal)
+    torch.testing.assert_close(out, hattn.attention(q, k_dense, v_dense, causal=causal), rtol=0, atol=0)
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_int_cache_seqlens_is_every_sequence(paged):
+    q, k_pages, v_pages, table, k_dense, v_dense, _ = gpu_kvcache([300, 300, 300], seqlen_q=1)
+    full = torch.full((3,), 200, dtype=torch.int32, device="cuda")
+    if paged:
+        out = hattn.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=200, block_table=table)
+        expect = hattn.attention_paged(q, k_pages, v_pages, table, full)
+    else:
+        out = hattn.flash_attn_with_kvcache(q, k_dense, v_dense, cache_seqlens=200)
+        expect = hattn.attention(q, k_dense, v_dense, seqlens_k=full)
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
+
+
+@requires_hopper
+def test_kvcache_paged_and_dense_agree():
+    """The same keys in pages and in a dense cache: the two paths of the drop-in agree."""
+    q, k_pages, v_pages, table, k_dense, v_dense, seqlens = gpu_kvcache([0, 1, 300, 129, 512], seqlen_q=64)
+    paged = hattn.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, causal=True)
+    dense = hattn.flash_attn_with_kvcache(q, k_dense, v_dense, cache_seqlens=seqlens, causal=True)
+    torch.testing.assert_close(paged, dense, rtol=0, atol=2e-2)

@@ -99,7 +99,12 @@ struct SharedStorage {
   uint64_t v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages];
   uint64_t v_empty[Cfg::kStages];
+  uint64_t v_landed;  // a V tile that ends past its sequence: landed, its tail not yet zeroed
 };
+
+// Zeros for the rows of a V tile past its sequence's end (static storage starts zeroed): at
+// most a whole tile's rows of one 64-column block.
+__device__ __align__(128) uint4 g_zero_rows[256 * kSwizzleBytes / sizeof(uint4)];
 
 template <typename T, int D, bool kWide, int kNumConsumers>
 constexpr int smem_bytes() {
@@ -120,34 +125,39 @@ __device__ __forceinline__ void load_tile(T (&dst)[Config<D, kWide, kNumConsumer
 
 // One item's sequence: its lengths, the rows before its first query and key, and the batch
 // coordinate of its boxes. A variable-length batch packs its sequences along the rows of one
-// [1, total, H, D] tensor; otherwise sequence b is batch entry b.
+// [1, total, H, D] tensor; otherwise sequence b is batch entry b. With seqlens_k it uses only
+// its first seqlens_k[b] keys (a paged cache always has seqlens_k; its pages are found per
+// tile, from the block table).
 struct Sequence {
   int seqlen_q, seqlen_k;
   int q_start, k_start;
   int batch_coord;
 };
 
-template <bool kVarlen>
+template <bool kRuntimeBounds>
 __device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int batch) {
-  if (kVarlen && p.cu_seqlens_q != nullptr) {
+  Sequence seq = {p.seqlen_q, p.seqlen_k, 0, 0, batch};
+  if (kRuntimeBounds && p.cu_seqlens_q != nullptr) {
     // Clamped to the tensors: offsets that break the caller's promise cannot send a load or a
     // store outside them.
     const int q_start = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
     const int q_end = min(max(__ldg(p.cu_seqlens_q + batch + 1), q_start), p.total_q);
     const int k_start = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
     const int k_end = min(max(__ldg(p.cu_seqlens_k + batch + 1), k_start), p.total_k);
-    return {q_end - q_start, k_end - k_start, q_start, k_start, 0};
+    seq = {q_end - q_start, k_end - k_start, q_start, k_start, 0};
   }
-  return {p.seqlen_q, p.seqlen_k, 0, 0, batch};
+  if (kRuntimeBounds && p.seqlens_k != nullptr) seq.seqlen_k = min(max(__ldg(p.seqlens_k + batch), 0), seq.seqlen_k);
+  return seq;
 }
 
 // The final kernel's extensions, as template flags so that problems without them keep the
 // step's own tile loop (the causal mask or none, with no window or sequence arithmetic):
-//   kVarlen: a variable-length batch; each item reads its sequence's bounds at run time.
+//   kRuntimeBounds: each item reads its sequence's bounds at run time: a variable-length
+//            batch, keys in use (seqlens_k), a paged cache, split-KV parts.
 //   kWindow: a sliding window, whose edges bound the sweeps and masks. Its kernels also take
-//            variable-length batches (kWindow implies kVarlen), so three of the four
+//            run-time bounds (kWindow implies kRuntimeBounds), so three of the four
 //            combinations are compiled.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
@@ -171,13 +181,23 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // between the edges of the causal mask or the sliding window (none when no row sees a key,
   // or when the block lies past a short sequence's queries in a variable-length batch).
   auto kv_tiles = [&](int m_block, const Sequence& seq) -> KvTileRange {
-    if (kVarlen && m_block * kBlockM >= seq.seqlen_q) return {0, 0};
+    if (kRuntimeBounds && m_block * kBlockM >= seq.seqlen_q) return {0, 0};
     if constexpr (kWindow) {
       return masked_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
     } else {
       return {0, p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k)
                           : (seq.seqlen_k + kBlockN - 1) / kBlockN};
     }
+  };
+  // Split-KV numbers the parts of a query block inside the item's m_block (block * splits +
+  // part), and each part sweeps its share of the block's tiles. Only the varlen kernels take
+  // it; without it p.splits is 1 and these are the block and kv_tiles.
+  auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? item.m_block / p.splits : item.m_block; };
+  auto item_tiles = [&](const WorkItem& item, const Sequence& seq) -> KvTileRange {
+    const KvTileRange all = kv_tiles(block_of(item), seq);
+    if (!kRuntimeBounds || p.splits == 1) return all;
+    const int part = item.m_block % p.splits, n = all.last - all.first;
+    return {all.first + n * part / p.splits, all.first + n * (part + 1) / p.splits};
   };
 
   if (threadIdx.x == 0) {
@@ -197,6 +217,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       ptx::mbarrier_init(&smem.k_empty[s], Cfg::kConsumers * 4);  // one arrival per consumer warp
       ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumers * 4);
     }
+    ptx::mbarrier_init(&smem.v_landed, 1);
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
@@ -205,14 +226,16 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // Producer. Every warp of the warpgroup must execute setmaxnreg; one thread then loads.
     ptx::setmaxnreg_dec<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      int kv = 0;    // K/V tiles loaded so far: the ring position
-      int uses = 0;  // items loaded so far: Q's phase
+      int kv = 0;      // K/V tiles loaded so far: the ring position
+      int uses = 0;    // items loaded so far: Q's phase
+      int landed = 0;  // V tiles whose tail was zeroed so far: v_landed's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
         const WorkItem item = sched.item(w);
-        const Sequence seq = sequence_of<kVarlen>(p, item.batch);
-        const KvTileRange range = kv_tiles(item.m_block, seq);
+        const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
+        const KvTileRange range = item_tiles(item, seq);
         const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
+        const int q_row = seq.q_start + block_of(item) * kBlockM;
         const int head_kv = item.head_q / p.heads_per_kv;
         // Q in two halves, one per consumer, each loaded as soon as its consumer is done with
         // it. WAR: consumer c's last S of the previous item has finished reading its rows.
@@ -223,7 +246,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
           for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
             ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64,
-                                             seq.q_start + item.m_block * kBlockM + c * 64, item.head_q,
+                                             q_row + c * 64, item.head_q,
                                              seq.batch_coord, &smem.q_full[c]);
         }
         ++uses;
@@ -236,10 +259,34 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           if (reused) ptx::mbarrier_wait(&smem.k_empty[stage], previous_use);
           // In a variable-length batch the last tile may run into the next sequence's keys:
           // the consumers mask them like keys past Sk (which TMA fills with zeros).
-          const int first_key = seq.k_start + (range.first + tile) * kBlockN;
-          load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, first_key, head_kv, seq.batch_coord, &smem.k_full[stage]);
+          const int key = (range.first + tile) * kBlockN;  // the tile's first key in the sequence
+          int kv_row = seq.k_start + key, kv_entry = seq.batch_coord;
+          if (kRuntimeBounds && p.block_table != nullptr) {
+            // A paged cache: the tile is rows key % page_size onward of one page (page_size is
+            // a multiple of kBlockN), the page clamped to the cache.
+            const int page = __ldg(p.block_table + int64_t(item.batch) * p.max_pages_per_seq + key / p.page_size);
+            kv_entry = min(max(page, 0), p.num_pages - 1);
+            kv_row = key % p.page_size;
+          }
+          load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, kv_row, head_kv, kv_entry, &smem.k_full[stage]);
           if (reused) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
-          load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, first_key, head_kv, seq.batch_coord, &smem.v_full[stage]);
+          const int valid = seq.seqlen_k - key;  // keys of the tile inside the sequence
+          if (kRuntimeBounds && valid < kBlockN) {
+            // The rows past the sequence's end hold anything: the next sequence's keys, a
+            // cache's unused rows. Their weights are 0, but 0 x NaN is NaN in P V. So the tile
+            // first lands on v_landed; then (one async copy after the other, the first seen
+            // complete) zeros overwrite those rows, and that copy completes v_full. K needs
+            // nothing: its masked scores are set to -inf.
+            load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_landed);
+            ptx::mbarrier_wait(&smem.v_landed, landed++ % 2);
+            const uint32_t zero_bytes = uint32_t(kBlockN - valid) * kSwizzleBytes;  // per 64-column block
+            ptx::mbarrier_arrive_expect_tx(&smem.v_full[stage], zero_bytes * Cfg::kColBlocks);
+#pragma unroll
+            for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
+              ptx::cp_async_bulk_g2s(smem.v[stage][cb] + valid * 64, g_zero_rows, zero_bytes, &smem.v_full[stage]);
+          } else {
+            load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
+          }
         }
       }
     }
@@ -303,11 +350,11 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
     const WorkItem item = sched.item(w);
-    const Sequence seq = sequence_of<kVarlen>(p, item.batch);
-    const int causal_offset = kVarlen ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
-    const int m_block = item.m_block * kBlockM;
-    if (kVarlen && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
-    const KvTileRange range = kv_tiles(item.m_block, seq);
+    const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
+    const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
+    const int m_block = block_of(item) * kBlockM;
+    if (kRuntimeBounds && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
+    const KvTileRange range = item_tiles(item, seq);
     const int n_tiles = range.last - range.first;
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8
 
@@ -441,7 +488,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // Epilogue: finish the row sums across the quad; rows that saw no key output 0, LSE -inf.
     // The epilogue reads its sequence again instead of using the loop's copy: with the copy,
     // ptxas spilled 72 bytes in the varlen + window kernel at D = 128, and 0 with the re-read.
-    const Sequence out_seq = sequence_of<kVarlen>(p, item.batch);
+    const Sequence out_seq = sequence_of<kRuntimeBounds>(p, item.batch);
     float inv_sum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -449,10 +496,34 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
       inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
     }
+    if (kRuntimeBounds && p.splits > 1) {
+      // Split-KV: this part's O, normalized by its own sum, and its LSE, in fp32 for the
+      // combine step; -inf and zeros where the part saw no key. A quad writes 32 contiguous
+      // bytes per n8 tile.
+      const bool packed = p.cu_seqlens_q != nullptr;
+      const int rows = packed ? p.total_q : p.seqlen_q;
+      const int part = item.m_block % p.splits;
+      const int64_t part_row0 =
+          ((int64_t(part) * (packed ? 1 : p.batch) + (packed ? 0 : item.batch)) * p.heads_q + item.head_q) * rows +
+          out_seq.q_start;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + r * 8;
+        if (row >= out_seq.seqlen_q) continue;
+        if (tig == 0)
+          p.lse_partial[part_row0 + row] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+        float* o_row = p.o_partial + (part_row0 + row) * D;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+          *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * tig) =
+              make_float2(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+      }
+      continue;  // the combine step writes out and lse
+    }
     // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum), max in raw units. [B, Hq, Sq], or
     // [Hq, total_q] in a variable-length batch.
     if (p.lse != nullptr && tig == 0) {
-      const bool packed = kVarlen && p.cu_seqlens_q != nullptr;
+      const bool packed = kRuntimeBounds && p.cu_seqlens_q != nullptr;
       const int64_t lse_row0 = packed ? int64_t(item.head_q) * p.total_q + out_seq.q_start
                                       : (int64_t(item.batch) * p.heads_q + item.head_q) * p.seqlen_q;
 #pragma unroll
@@ -486,7 +557,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // sequence would overwrite the next one's rows, so the warpgroup copies the rows inside
       // it from the staging tile instead, 16 bytes per thread and step (warpgroup-uniform).
       const int box_row0 = m_block + warpgroup * 64;  // in the sequence
-      if (!kVarlen || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q) {
+      if (!kRuntimeBounds || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q) {
         if (storer) {
 #pragma unroll
           for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
@@ -548,9 +619,56 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   }
 }
 
+// Split-KV's second step: one warp per output row combines the parts' fp32 results,
+// O = sum_s e^(lse_s - lse) O_s with lse = ln sum_s e^(lse_s), and writes out (in T) and lse.
+// `rows_all` rows of the partial layout [B][Hq][rows] (B = 1 for a varlen batch), which is
+// also the layout of lse. A lane holds two parts' LSEs (kMaxSplits = 64) and D / 32 columns.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionParams p, int64_t rows_all) {
+  static_assert(kMaxSplits <= 64, "a lane holds two parts' LSEs");
+  constexpr int kPerLane = D / 32;  // 2, 4 or 8 columns
+  const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (r >= rows_all) return;  // warp-uniform
+  const int lane = int(threadIdx.x) % 32;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const int rows = packed ? p.total_q : p.seqlen_q;
+  const int row = int(r % rows);
+  const int head = int(r / rows % p.heads_q), batch = int(r / rows / p.heads_q);  // batch 0 when packed
+  const float lse0 = lane < p.splits ? p.lse_partial[lane * rows_all + r] : -INFINITY;
+  const float lse1 = lane + 32 < p.splits ? p.lse_partial[(lane + 32) * rows_all + r] : -INFINITY;
+  float m = fmaxf(lse0, lse1);
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+  // No part saw a key: weights 0 (not NaN), output 0 and LSE -inf, as without splitting.
+  const float w0 = m == -INFINITY ? 0.f : expf(lse0 - m), w1 = m == -INFINITY ? 0.f : expf(lse1 - m);
+  float sum = w0 + w1;
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+  const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+  float acc[kPerLane] = {};
+  for (int part = 0; part < p.splits; ++part) {
+    const float w = __shfl_sync(0xffffffffu, part < 32 ? w0 : w1, part % 32) * inv_sum;
+    if (w == 0.f) continue;  // warp-uniform: a part without keys
+    const float* o = p.o_partial + (part * rows_all + r) * D + lane * kPerLane;
+#pragma unroll
+    for (int i = 0; i < kPerLane; i += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(o + i);
+      acc[i] += w * v.x;
+      acc[i + 1] += w * v.y;
+    }
+  }
+  T* out = static_cast<T*>(p.out) + int64_t(batch) * p.out_batch_stride + int64_t(row) * p.out_seq_stride +
+           int64_t(head) * p.out_head_stride + lane * kPerLane;
+#pragma unroll
+  for (int i = 0; i < kPerLane; i += 2) *reinterpret_cast<uint32_t*>(out + i) = frag::pack2<T>(acc[i], acc[i + 1]);
+  if (lane == 0 && p.lse != nullptr) p.lse[r] = m == -INFINITY ? -INFINITY : m + logf(sum);
+}
+
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kVarlen, bool kWindow>
-Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, cudaStream_t stream) {
+// splits > 1 (varlen kernels only): split-KV with that many parts, when its workspace can be had.
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
+Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, int splits, int sms,
+                    cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
@@ -563,27 +681,88 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
                              problem.heads_q, D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
-  static_assert(kVarlen || !kWindow, "the windowed kernels also take variable-length batches");
-  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kVarlen, kWindow>;
+  static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
+  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
-  const int sms = sm_count();
-  if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
-  const PersistentLaunch plan =
+  PersistentLaunch plan =
       plan_persistent_launch(problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.causal,
                              Cfg::kBlockM, Cfg::kBlockN, sms, params.window_left, params.window_right);
+  AttentionParams kernel_params = params;
+  float* workspace = nullptr;
+  int64_t rows_all = 0;  // rows of the partial layout, [B][Hq][rows]
+  if (kRuntimeBounds && splits > 1) {
+    const bool packed = problem.is_varlen();
+    rows_all = int64_t(packed ? 1 : problem.batch) * problem.heads_q * (packed ? problem.total_q : problem.seqlen_q);
+    const size_t bytes = size_t(splits) * size_t(rows_all) * (D + 1) * sizeof(float);
+    // Stream-ordered, so the pool hands the memory back to the next call on the stream, and a
+    // CUDA graph capture records it. Without it the problem runs unsplit.
+    if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream) == cudaSuccess) {
+      kernel_params.splits = splits;
+      kernel_params.o_partial = workspace;
+      kernel_params.lse_partial = workspace + size_t(splits) * size_t(rows_all) * D;
+      // The parts of a block are adjacent items (m_block = block * splits + part) in the order
+      // by pair: each part's cost is a share of its block's.
+      plan.sched.m_blocks *= splits;
+      plan.sched.by_rank = false;
+      plan.ctas = int(std::min<int64_t>(int64_t(plan.sched.total()), sms));
+    } else {
+      cudaGetLastError();  // clear it: the unsplit launch below does not depend on it
+      workspace = nullptr;
+    }
+  }
   const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, params, plan.sched);
-  return launch_status(kName);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, plan.sched);
+  s = launch_status(kName);
+  if (workspace != nullptr) {
+    if (s.ok()) {
+      combine_splits_kernel<T, D><<<unsigned((rows_all + 3) / 4), 128, 0, stream>>>(kernel_params, rows_all);
+      s = launch_status(kName);
+    }
+    const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
+    if (s.ok()) s = freed;
+  }
+  return s;
 }
 
+// K/V tiles each split-KV part sweeps at least, when the parts are chosen automatically.
+constexpr int kMinTilesPerSplit = 4;
+
+// Split-KV parts: num_splits when the caller gives it (1: off), else, when the query blocks
+// alone would leave more than half of the SMs idle, enough parts to give each SM an item, as
+// long as each part keeps kMinTilesPerSplit tiles of the mean sweep. Capped so that the work
+// list still fits an int.
+int split_parts(const AttentionProblem& problem, int block_m, int block_n, double mean_keys, int sms) {
+  const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, block_m);
+  int parts = problem.num_splits;
+  if (parts == 0) {
+    if (items * 2 > sms) return 1;
+    const int64_t by_sms = (sms + items - 1) / items;
+    const int64_t by_tiles = int64_t(mean_keys / block_n) / kMinTilesPerSplit;
+    parts = int(std::min<int64_t>({by_sms, by_tiles, kMaxSplits}));
+  }
+  if (parts < 2 || items * parts > kMaxWorkItems) return 1;
+  return parts;
+}
+
+// Pages of a paged cache hold a whole number of the K/V tiles paged problems run with (128 keys,
+// 64 at D = 256).
+constexpr int kPageMultiple = 128;
+static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultiple % Config<128, false, 2>::kBlockN == 0 &&
+                  kPageMultiple % Config<256, false, 2>::kBlockN == 0 && kPageMultiple % Config<64, false, 2>::kBlockN == 0,
+              "a page holds whole K/V tiles of the narrow shapes");
+
 // The whole contract with a positive scale, as long as the work list fits an int
-// (B * Hq * ceil(Sq / 128) < 2^31).
+// (B * Hq * ceil(Sq / 128) < 2^31); a paged cache's pages must hold whole K/V tiles.
 Status supports(const AttentionProblem& problem) {
   if (!(problem.scale() > 0.f))
     return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
                                        "on unscaled scores); got " + std::to_string(problem.scale())};
+  if (problem.is_paged() && problem.page_size % kPageMultiple != 0)
+    return {StatusCode::not_supported, std::string(kName) + ": page_size must be a multiple of " +
+                                           std::to_string(kPageMultiple) + " (a K/V tile never spans two pages); got " +
+                                           std::to_string(problem.page_size)};
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64, false, 2>::kBlockM);
   if (items > kMaxWorkItems)
     return {StatusCode::not_supported, std::string(kName) + ": batch * heads_q * ceil(seqlen_q / 128) = " +
@@ -608,17 +787,24 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   const AttentionParams params = make_params(problem);  // the window's edges, normalized; varlen offsets
   const double mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM, problem.seqlen_q, problem.seqlen_k,
                                                problem.causal, params.window_left, params.window_right);
-  const bool wide = mean_keys >= wide_tile_min_keys(problem.head_dim);
+  // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
+  const bool wide = !problem.is_paged() && mean_keys >= wide_tile_min_keys(problem.head_dim);
   // The window's kernels only where a window edge binds beyond what causal already does.
   const bool window = params.window_left >= 0 || (!problem.causal && params.window_right >= 0);
 
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   const bool three = !(problem.causal || window) || mean_keys >= kThreeConsumerMinCausalKeys;
+  const int sms = sm_count();
+  if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
     auto go = [&]<bool kWide, int kConsumers>() -> Status {
-      if (window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, params, stream);
-      if (problem.is_varlen()) return launch_typed<T, D, kWide, kConsumers, true, false>(problem, params, stream);
-      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, params, stream);
+      using Cfg = Config<D, kWide, kConsumers>;
+      // Split-KV runs in the varlen kernels (their items already read their bounds at run time).
+      const int splits = split_parts(problem, Cfg::kBlockM, Cfg::kBlockN, mean_keys, sms);
+      if (window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, params, splits, sms, stream);
+      if (problem.has_sequence_bounds() || splits > 1)
+        return launch_typed<T, D, kWide, kConsumers, true, false>(problem, params, splits, sms, stream);
+      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, params, 1, sms, stream);
     };
     if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
       if (three) return go.template operator()<false, 3>();
@@ -634,7 +820,8 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 
 const KernelEntry& kernel_16_coalesced_store() {
   static const KernelEntry entry{kName, "O stored from registers in 16-byte pieces after a transpose across each quad (D = 256, wide D = 128)",
-                                 supports, launch, /*supports_window=*/true, /*supports_varlen=*/true};
+                                 supports, launch, /*supports_window=*/true, /*supports_varlen=*/true,
+                                 /*supports_paged=*/true};
   return entry;
 }
 

@@ -34,6 +34,18 @@ struct AttentionParams {
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
   int total_q, total_k;
+  // Keys in use per sequence and a paged cache (only the final kernel reads these; null
+  // otherwise): see AttentionProblem.
+  const int32_t* seqlens_k;
+  const int32_t* block_table;
+  int max_pages_per_seq, num_pages, page_size;
+  // Split-KV (only the final kernel reads these): with splits > 1 each item computes one part
+  // of its block's K/V tiles and writes fp32 partial results, O (normalized by the part's own
+  // sum) to o_partial [splits][B][Hq][rows][D] and its LSE to lse_partial [splits][B][Hq][rows],
+  // rows = seqlen_q (B = 1 and rows = total_q for a varlen batch); a second kernel combines them.
+  int splits;
+  float* o_partial;
+  float* lse_partial;
 };
 
 inline AttentionParams make_params(const AttentionProblem& p) {
@@ -74,6 +86,14 @@ inline AttentionParams make_params(const AttentionProblem& p) {
   a.cu_seqlens_k = p.cu_seqlens_k;
   a.total_q = p.total_q;
   a.total_k = p.total_k;
+  a.seqlens_k = p.seqlens_k;
+  a.block_table = p.block_table;
+  a.max_pages_per_seq = p.max_pages_per_seq;
+  a.num_pages = p.num_pages;
+  a.page_size = p.page_size;
+  a.splits = 1;  // the final kernel's launch decides
+  a.o_partial = nullptr;
+  a.lse_partial = nullptr;
   return a;
 }
 

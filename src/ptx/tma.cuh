@@ -30,6 +30,15 @@ __device__ __forceinline__ void cp_async_bulk_tensor_4d_g2s(void* dst, const CUt
       : "memory");
 }
 
+// cp.async.bulk global -> shared (no tensor map): `bytes` contiguous bytes, a multiple of 16,
+// both addresses 16-byte aligned, completing on `bar` like the tensor copies.
+__device__ __forceinline__ void cp_async_bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   cvta_to_shared_u32(dst)),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(cvta_to_shared_u32(bar))
+               : "memory");
+}
+
 // fence.proxy.async.shared::cta: orders this thread's generic-proxy shared-memory writes
 // before later async-proxy (TMA, wgmma) accesses of the same memory.
 __device__ __forceinline__ void fence_proxy_async_shared_cta() {
