@@ -37,6 +37,7 @@ struct Config {
   int seqlen_q = 0;     // queries per sequence; 0: as many as keys (the grid's S)
   int num_splits = 0;   // split-KV parts (AttentionProblem::num_splits): 0 automatic, 1 off
   int page_size = 0;    // > 0: K and V in a paged cache of such pages (every key in use)
+  int gqa = 1;          // query heads per K/V head
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -64,6 +65,7 @@ void usage() {
       "  --seqlen-q N        queries per sequence (default: S, as many as keys); e.g. 1 for decoding\n"
       "  --num-splits N      split-KV parts: 0 automatic (default), 1 off, N (final kernel only)\n"
       "  --page-size N       K and V in a paged cache of N-key pages, shuffled (final kernel only)\n"
+      "  --gqa R             R query heads per K/V head (default 1; must divide the heads)\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -123,7 +125,7 @@ int parse(int argc, char** argv, Config* c) {
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
                a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--check-rows" ||
                a == "--csv" || a == "--commit" || a == "--window" || a == "--varlen" || a == "--seqlen-q" ||
-               a == "--num-splits" || a == "--page-size") {
+               a == "--num-splits" || a == "--page-size" || a == "--gqa") {
       if (!(v = value(a.c_str()))) return 2;
       const std::string s = v;
       bool ok = true;
@@ -178,6 +180,10 @@ int parse(int argc, char** argv, Config* c) {
           if (a == "--hidden") c->hidden = ints[0];
           if (a == "--reps") c->max_reps = ints[0];
           if (a == "--check-rows") c->check_rows = ints[0];
+          if (a == "--gqa") {
+            c->gqa = ints[0];
+            ok = c->gqa >= 1;
+          }
         }
       }
       if (!ok) {
@@ -280,7 +286,7 @@ struct Row {
   std::string kernel;
   Shape shape;
   int reps = 0;
-  double ms = 0, tflops = 0;
+  double ms = 0, tflops = 0, gbps = 0;
   int clock = 0;
   std::string check;  // PASS, FAIL or why it did not run
   double max_err = 0, budget = 0;
@@ -347,7 +353,8 @@ std::vector<Shape> grid(const Config& cfg) {
           sh.page_size = cfg.page_size;
           sh.seqlens_k_used.assign(size_t(sh.batch), s);
         }
-        sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
+        sh.heads_q = std::max(1, cfg.hidden / d);
+        sh.heads_kv = std::max(1, sh.heads_q / cfg.gqa);
         sh.head_dim = d;
         sh.causal = causal;
         sh.window_left = cfg.window_left;
@@ -362,7 +369,8 @@ std::vector<Shape> grid(const Config& cfg) {
         Shape sh;
         sh.batch = 1;
         sh.seqlen_q = sh.seqlen_k = s;
-        sh.heads_q = sh.heads_kv = h;
+        sh.heads_q = h;
+        sh.heads_kv = std::max(1, h / cfg.gqa);
         sh.head_dim = 128;
         sh.window_left = cfg.window_left;
         sh.window_right = cfg.window_right;
@@ -422,7 +430,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     csv << "commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
-           "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check"
+           "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check,gbps"
         << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "")
         << (cfg.num_splits != 0 ? ",num_splits" : "") << '\n';
   }
@@ -484,6 +492,7 @@ int main(int argc, char** argv) {
                                       harness::describe(shape).c_str(), r.summary().c_str());
           if (!time_kernel(cfg, w, kernel, flush.get(), flush_bytes, first_ms, &row)) row.check = "error";
           row.tflops = harness::forward_flops(shape) / (row.ms * 1e-3) / 1e12;
+          row.gbps = harness::forward_bytes(shape) / (row.ms * 1e-3) / 1e9;
           row.clock = sm_clock_mhz();
         }
       }
@@ -500,7 +509,7 @@ int main(int argc, char** argv) {
             << shape.batch << ',' << shape.seqlen_q << ',' << shape.seqlen_k << ',' << shape.heads_q << ','
             << shape.heads_kv << ',' << row.reps << ',' << row.ms << ',' << row.tflops << ','
             << (gemm > 0 ? 100 * row.tflops / gemm : 0) << ',' << row.max_err << ',' << row.budget << ','
-            << row.check;
+            << row.check << ',' << row.gbps;
         if (windowed) csv << ',' << shape.window_left << ',' << shape.window_right;
         if (varlen) csv << ',' << cfg.varlen;
         if (cfg.num_splits != 0) csv << ',' << cfg.num_splits;
@@ -514,8 +523,13 @@ int main(int argc, char** argv) {
     std::printf("# wrote %s\n", cfg.csv.c_str());
   }
 
-  // Compact summary: TFLOP/s per shape (rows) and kernel (columns).
-  std::printf("\n# TFLOP/s (%s; cuBLAS GEMM ceiling %.0f)\n%-22s", dtype_name(cfg.dtype), gemm, "shape");
+  // Compact summary per shape (rows) and kernel (columns): TFLOP/s, or GB/s for decoding shapes
+  // (--seqlen-q), which are bound by memory, not by the tensor cores.
+  const bool bytes_bound = cfg.seqlen_q > 0;
+  if (bytes_bound)
+    std::printf("\n# GB/s (%s; Q, K, V and O moved once; the H200's HBM3e is specified at 4800)\n%-22s", dtype_name(cfg.dtype), "shape");
+  else
+    std::printf("\n# TFLOP/s (%s; cuBLAS GEMM ceiling %.0f)\n%-22s", dtype_name(cfg.dtype), gemm, "shape");
   for (const auto& k : cfg.kernels) std::printf(" %10.10s", k.c_str());
   std::printf("\n");
   for (size_t i = 0; i < rows.size(); i += cfg.kernels.size()) {
@@ -527,6 +541,10 @@ int main(int argc, char** argv) {
     else
       std::snprintf(label, sizeof label, "D%d %s Sq%d Sk%d H%d", s.head_dim, s.causal ? "causal" : "full",
                     s.seqlen_q, s.seqlen_k, s.heads_q);
+    if (s.heads_kv != s.heads_q) {
+      const std::string base = label;  // GQA: query heads:K/V heads
+      std::snprintf(label, sizeof label, "%s:%d", base.c_str(), s.heads_kv);
+    }
     if (windowed) {
       const std::string base = label;  // the window as a suffix; the column stays 22 wide when it fits
       std::snprintf(label, sizeof label, "%s w%d,%d", base.c_str(), s.window_left, s.window_right);
@@ -538,7 +556,7 @@ int main(int argc, char** argv) {
     std::printf("%-22s", label);
     for (size_t k = 0; k < cfg.kernels.size(); ++k) {
       const Row& r = rows[i + k];
-      if (r.check == "PASS") std::printf(" %10.1f", r.tflops);
+      if (r.check == "PASS") std::printf(" %10.1f", bytes_bound ? r.gbps : r.tflops);
       else std::printf(" %10s", r.check.c_str());
     }
     std::printf("\n");

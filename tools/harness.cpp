@@ -90,6 +90,18 @@ double forward_flops(const Shape& s) {
   return per_entry * visible;
 }
 
+double forward_bytes(const Shape& s) {
+  double rows_q = 0, rows_k = 0;  // query rows and key rows in use, over the batch
+  for (int b = 0; b < s.batch; ++b) {
+    rows_q += s.varlen() ? s.seqlens_q[b] : s.seqlen_q;
+    int keys = s.varlen() ? s.seqlens_k[b] : s.seqlen_k;
+    if (!s.seqlens_k_used.empty()) keys = std::min(keys, s.seqlens_k_used[b]);
+    rows_k += keys;
+  }
+  const double element = 2.0;  // bf16 and fp16
+  return element * s.head_dim * (2.0 * rows_q * s.heads_q + 2.0 * rows_k * s.heads_kv);
+}
+
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_) cudaFree(ptr_);
 }

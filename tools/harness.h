@@ -50,6 +50,10 @@ std::string describe(const Shape& shape);
 // (the FlashAttention benchmark convention); counts the visible entries otherwise (other
 // causal shapes, sliding windows).
 double forward_flops(const Shape& shape);
+// Bytes the forward must move at least: Q and O once each, and the keys and values in use once
+// (each K/V head once however many query heads share it), at 2 bytes an element; the LSE
+// is left out. The yardstick of memory-bound shapes such as decoding (GB/s).
+double forward_bytes(const Shape& shape);
 
 // Owns one cudaMalloc'd allocation.
 class DeviceBuffer {
