@@ -217,7 +217,7 @@ Status check_all(const AttentionProblem& problem, const std::string& kernel, con
       {"q", problem.q},     {"k", problem.k},     {"v", problem.v},
       {"out", problem.out}, {"lse", problem.lse}, {"cu_seqlens_q", problem.cu_seqlens_q},
       {"cu_seqlens_k", problem.cu_seqlens_k}, {"seqlens_k", problem.seqlens_k},
-      {"block_table", problem.block_table}};
+      {"block_table", problem.block_table}, {"workspace", problem.workspace}};
   for (const auto& [name, ptr] : pointers)
     if (!(s = check_device_pointer(name, ptr)).ok()) return s;
   return Status::Ok();
@@ -267,6 +267,10 @@ Status validate_arguments(const AttentionProblem& p) {
   if (p.num_splits < 0 || p.num_splits > kMaxSplits)
     return invalid("num_splits: must be 0 (automatic), 1 (off) or up to " + std::to_string(kMaxSplits) + " (got " +
                    std::to_string(p.num_splits) + ")");
+  if (p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % kRowAlignBytes != 0)
+    return invalid("workspace: pointer must be 16-byte aligned");
+  if (p.workspace == nullptr && p.workspace_bytes != 0)
+    return invalid("workspace_bytes: " + std::to_string(p.workspace_bytes) + " given without a workspace pointer");
   if (p.seqlens_k != nullptr && reinterpret_cast<uintptr_t>(p.seqlens_k) % alignof(int32_t) != 0)
     return invalid("seqlens_k: pointer must be 4-byte aligned (int32 lengths)");
   const bool paged = p.is_paged();
@@ -312,10 +316,26 @@ Status check(const AttentionProblem& problem, const std::string& kernel) {
   return check_all(problem, kernel, &entry);
 }
 
+Status workspace_size(const AttentionProblem& problem, size_t* bytes, const std::string& kernel) {
+  if (bytes == nullptr) return invalid("bytes: pointer is null");
+  *bytes = 0;
+  const KernelEntry* entry = nullptr;
+  Status s = check_all(problem, kernel, &entry);
+  if (!s.ok() || entry->workspace_bytes == nullptr) return s;
+  return entry->workspace_bytes(problem, bytes);
+}
+
 Status forward(const AttentionProblem& problem, const Options& options) {
   const KernelEntry* entry = nullptr;
   Status s = check_all(problem, options.kernel, &entry);
   if (!s.ok()) return s;
+  if (problem.workspace != nullptr && entry->workspace_bytes != nullptr) {
+    size_t needed = 0;
+    if (!(s = entry->workspace_bytes(problem, &needed)).ok()) return s;
+    if (problem.workspace_bytes < needed)
+      return invalid("workspace_bytes: " + std::to_string(problem.workspace_bytes) + " bytes given; " +
+                     entry->name + " needs " + std::to_string(needed) + " for this problem (workspace_size())");
+  }
   return entry->launch(problem, options.stream);
 }
 

@@ -319,6 +319,48 @@ TEST(Varlen, BrokenOffsetsStayInsideTheTensors) {
     }
 }
 
+// A decoding shape with few items splits its keys: workspace_size() says how much memory the
+// parts' partial results take, a caller's buffer of that size is used (the parts write into it)
+// and one byte less is refused by name.
+TEST(SplitKv, UsesTheCallersWorkspace) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  for (int d : {64, 128, 256}) {
+    SCOPED_TRACE("D=" + std::to_string(d));
+    const Shape shape = make(2, 1, 5000, 8, 2, d, false, DType::bf16, Layout::contiguous);  // 16 items, GQA 4
+    harness::Workload w;
+    ASSERT_TRUE(harness::make_workload(shape, 11, &w).ok());
+    size_t bytes = 0;
+    Status s = workspace_size(w.problem, &bytes);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_GT(bytes, 0u) << "16 items on a GPU of more SMs should split";
+    harness::DeviceBuffer workspace;
+    ASSERT_TRUE(workspace.allocate(bytes).ok());
+    ASSERT_EQ(cudaMemset(workspace.get(), 0xFF, bytes), cudaSuccess);
+    AttentionProblem p = w.problem;
+    p.workspace = workspace.get();
+    p.workspace_bytes = bytes - 1;
+    s = forward(p);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+    EXPECT_NE(s.message().find("workspace_bytes"), std::string::npos) << s.message();
+    p.workspace_bytes = bytes;
+    ASSERT_TRUE(harness::poison_outputs(&w).ok());
+    s = forward(p);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+    const harness::CheckResult r = harness::check_outputs(w, harness::sample_rows(shape, 16, 3));
+    EXPECT_TRUE(r.passed) << r.summary();
+    std::vector<uint8_t> host(bytes);
+    ASSERT_EQ(cudaMemcpy(host.data(), workspace.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t written = 0;
+    for (uint8_t b : host) written += b != 0xFF;
+    EXPECT_GT(written, bytes / 4) << "the parts' partial results did not land in the caller's workspace";
+    p.num_splits = 1;  // unsplit: no workspace
+    ASSERT_TRUE(workspace_size(p, &bytes).ok());
+    EXPECT_EQ(bytes, 0u);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllKernels, KernelTest,
                          ::testing::Combine(::testing::ValuesIn(kernel_names()),
                                             ::testing::Range(0, int(shapes().size()))),

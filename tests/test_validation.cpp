@@ -321,6 +321,23 @@ TEST(Validation, BadNumSplits) {
   EXPECT_TRUE(resolve_kernel(p, "08_warp_specialization", &resolved).ok());
 }
 
+TEST(Validation, BadWorkspace) {
+  AttentionProblem p = valid_problem();
+  p.workspace = static_cast<char*>(const_cast<void*>(fake_ptr(8))) + 4;  // not 16-byte aligned
+  p.workspace_bytes = 1024;
+  expect_invalid(p, "workspace");
+  p = valid_problem();
+  p.workspace_bytes = 1024;  // a size without memory
+  expect_invalid(p, "workspace_bytes");
+  p.workspace = const_cast<void*>(fake_ptr(8));
+  EXPECT_TRUE(validate_arguments(p).ok());
+  size_t bytes = 1;
+  EXPECT_EQ(workspace_size(p, nullptr).code(), StatusCode::invalid_argument);
+  if (testing::gpu_skip_reason().empty()) return;  // without a GPU the query stops at the device check
+  EXPECT_EQ(workspace_size(p, &bytes).code(), StatusCode::no_device);
+  EXPECT_EQ(bytes, 0u);
+}
+
 // Only the final kernel has variable-length batches: "auto" picks it, a lineage kernel says no.
 TEST(Dispatch, VarlenGoesToTheFinalKernelOnly) {
   AttentionProblem p = varlen_problem();

@@ -134,9 +134,15 @@ struct AttentionProblem {
   // there are few query blocks and long key sweeps (decoding: a few queries per sequence).
   // 0 lets the final kernel decide; 1 turns it off; n > 1 asks for n parts (at most 64;
   // fewer when a block has fewer K/V tiles). The partial results live in a workspace the
-  // library takes with cudaMallocAsync on the call's stream. A hint: the lineage kernels
-  // ignore it.
+  // library takes with cudaMallocAsync on the call's stream, unless the caller gives one below.
+  // A hint: the lineage kernels ignore it.
   int num_splits = 0;
+
+  // Device memory for split-KV's partial results, owned by the caller and used in the call's
+  // stream order (16-byte aligned): at least workspace_size() bytes, or the call fails naming
+  // workspace_bytes. Null: the library allocates it itself (cudaMallocAsync) when it splits.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 
   float scale() const;
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
@@ -165,6 +171,11 @@ Status forward(const AttentionProblem& problem, const Options& options = {});
 
 // The same checks as forward() (arguments, kernel support, device), without launching.
 Status check(const AttentionProblem& problem, const std::string& kernel = "auto");
+
+// Bytes of workspace forward() needs for this problem beside its tensors (split-KV's partial
+// results; 0 when it runs unsplit), after the same checks. The answer depends on the problem's
+// shape and num_splits, the kernel and the current device, not on the tensors' contents.
+Status workspace_size(const AttentionProblem& problem, size_t* bytes, const std::string& kernel = "auto");
 
 // Checks of the arguments alone: shapes, dtype, pointers' nullness and alignment, strides.
 // Needs no GPU.

@@ -334,10 +334,15 @@ def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), 
     """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits."""
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
-        _C.forward(
-            **_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen, **extra),
-            stream=torch.cuda.current_stream(q.device).cuda_stream,
-        )
+        kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen, **extra)
+        # Split-KV's partial results go to memory from torch's caching allocator: stream-ordered
+        # like the launch, recorded by CUDA graph captures, and counted in torch's memory stats.
+        workspace = None
+        needed = _C.workspace_size(**kwargs)
+        if needed:
+            workspace = torch.empty(needed, dtype=torch.uint8, device=q.device)
+            kwargs.update(workspace=workspace.data_ptr(), workspace_bytes=needed)
+        _C.forward(**kwargs, stream=torch.cuda.current_stream(q.device).cuda_stream)
 
 
 def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits) -> None:

@@ -66,7 +66,7 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
            std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
            uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, uintptr_t seqlens_k,
            uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, int num_splits,
-           const std::string& kernel, uintptr_t stream) {
+           uintptr_t workspace, size_t workspace_bytes, const std::string& kernel, uintptr_t stream) {
         hattn::AttentionProblem p;
         p.dtype = parse_dtype(dtype);
         p.batch = batch;
@@ -98,6 +98,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.num_pages = num_pages;
         p.page_size = page_size;
         p.num_splits = num_splits;
+        p.workspace = reinterpret_cast<void*>(workspace);
+        p.workspace_bytes = workspace_bytes;
         return fn(p, kernel, stream);
       },
       nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
@@ -106,7 +108,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1,
       nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0, nb::arg("total_q") = 0,
       nb::arg("total_k") = 0, nb::arg("seqlens_k") = 0, nb::arg("block_table") = 0, nb::arg("max_pages_per_seq") = 0,
-      nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("num_splits") = 0, nb::arg("kernel") = "auto",
+      nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("num_splits") = 0, nb::arg("workspace") = 0,
+      nb::arg("workspace_bytes") = 0, nb::arg("kernel") = "auto",
       nb::arg("stream") = 0, doc);
 }
 
@@ -130,6 +133,17 @@ std::string resolve_kernel(const hattn::AttentionProblem& problem, const std::st
   return resolved;
 }
 
+size_t workspace_size(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t /*stream*/) {
+  size_t bytes = 0;
+  hattn::Status status;
+  {
+    nb::gil_scoped_release release;
+    status = hattn::workspace_size(problem, &bytes, kernel);
+  }
+  if (!status.ok()) raise_status(status);
+  return bytes;
+}
+
 std::vector<std::pair<std::string, std::string>> kernels() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const hattn::KernelInfo& k : hattn::kernels()) out.emplace_back(k.name, k.description);
@@ -151,7 +165,13 @@ NB_MODULE(_C, m) {
       "Variable-length batch: cu_seqlens_q/cu_seqlens_k are device int32 [batch + 1] offsets, total_q/total_k\n"
       "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).\n"
       "seqlens_k: device int32 [batch], keys in use per sequence. Paged KV: block_table device int32\n"
-      "[batch, max_pages_per_seq], k/v [num_pages, page_size, Hkv, D]. num_splits: split-KV parts (0 auto).");
+      "[batch, max_pages_per_seq], k/v [num_pages, page_size, Hkv, D]. num_splits: split-KV parts (0 auto).\n"
+      "workspace/workspace_bytes: device memory for split-KV's partial results (workspace_size()); 0: the\n"
+      "library allocates it.");
+  def_problem_function(
+      m, "workspace_size", &workspace_size,
+      "Bytes of workspace forward() needs for this problem (split-KV's partial results; 0 when it runs\n"
+      "unsplit), after the same checks. Pass a buffer of at least that size as workspace/workspace_bytes.");
   def_problem_function(
       m, "resolve_kernel", &resolve_kernel,
       "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");

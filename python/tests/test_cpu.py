@@ -210,6 +210,8 @@ def problem(**overrides):
         (dict(seqlen_q=0), r"^invalid_argument: seqlen_q: must be >= 1"),
         (dict(softmax_scale=float("inf")), r"^invalid_argument: softmax_scale: must be finite"),
         (dict(kernel="nope"), r"^invalid_argument: kernel: unknown kernel 'nope'"),
+        (dict(workspace=(5 << 20) + 4, workspace_bytes=64), r"^invalid_argument: workspace: pointer must be 16-byte"),
+        (dict(workspace_bytes=64), r"^invalid_argument: workspace_bytes: 64 given without a workspace pointer"),
     ],
 )
 def test_binding_invalid_argument_is_value_error(overrides, pattern):
@@ -217,6 +219,8 @@ def test_binding_invalid_argument_is_value_error(overrides, pattern):
         _C.forward(**problem(**overrides))
     with pytest.raises(ValueError, match=pattern):
         _C.resolve_kernel(**problem(**overrides))
+    with pytest.raises(ValueError, match=pattern):
+        _C.workspace_size(**problem(**overrides))
 
 
 def test_binding_dtype_name():
@@ -240,3 +244,5 @@ def test_binding_refuses_without_a_usable_gpu():
     else:
         with pytest.raises(RuntimeError, match=r"^no_device: "):
             _C.forward(**problem())
+        with pytest.raises(RuntimeError, match=r"^no_device: "):
+            _C.workspace_size(**problem())

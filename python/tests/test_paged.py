@@ -679,3 +679,26 @@ def test_opcheck():
     k = torch.randn(q.shape[0], 800, 2, 64, device="cuda", dtype=torch.bfloat16)
     args = (q, k, k, True, None, "auto", True, -1, -1, seqlens_k, 2)
     torch.library.opcheck(torch.ops.hattn.attention_fwd.default, args)
+
+
+@requires_hopper
+def test_split_workspace_comes_from_torch():
+    """A decoding shape that splits asks for a workspace, and the op takes it from torch's caching
+    allocator (so graph captures and torch's memory stats see it), not from the CUDA pool."""
+    q = torch.randn(2, 1, 8, 128, device="cuda", dtype=torch.bfloat16) + INPUT_MEAN
+    k, v = (torch.randn(2, 5000, 2, 128, device="cuda", dtype=torch.bfloat16) + INPUT_MEAN for _ in range(2))
+    out = torch.empty_like(q)
+    kwargs = _problem_kwargs(q, k, v, out, None, False, None, "auto")
+    needed = _C.workspace_size(**kwargs)
+    assert needed > 0, "16 items on an H200's 132 SMs split their keys"
+    assert _C.workspace_size(**{**kwargs, "num_splits": 1}) == 0
+    with pytest.raises(ValueError, match=r"^invalid_argument: workspace_bytes: \d+ bytes given; .* needs \d+"):
+        small = torch.empty(needed, dtype=torch.uint8, device="cuda")
+        _C.forward(**kwargs, workspace=small.data_ptr(), workspace_bytes=needed - 16)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    got = hattn.attention(q, k, v)
+    after = torch.cuda.memory_stats()["allocation.all.allocated"]
+    assert after - before >= 2, "out and the workspace both come from torch"
+    plain = hattn.attention(q, k, v, num_splits=1)
+    torch.testing.assert_close(got, plain, rtol=0, atol=2e-2)

@@ -664,10 +664,18 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionPara
   if (lane == 0 && p.lse != nullptr) p.lse[r] = m == -INFINITY ? -INFINITY : m + logf(sum);
 }
 
+// The split-KV plan of a problem: its parts and the size of their partial results.
+struct SplitPlan {
+  int splits = 1;        // 1: unsplit
+  int64_t rows_all = 0;  // rows of the partial layout, [B][Hq][rows]
+  size_t bytes = 0;      // workspace: fp32 partial outputs, then fp32 partial LSEs
+};
+
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
-// splits > 1 (varlen kernels only): split-KV with that many parts, when its workspace can be had.
+// split.splits > 1 (run-time bounds kernels only): split-KV with that many parts, in the
+// caller's workspace or, without one, in memory taken here when it can be had.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
-Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, int splits, int sms,
+Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, const SplitPlan& split, int sms,
                     cudaStream_t stream) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
@@ -690,15 +698,22 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       plan_persistent_launch(problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.causal,
                              Cfg::kBlockM, Cfg::kBlockN, sms, params.window_left, params.window_right);
   AttentionParams kernel_params = params;
+  const int splits = split.splits;
+  const int64_t rows_all = split.rows_all;
   float* workspace = nullptr;
-  int64_t rows_all = 0;  // rows of the partial layout, [B][Hq][rows]
+  bool owned = false;  // taken here, freed here
   if (kRuntimeBounds && splits > 1) {
-    const bool packed = problem.is_varlen();
-    rows_all = int64_t(packed ? 1 : problem.batch) * problem.heads_q * (packed ? problem.total_q : problem.seqlen_q);
-    const size_t bytes = size_t(splits) * size_t(rows_all) * (D + 1) * sizeof(float);
-    // Stream-ordered, so the pool hands the memory back to the next call on the stream, and a
-    // CUDA graph capture records it. Without it the problem runs unsplit.
-    if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), bytes, stream) == cudaSuccess) {
+    if (problem.workspace != nullptr) {  // forward() checked its size
+      workspace = static_cast<float*>(problem.workspace);
+    } else if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), split.bytes, stream) == cudaSuccess) {
+      // Stream-ordered, so the pool hands the memory back to the next call on the stream, and a
+      // CUDA graph capture records it. Without it the problem runs unsplit.
+      owned = true;
+    } else {
+      cudaGetLastError();  // clear it: the unsplit launch below does not depend on it
+      workspace = nullptr;
+    }
+    if (workspace != nullptr) {
       kernel_params.splits = splits;
       kernel_params.o_partial = workspace;
       kernel_params.lse_partial = workspace + size_t(splits) * size_t(rows_all) * D;
@@ -707,9 +722,6 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       plan.sched.m_blocks *= splits;
       plan.sched.by_rank = false;
       plan.ctas = int(std::min<int64_t>(int64_t(plan.sched.total()), sms));
-    } else {
-      cudaGetLastError();  // clear it: the unsplit launch below does not depend on it
-      workspace = nullptr;
     }
   }
   const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
@@ -720,8 +732,10 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       combine_splits_kernel<T, D><<<unsigned((rows_all + 3) / 4), 128, 0, stream>>>(kernel_params, rows_all);
       s = launch_status(kName);
     }
-    const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
-    if (s.ok()) s = freed;
+    if (owned) {
+      const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
+      if (s.ok()) s = freed;
+    }
   }
   return s;
 }
@@ -744,6 +758,16 @@ int split_parts(const AttentionProblem& problem, int block_m, int block_n, doubl
   }
   if (parts < 2 || items * parts > kMaxWorkItems) return 1;
   return parts;
+}
+
+SplitPlan split_plan(const AttentionProblem& problem, int block_m, int block_n, double mean_keys, int sms) {
+  SplitPlan plan;
+  plan.splits = split_parts(problem, block_m, block_n, mean_keys, sms);
+  if (plan.splits < 2) return plan;
+  const bool packed = problem.is_varlen();
+  plan.rows_all = int64_t(packed ? 1 : problem.batch) * problem.heads_q * (packed ? problem.total_q : problem.seqlen_q);
+  plan.bytes = size_t(plan.splits) * size_t(plan.rows_all) * (problem.head_dim + 1) * sizeof(float);
+  return plan;
 }
 
 // Pages of a paged cache hold a whole number of the K/V tiles paged problems run with (128 keys,
@@ -780,40 +804,80 @@ constexpr double wide_tile_min_keys(int head_dim) { return head_dim == 256 ? 102
 // S = 512 and 1k.
 constexpr double kThreeConsumerMinCausalKeys = 1024;
 
-Status launch(const AttentionProblem& problem, cudaStream_t stream) {
+// What launch() decides from the problem's shape before a template is chosen.
+struct TileChoice {
+  AttentionParams params;  // the window's edges, normalized; varlen offsets
+  double mean_keys = 0;    // keys per query block, on average
+  bool wide = false;       // the wide K/V tiles (D = 128, 256)
+  bool window = false;     // the window's kernels
+  bool three = false;      // three consumers (D = 64)
+  int sms = 0;
+};
+
+Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
+  c->params = make_params(problem);
+  c->mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM, problem.seqlen_q, problem.seqlen_k, problem.causal,
+                                     c->params.window_left, c->params.window_right);
+  // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
+  c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim);
+  // The window's kernels only where a window edge binds beyond what causal already does.
+  c->window = c->params.window_left >= 0 || (!problem.causal && c->params.window_right >= 0);
+  // A sliding window is treated like the causal mask: its sweeps are as long as the window.
+  c->three = !(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys;
+  c->sms = sm_count();
+  if (c->sms <= 0)
+    return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
+  return Status::Ok();
+}
+
+// Calls f.template operator()<kWide, kConsumers>() with the tile shape `c` picked at head dim D.
+template <int D, typename F>
+Status with_tile_shape(const TileChoice& c, F&& f) {
   static_assert(Config<128, true, 2>::kBlockM == Config<128, false, 2>::kBlockM &&
                     Config<256, true, 2>::kBlockM == Config<128, false, 2>::kBlockM,
                 "the two-consumer shapes split the queries alike");
-  const AttentionParams params = make_params(problem);  // the window's edges, normalized; varlen offsets
-  const double mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM, problem.seqlen_q, problem.seqlen_k,
-                                               problem.causal, params.window_left, params.window_right);
-  // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
-  const bool wide = !problem.is_paged() && mean_keys >= wide_tile_min_keys(problem.head_dim);
-  // The window's kernels only where a window edge binds beyond what causal already does.
-  const bool window = params.window_left >= 0 || (!problem.causal && params.window_right >= 0);
+  if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
+    if (c.three) return f.template operator()<false, 3>();
+    return f.template operator()<false, 2>();
+  } else {
+    if (c.wide) return f.template operator()<true, 2>();
+    return f.template operator()<false, 2>();
+  }
+}
 
-  // A sliding window is treated like the causal mask: its sweeps are as long as the window.
-  const bool three = !(problem.causal || window) || mean_keys >= kThreeConsumerMinCausalKeys;
-  const int sms = sm_count();
-  if (sms <= 0) return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
+Status launch(const AttentionProblem& problem, cudaStream_t stream) {
+  TileChoice c;
+  if (Status s = choose_tiles(problem, &c); !s.ok()) return s;
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
-    auto go = [&]<bool kWide, int kConsumers>() -> Status {
+    return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
       using Cfg = Config<D, kWide, kConsumers>;
-      // Split-KV runs in the varlen kernels (their items already read their bounds at run time).
-      const int splits = split_parts(problem, Cfg::kBlockM, Cfg::kBlockN, mean_keys, sms);
-      if (window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, params, splits, sms, stream);
-      if (problem.has_sequence_bounds() || splits > 1)
-        return launch_typed<T, D, kWide, kConsumers, true, false>(problem, params, splits, sms, stream);
-      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, params, 1, sms, stream);
-    };
-    if constexpr (D == 64) {  // 14's wide tile at D = 64 only ran where three consumers now do
-      if (three) return go.template operator()<false, 3>();
-      return go.template operator()<false, 2>();
-    } else {
-      if (wide) return go.template operator()<true, 2>();
-      return go.template operator()<false, 2>();
-    }
+      // Split-KV runs in the run-time bounds kernels (their items already read their bounds).
+      const SplitPlan split = split_plan(problem, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms);
+      if (c.window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, c.params, split, c.sms, stream);
+      if (problem.has_sequence_bounds() || split.splits > 1)
+        return launch_typed<T, D, kWide, kConsumers, true, false>(problem, c.params, split, c.sms, stream);
+      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, c.params, SplitPlan{}, c.sms, stream);
+    });
   });
+}
+
+// The workspace launch() will use: the same choices, no launch.
+Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
+  TileChoice c;
+  if (Status s = choose_tiles(problem, &c); !s.ok()) return s;
+  auto at_dim = [&]<int D>() -> Status {
+    return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
+      using Cfg = Config<D, kWide, kConsumers>;
+      *bytes = split_plan(problem, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms).bytes;
+      return Status::Ok();
+    });
+  };
+  switch (problem.head_dim) {
+    case 64: return at_dim.template operator()<64>();
+    case 128: return at_dim.template operator()<128>();
+    case 256: return at_dim.template operator()<256>();
+  }
+  return {StatusCode::not_supported, std::string(kName) + ": head_dim " + std::to_string(problem.head_dim)};
 }
 
 }  // namespace
@@ -821,7 +885,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 const KernelEntry& kernel_16_coalesced_store() {
   static const KernelEntry entry{kName, "O stored from registers in 16-byte pieces after a transpose across each quad (D = 256, wide D = 128)",
                                  supports, launch, /*supports_window=*/true, /*supports_varlen=*/true,
-                                 /*supports_paged=*/true};
+                                 /*supports_paged=*/true, workspace_bytes};
   return entry;
 }
 
