@@ -13,6 +13,14 @@ namespace hattn {
 Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                             int head_dim, const Strides& strides, int box_rows, int box_cols);
 
+// A 5-D tensor map over the same [B, S, H, D] tensor whose boxes take `group` adjacent heads
+// (a K/V head's query heads) at box_rows / group positions: dimensions {D, group, H / group,
+// S, B} innermost first, a box of {box_cols, group, 1, box_rows / group, 1}. The box lands in
+// shared memory as box_rows rows, position-major: row i is position i / group, head i % group
+// of the head group. group = 1 is the plain map's box. Needs group | box_rows and group | H.
+Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
+                                    int head_dim, const Strides& strides, int group, int box_rows, int box_cols);
+
 // The three maps of an attention problem: q with boxes of q_box_rows rows, k and v with
 // boxes of kv_box_rows rows, all 64 columns wide; a variable-length batch's maps are over its
 // packed rows ([1, total, H, D]), a paged cache's over its pages ([num_pages, page_size, H, D]).

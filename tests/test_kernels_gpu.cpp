@@ -173,6 +173,36 @@ std::vector<Shape> test_shapes() {
   shapes.back().window_left = 100;
   shapes.back().num_splits = 3;
   used(make(4, 1, 2000, 16, 2, 64, false, bf, Layout::contiguous), {2000, 1999, 129, 128}, 256);
+  // GQA packing (the final kernel; the lineage kernels ignore pack_gqa): a K/V head's query
+  // heads as rows of one item. Decoding shapes that pack by themselves (groups of 4 and 8, a
+  // paged cache, split parts), and packing forced on other masks: causal with Sq not a multiple
+  // of anything, Sq > Sk (rows without keys), a window, a varlen batch with a partial last box
+  // (stored by threads), the register store (D = 256, D = 128 wide), three consumers (D = 64),
+  // a group of 64, a group of 3 (not a power of two: it stays unpacked), and packing forced off.
+  auto packed = [&](Shape s, std::optional<bool> pack) {
+    s.pack_gqa = pack;
+    shapes.push_back(s);
+  };
+  packed(make(3, 1, 3000, 32, 4, 128, false, bf, Layout::contiguous), {});
+  packed(make(2, 2, 900, 16, 4, 64, true, fp, Layout::padded), {});
+  packed(make(2, 1, 700, 8, 1, 256, false, bf, Layout::contiguous, false), {});
+  used(make(2, 1, 1500, 8, 2, 128, false, bf, Layout::contiguous), {1500, 700}, 256);
+  shapes.back().pack_gqa = true;
+  packed(make(2, 77, 300, 8, 2, 128, true, bf, Layout::contiguous), true);
+  packed(make(1, 300, 100, 4, 1, 64, true, fp, Layout::padded), true);
+  packed(make(1, 150, 600, 16, 2, 256, false, bf, Layout::contiguous), true);
+  shapes.back().window_left = 90;
+  shapes.back().window_right = 30;
+  packed(make(1, 20, 9000, 4, 2, 128, false, fp, Layout::padded), true);  // wide tiles, register store
+  packed(make(1, 500, 1500, 4, 2, 64, false, bf, Layout::contiguous), true);  // three consumers
+  packed(make(1, 3, 400, 64, 1, 64, false, bf, Layout::contiguous), true);
+  packed(make(1, 5, 400, 6, 2, 128, false, bf, Layout::contiguous), true);  // a group of 3
+  packed(make(2, 1, 2000, 16, 4, 128, false, fp, Layout::contiguous), false);
+  varlen(make(1, 1, 1, 8, 2, 128, true, bf, Layout::contiguous), {37, 1, 100, 20}, {300, 9, 100, 700});
+  shapes.back().pack_gqa = true;
+  varlen(make(1, 1, 1, 4, 1, 256, false, fp, Layout::padded), {3, 60, 1}, {2000, 64, 900});
+  shapes.back().pack_gqa = true;
+  shapes.back().num_splits = 4;
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})
@@ -266,6 +296,7 @@ std::string case_name(const ::testing::TestParamInfo<KernelTest::ParamType>& inf
             std::to_string(s.window_right < 0 ? 0 : s.window_right) + (s.window_right < 0 ? "open" : "");
   if (s.varlen()) name += "_varlen" + std::to_string(s.batch);
   if (s.num_splits != 0) name += "_split" + std::to_string(s.num_splits);
+  if (s.pack_gqa.has_value()) name += *s.pack_gqa ? "_packgqa" : "_nopackgqa";
   if (!s.seqlens_k_used.empty()) name += "_seqlensk";
   if (s.page_size > 0) name += "_paged" + std::to_string(s.page_size);
   return name;

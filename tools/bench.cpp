@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -38,6 +39,7 @@ struct Config {
   int num_splits = 0;   // split-KV parts (AttentionProblem::num_splits): 0 automatic, 1 off
   int page_size = 0;    // > 0: K and V in a paged cache of such pages (every key in use)
   int gqa = 1;          // query heads per K/V head
+  std::optional<bool> pack_gqa;  // AttentionProblem::pack_gqa; empty: automatic
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -66,6 +68,7 @@ void usage() {
       "  --num-splits N      split-KV parts: 0 automatic (default), 1 off, N (final kernel only)\n"
       "  --page-size N       K and V in a paged cache of N-key pages, shuffled (final kernel only)\n"
       "  --gqa R             R query heads per K/V head (default 1; must divide the heads)\n"
+      "  --pack-gqa on|off   force GQA packing (default: automatic; final kernel only)\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -125,7 +128,7 @@ int parse(int argc, char** argv, Config* c) {
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
                a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--check-rows" ||
                a == "--csv" || a == "--commit" || a == "--window" || a == "--varlen" || a == "--seqlen-q" ||
-               a == "--num-splits" || a == "--page-size" || a == "--gqa") {
+               a == "--num-splits" || a == "--page-size" || a == "--gqa" || a == "--pack-gqa") {
       if (!(v = value(a.c_str()))) return 2;
       const std::string s = v;
       bool ok = true;
@@ -163,6 +166,9 @@ int parse(int argc, char** argv, Config* c) {
         const long n = std::strtol(s.c_str(), &end, 10);
         ok = *end == '\0' && n >= (a == "--seqlen-q" ? 1 : 0) && n <= (a == "--seqlen-q" ? (1L << 30) : kMaxSplits);
         (a == "--seqlen-q" ? c->seqlen_q : c->num_splits) = int(n);
+      } else if (a == "--pack-gqa") {
+        ok = s == "on" || s == "off";
+        c->pack_gqa = s == "on";
       } else if (a == "--varlen") {
         ok = s == "equal" || s == "mixed";
         c->varlen = s;
@@ -349,6 +355,7 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.seqlen_q = sh.seqlen_k = s;
         if (cfg.seqlen_q > 0) sh.seqlen_q = cfg.seqlen_q;
         sh.num_splits = cfg.num_splits;
+        sh.pack_gqa = cfg.pack_gqa;
         if (cfg.page_size > 0) {
           sh.page_size = cfg.page_size;
           sh.seqlens_k_used.assign(size_t(sh.batch), s);
@@ -432,7 +439,7 @@ int main(int argc, char** argv) {
     csv << "commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
            "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check,gbps"
         << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "")
-        << (cfg.num_splits != 0 ? ",num_splits" : "") << '\n';
+        << (cfg.num_splits != 0 ? ",num_splits" : "") << (cfg.pack_gqa.has_value() ? ",pack_gqa" : "") << '\n';
   }
 
   harness::DeviceBuffer flush;
@@ -513,6 +520,7 @@ int main(int argc, char** argv) {
         if (windowed) csv << ',' << shape.window_left << ',' << shape.window_right;
         if (varlen) csv << ',' << cfg.varlen;
         if (cfg.num_splits != 0) csv << ',' << cfg.num_splits;
+        if (cfg.pack_gqa.has_value()) csv << ',' << (*cfg.pack_gqa ? "on" : "off");
         csv << '\n' << std::flush;
       }
       rows.push_back(row);

@@ -29,6 +29,7 @@ std::string describe(const Shape& s) {
   if (s.scale) os << " scale=" << *s.scale;
   if (s.window_left >= 0 || s.window_right >= 0) os << " window=(" << s.window_left << "," << s.window_right << ")";
   if (s.num_splits != 0) os << " num_splits=" << s.num_splits;
+  if (s.pack_gqa.has_value()) os << " pack_gqa=" << (*s.pack_gqa ? "on" : "off");
   if (s.page_size > 0) os << " page_size=" << s.page_size;
   if (!s.seqlens_k_used.empty()) {
     os << " seqlens_k=";
@@ -297,6 +298,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.window_right = shape.window_right;
   p.softmax_scale = shape.scale;
   p.num_splits = shape.num_splits;
+  p.pack_gqa = shape.pack_gqa;
   if (!shape.seqlens_k_used.empty()) {
     if (varlen || int(shape.seqlens_k_used.size()) != B)
       return {StatusCode::invalid_argument, "seqlens_k_used: one length per sequence, and not with varlen"};

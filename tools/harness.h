@@ -35,6 +35,7 @@ struct Shape {
   std::vector<int> seqlens_q, seqlens_k;
   bool varlen() const { return !seqlens_q.empty(); }
   int num_splits = 0;  // split-KV: 0 automatic, 1 off, n parts (AttentionProblem::num_splits)
+  std::optional<bool> pack_gqa;  // GQA packing: empty automatic (AttentionProblem::pack_gqa)
   // Keys in use per sequence (AttentionProblem::seqlens_k) when not empty: sequence b uses its
   // first seqlens_k_used[b] keys (<= seqlen_k). Not with a varlen batch.
   std::vector<int> seqlens_k_used;

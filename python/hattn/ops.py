@@ -33,6 +33,7 @@ import functools
 from typing import Optional, Tuple
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _C
 
@@ -52,6 +53,28 @@ _ALIGN_ELEMS = 8
 def kernel_names() -> Tuple[str, ...]:
     """The registered kernels' names in lineage order (the last is what "auto" prefers)."""
     return tuple(name for name, _ in _C.kernels())
+
+
+def _direct_call_ok(args) -> bool:
+    """True when an op's Python body may run without the torch dispatcher around it: eager mode,
+    no dispatch or torch-function mode, plain CUDA tensors and no gradient being recorded. The
+    dispatcher's Python wrapper of a custom op costs tens of microseconds a call, as much as a
+    decoding step's kernel; anything that needs the op itself (torch.compile, fake tensors,
+    tensor subclasses, modes, autograd) still goes through it."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    if torch._C._is_torch_function_mode_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or not a.is_cuda or (grad and a.requires_grad)):
+            return False
+    return True
+
+
+def _call(op, body, *args):
+    """op(*args), or its body directly where that is the same (see _direct_call_ok)."""
+    return body(*args) if _direct_call_ok(args) else op(*args)
 
 
 def _check_types(q, k, v, names=_ARG_NAMES, **more) -> None:
@@ -352,8 +375,7 @@ def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits) -> None:
     _check_num_splits(num_splits)
 
 
-@torch.library.custom_op("hattn::attention_fwd", mutates_args=())
-def attention_fwd(
+def _attention_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -381,6 +403,9 @@ def attention_fwd(
         seqlens_k=seqlens_k, num_splits=num_splits,
     )  # fmt: skip
     return out, lse
+
+
+attention_fwd = torch.library.custom_op("hattn::attention_fwd", mutates_args=())(_attention_fwd)
 
 
 @attention_fwd.register_fake
@@ -449,9 +474,10 @@ def attention(
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
-    out, lse = torch.ops.hattn.attention_fwd(
-        q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse), left, right, seqlens_k, num_splits
-    )
+    out, lse = _call(
+        attention_fwd, _attention_fwd,
+        q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse), left, right, seqlens_k, num_splits,
+    )  # fmt: skip
     return (out, lse) if return_lse else out
 
 
@@ -462,8 +488,7 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     _check_max_seqlen("max_seqlen_k", max_seqlen_k)
 
 
-@torch.library.custom_op("hattn::attention_varlen_fwd", mutates_args=())
-def attention_varlen_fwd(
+def _attention_varlen_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -490,6 +515,9 @@ def attention_varlen_fwd(
     window, varlen = (window_left, window_right), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, window, varlen)
     return out, lse
+
+
+attention_varlen_fwd = torch.library.custom_op("hattn::attention_varlen_fwd", mutates_args=())(_attention_varlen_fwd)
 
 
 @attention_varlen_fwd.register_fake
@@ -561,15 +589,15 @@ def attention_varlen(
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
-    out, lse = torch.ops.hattn.attention_varlen_fwd(
+    out, lse = _call(
+        attention_varlen_fwd, _attention_varlen_fwd,
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         bool(causal), softmax_scale, kernel, bool(return_lse), left, right,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
 
-@torch.library.custom_op("hattn::attention_paged_fwd", mutates_args=())
-def attention_paged_fwd(
+def _attention_paged_fwd(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -597,6 +625,9 @@ def attention_paged_fwd(
         (window_left, window_right), seqlens_k=seqlens_k, block_table=block_table, num_splits=num_splits,
     )  # fmt: skip
     return out, lse
+
+
+attention_paged_fwd = torch.library.custom_op("hattn::attention_paged_fwd", mutates_args=())(_attention_paged_fwd)
 
 
 @attention_paged_fwd.register_fake
@@ -671,7 +702,8 @@ def attention_paged(
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
-    out, lse = torch.ops.hattn.attention_paged_fwd(
+    out, lse = _call(
+        attention_paged_fwd, _attention_paged_fwd,
         q, k_cache, v_cache, block_table, seqlens_k, bool(causal), softmax_scale, kernel, bool(return_lse),
         left, right, num_splits,
     )  # fmt: skip

@@ -176,16 +176,21 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   const int warpgroup = int(threadIdx.x) / 128 - 1;  // consumer index; -1 is the producer
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
+  // GQA packing: a row is query position row >> pack_shift of query head (item head <<
+  // pack_shift) + row % 2^pack_shift. 0 (off) in the kernels without run-time bounds.
+  const int pack_shift = kRuntimeBounds ? p.pack_shift : 0;
 
   // K/V tiles [first, last) query block `m_block` of `seq` sweeps: all of them, or those
   // between the edges of the causal mask or the sliding window (none when no row sees a key,
   // or when the block lies past a short sequence's queries in a variable-length batch).
   auto kv_tiles = [&](int m_block, const Sequence& seq) -> KvTileRange {
-    if (kRuntimeBounds && m_block * kBlockM >= seq.seqlen_q) return {0, 0};
+    if (kRuntimeBounds && m_block * kBlockM >= seq.seqlen_q << pack_shift) return {0, 0};
+    const int block_positions = kBlockM >> pack_shift;  // query positions per block
     if constexpr (kWindow) {
-      return masked_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+      return masked_kv_tiles(m_block, block_positions, kBlockN, seq.seqlen_q, seq.seqlen_k, p.window_left,
+                             p.window_right);
     } else {
-      return {0, p.causal ? causal_kv_tiles(m_block, kBlockM, kBlockN, seq.seqlen_q, seq.seqlen_k)
+      return {0, p.causal ? causal_kv_tiles(m_block, block_positions, kBlockN, seq.seqlen_q, seq.seqlen_k)
                           : (seq.seqlen_k + kBlockN - 1) / kBlockN};
     }
   };
@@ -235,8 +240,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         const KvTileRange range = item_tiles(item, seq);
         const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
-        const int q_row = seq.q_start + block_of(item) * kBlockM;
-        const int head_kv = item.head_q / p.heads_per_kv;
+        const int block_row = block_of(item) * kBlockM;  // the block's first row
+        const int head_kv = pack_shift > 0 ? item.head_q : item.head_q / p.heads_per_kv;  // packed: a K/V head's item
         // Q in two halves, one per consumer, each loaded as soon as its consumer is done with
         // it. WAR: consumer c's last S of the previous item has finished reading its rows.
 #pragma unroll
@@ -244,10 +249,15 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           if (uses > 0) ptx::mbarrier_wait(&smem.q_empty[c], (uses - 1) % 2);
           ptx::mbarrier_arrive_expect_tx(&smem.q_full[c], 64 * D * sizeof(T));
 #pragma unroll
-          for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-            ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64,
-                                             q_row + c * 64, item.head_q,
-                                             seq.batch_coord, &smem.q_full[c]);
+          for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
+            if constexpr (kRuntimeBounds)  // (column, head in the group, head group, position, batch)
+              ptx::cp_async_bulk_tensor_5d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64, 0, item.head_q,
+                                               seq.q_start + ((block_row + c * 64) >> pack_shift), seq.batch_coord,
+                                               &smem.q_full[c]);
+            else
+              ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64, block_row + c * 64,
+                                               item.head_q, seq.batch_coord, &smem.q_full[c]);
+          }
         }
         ++uses;
         for (int tile = 0; tile < n_tiles; ++tile, ++kv) {
@@ -353,10 +363,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = block_of(item) * kBlockM;
-    if (kRuntimeBounds && m_block >= seq.seqlen_q) continue;  // past a short sequence of a varlen batch: nothing to do
+    if (kRuntimeBounds && m_block >= seq.seqlen_q << pack_shift) continue;  // past a short sequence of a varlen batch
     const KvTileRange range = item_tiles(item, seq);
     const int n_tiles = range.last - range.first;
-    const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8
+    const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8 (packed rows)
 
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) o[i] = 0.f;
@@ -402,7 +412,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // Masked entries to -inf (only tiles crossing Sk or an edge of the mask: the diagonal
       // under causal, window_right keys past it, or window_left keys before it). The warp's
       // first row has the nearest right edge, its last row (+ 15) the farthest left edge.
-      const int warp_diagonal = m_block + warp_row + causal_offset;
+      const int warp_diagonal = ((m_block + warp_row) >> pack_shift) + causal_offset;
       bool need_mask;
       if constexpr (kWindow)
         need_mask = n_start + kBlockN > seq.seqlen_k ||
@@ -416,7 +426,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = n_start + nt * 8 + 2 * tig + e % 2;
-            const int row = row0 + e / 2 * 8;
+            const int row = (row0 + e / 2 * 8) >> pack_shift;  // the query position
             bool hidden;
             if constexpr (kWindow)
               hidden = col >= seq.seqlen_k || (p.window_right >= 0 && col > row + causal_offset + p.window_right) ||
@@ -503,16 +513,16 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       const bool packed = p.cu_seqlens_q != nullptr;
       const int rows = packed ? p.total_q : p.seqlen_q;
       const int part = item.m_block % p.splits;
-      const int64_t part_row0 =
-          ((int64_t(part) * (packed ? 1 : p.batch) + (packed ? 0 : item.batch)) * p.heads_q + item.head_q) * rows +
-          out_seq.q_start;
+      const int64_t part_heads0 = (int64_t(part) * (packed ? 1 : p.batch) + (packed ? 0 : item.batch)) * p.heads_q;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        if (row >= out_seq.seqlen_q) continue;
+        if (row >= out_seq.seqlen_q << pack_shift) continue;
+        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        const int64_t index = (part_heads0 + head) * rows + out_seq.q_start + (row >> pack_shift);
         if (tig == 0)
-          p.lse_partial[part_row0 + row] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
-        float* o_row = p.o_partial + (part_row0 + row) * D;
+          p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+        float* o_row = p.o_partial + index * D;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt)
           *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * tig) =
@@ -524,13 +534,14 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // [Hq, total_q] in a variable-length batch.
     if (p.lse != nullptr && tig == 0) {
       const bool packed = kRuntimeBounds && p.cu_seqlens_q != nullptr;
-      const int64_t lse_row0 = packed ? int64_t(item.head_q) * p.total_q + out_seq.q_start
-                                      : (int64_t(item.batch) * p.heads_q + item.head_q) * p.seqlen_q;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        if (row < out_seq.seqlen_q)
-          p.lse[lse_row0 + row] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        const int64_t index = packed ? int64_t(head) * p.total_q + out_seq.q_start + (row >> pack_shift)
+                                     : (int64_t(item.batch) * p.heads_q + head) * p.seqlen_q + (row >> pack_shift);
+        if (row < out_seq.seqlen_q << pack_shift)
+          p.lse[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
       }
     }
     if constexpr (Cfg::kStoreByTma) {
@@ -556,33 +567,42 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // variable-length batch that is the last sequence's end: a box that runs past its own
       // sequence would overwrite the next one's rows, so the warpgroup copies the rows inside
       // it from the staging tile instead, 16 bytes per thread and step (warpgroup-uniform).
-      const int box_row0 = m_block + warpgroup * 64;  // in the sequence
-      if (!kRuntimeBounds || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q) {
+      const int box_row0 = m_block + warpgroup * 64;  // in the sequence (packed rows)
+      if (!kRuntimeBounds || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q << pack_shift) {
         if (storer) {
 #pragma unroll
-          for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-            ptx::cp_async_bulk_tensor_4d_s2g(&o_map, cb * 64, out_seq.q_start + box_row0, item.head_q,
-                                             out_seq.batch_coord, &smem.o[cb][warpgroup * 64 * 64]);
+          for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
+            if constexpr (kRuntimeBounds)  // the 5-D box of the Q load
+              ptx::cp_async_bulk_tensor_5d_s2g(&o_map, cb * 64, 0, item.head_q,
+                                               out_seq.q_start + (box_row0 >> pack_shift), out_seq.batch_coord,
+                                               &smem.o[cb][warpgroup * 64 * 64]);
+            else
+              ptx::cp_async_bulk_tensor_4d_s2g(&o_map, cb * 64, box_row0, item.head_q, out_seq.batch_coord,
+                                               &smem.o[cb][warpgroup * 64 * 64]);
+          }
           ptx::cp_async_bulk_commit_group();
         }
       } else {
         constexpr int kChunks = D / 8;  // 16-byte pieces of a row
-        const int rows = out_seq.seqlen_q - box_row0;  // < 64; the item has at least one
-        T* out = static_cast<T*>(p.out) + int64_t(out_seq.q_start + box_row0) * p.out_seq_stride +
-                 item.head_q * p.out_head_stride;
+        const int rows = (out_seq.seqlen_q << pack_shift) - box_row0;  // < 64; the item has at least one
+        T* out = static_cast<T*>(p.out) + int64_t(out_seq.q_start) * p.out_seq_stride;  // a varlen batch: no batch
         for (int i = int(threadIdx.x) % 128; i < rows * kChunks; i += 128) {
           const int r = i / kChunks, c = i % kChunks;  // the tile's row warpgroup * 64 + r: swizzled by r % 8
-          *reinterpret_cast<uint4*>(out + int64_t(r) * p.out_seq_stride + c * 8) =
+          const int row = box_row0 + r;
+          const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+          *reinterpret_cast<uint4*>(out + int64_t(row >> pack_shift) * p.out_seq_stride + head * p.out_head_stride +
+                                    c * 8) =
               *reinterpret_cast<const uint4*>(&smem.o[c / 8][(warpgroup * 64 + r) * 64 + ((c % 8) ^ (r % 8)) * 8]);
         }
       }
     } else {
-      T* out = static_cast<T*>(p.out) + out_seq.batch_coord * p.out_batch_stride + out_seq.q_start * p.out_seq_stride +
-               item.head_q * p.out_head_stride;  // the sequence's [Sq, D] rows of this head
+      T* out = static_cast<T*>(p.out) + out_seq.batch_coord * p.out_batch_stride +
+               out_seq.q_start * p.out_seq_stride;  // the sequence's [Sq, H, D] rows
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        T* out_row = out + int64_t(row) * p.out_seq_stride;
+        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        T* out_row = out + int64_t(row >> pack_shift) * p.out_seq_stride + head * p.out_head_stride;
         // A 4 x 4 transpose across the quad: thread t gets the four threads' pairs of n8 tile
         // 4k + t, 8 contiguous elements, and writes them as one 16-byte store. Every row is
         // 16-byte aligned: the API checks out's pointer and its strides (multiples of 8
@@ -604,7 +624,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           s0 = __shfl_xor_sync(0xffffffffu, s0, 1);
           s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
           if (odd) { a[0] = s0; a[2] = s1; } else { a[1] = s0; a[3] = s1; }
-          if (row < out_seq.seqlen_q)
+          if (row < out_seq.seqlen_q << pack_shift)
             *reinterpret_cast<uint4*>(out_row + (4 * k + tig) * 8) = make_uint4(a[0], a[1], a[2], a[3]);
         }
       }
@@ -683,10 +703,22 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   QkvTensorMaps maps;
   Status s = make_qkv_tensor_maps(problem, 64, Cfg::kBlockN, kName, &maps);  // Q: one consumer's rows per box
   if (!s.ok()) return s;
+  // The run-time bounds kernels take Q and O in 5-D boxes of head groups (one head each
+  // unless GQA packing puts a K/V head's query heads into the rows).
+  const int group = 1 << params.pack_shift;
+  if constexpr (kRuntimeBounds) {
+    s = make_grouped_bshd_tensor_map(&maps.q, problem.q, problem.dtype, problem.tensor_batch(), problem.tensor_rows_q(),
+                                     problem.heads_q, D, problem.q_strides, group, 64, 64);
+    if (!s.ok()) return {s.code(), std::string(kName) + ": q: " + s.message()};
+  }
   CUtensorMap o_map{};  // only read when O leaves by TMA
   if constexpr (Cfg::kStoreByTma) {
-    s = make_bshd_tensor_map(&o_map, problem.out, problem.dtype, problem.tensor_batch(), problem.tensor_rows_q(),
-                             problem.heads_q, D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
+    if constexpr (kRuntimeBounds)
+      s = make_grouped_bshd_tensor_map(&o_map, problem.out, problem.dtype, problem.tensor_batch(),
+                                       problem.tensor_rows_q(), problem.heads_q, D, problem.out_strides, group, 64, 64);
+    else
+      s = make_bshd_tensor_map(&o_map, problem.out, problem.dtype, problem.tensor_batch(), problem.tensor_rows_q(),
+                               problem.heads_q, D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
@@ -694,9 +726,11 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
+  // Packed items are per K/V head, and their blocks hold kBlockM / group query positions.
   PersistentLaunch plan =
-      plan_persistent_launch(problem.batch, problem.heads_q, problem.seqlen_q, problem.seqlen_k, problem.causal,
-                             Cfg::kBlockM, Cfg::kBlockN, sms, params.window_left, params.window_right);
+      plan_persistent_launch(problem.batch, params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
+                             problem.seqlen_q, problem.seqlen_k, problem.causal, Cfg::kBlockM >> params.pack_shift,
+                             Cfg::kBlockN, sms, params.window_left, params.window_right);
   AttentionParams kernel_params = params;
   const int splits = split.splits;
   const int64_t rows_all = split.rows_all;
@@ -747,8 +781,9 @@ constexpr int kMinTilesPerSplit = 4;
 // alone would leave more than half of the SMs idle, enough parts to give each SM an item, as
 // long as each part keeps kMinTilesPerSplit tiles of the mean sweep. Capped so that the work
 // list still fits an int.
-int split_parts(const AttentionProblem& problem, int block_m, int block_n, double mean_keys, int sms) {
-  const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, block_m);
+int split_parts(const AttentionProblem& problem, int pack_shift, int block_m, int block_n, double mean_keys, int sms) {
+  const int64_t items = work_items(problem.batch, pack_shift > 0 ? problem.heads_kv : problem.heads_q, problem.seqlen_q,
+                                   block_m >> pack_shift);
   int parts = problem.num_splits;
   if (parts == 0) {
     if (items * 2 > sms) return 1;
@@ -760,9 +795,10 @@ int split_parts(const AttentionProblem& problem, int block_m, int block_n, doubl
   return parts;
 }
 
-SplitPlan split_plan(const AttentionProblem& problem, int block_m, int block_n, double mean_keys, int sms) {
+SplitPlan split_plan(const AttentionProblem& problem, int pack_shift, int block_m, int block_n, double mean_keys,
+                     int sms) {
   SplitPlan plan;
-  plan.splits = split_parts(problem, block_m, block_n, mean_keys, sms);
+  plan.splits = split_parts(problem, pack_shift, block_m, block_n, mean_keys, sms);
   if (plan.splits < 2) return plan;
   const bool packed = problem.is_varlen();
   plan.rows_all = int64_t(packed ? 1 : problem.batch) * problem.heads_q * (packed ? problem.total_q : problem.seqlen_q);
@@ -804,9 +840,24 @@ constexpr double wide_tile_min_keys(int head_dim) { return head_dim == 256 ? 102
 // S = 512 and 1k.
 constexpr double kThreeConsumerMinCausalKeys = 1024;
 
+// GQA packing: log2 of the query heads per K/V head when a work item takes all of them as
+// rows, else 0. The group must be a power of two that divides a consumer's 64 rows (a Q box
+// holds whole groups). Automatic: when it at least halves the 128-row blocks (few queries per
+// sequence, as in decoding); pack_gqa forces it on or off.
+int pack_gqa_shift(const AttentionProblem& problem) {
+  const int group = problem.heads_q / problem.heads_kv;
+  if (group < 2 || group > 64 || (group & (group - 1)) != 0) return 0;
+  int shift = 0;
+  while ((1 << shift) < group) ++shift;
+  if (problem.pack_gqa.has_value()) return *problem.pack_gqa ? shift : 0;
+  const int64_t blocks = (int64_t(problem.seqlen_q) + 127) / 128 * group;
+  const int64_t packed_blocks = (int64_t(problem.seqlen_q) * group + 127) / 128;
+  return packed_blocks * 2 <= blocks ? shift : 0;
+}
+
 // What launch() decides from the problem's shape before a template is chosen.
 struct TileChoice {
-  AttentionParams params;  // the window's edges, normalized; varlen offsets
+  AttentionParams params;  // the window's edges, normalized; varlen offsets; GQA packing
   double mean_keys = 0;    // keys per query block, on average
   bool wide = false;       // the wide K/V tiles (D = 128, 256)
   bool window = false;     // the window's kernels
@@ -816,8 +867,9 @@ struct TileChoice {
 
 Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   c->params = make_params(problem);
-  c->mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM, problem.seqlen_q, problem.seqlen_k, problem.causal,
-                                     c->params.window_left, c->params.window_right);
+  c->params.pack_shift = pack_gqa_shift(problem);
+  c->mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c->params.pack_shift, problem.seqlen_q,
+                                     problem.seqlen_k, problem.causal, c->params.window_left, c->params.window_right);
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
   c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim);
   // The window's kernels only where a window edge binds beyond what causal already does.
@@ -852,9 +904,9 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
     return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
       using Cfg = Config<D, kWide, kConsumers>;
       // Split-KV runs in the run-time bounds kernels (their items already read their bounds).
-      const SplitPlan split = split_plan(problem, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms);
+      const SplitPlan split = split_plan(problem, c.params.pack_shift, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms);
       if (c.window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, c.params, split, c.sms, stream);
-      if (problem.has_sequence_bounds() || split.splits > 1)
+      if (problem.has_sequence_bounds() || split.splits > 1 || c.params.pack_shift > 0)
         return launch_typed<T, D, kWide, kConsumers, true, false>(problem, c.params, split, c.sms, stream);
       return launch_typed<T, D, kWide, kConsumers, false, false>(problem, c.params, SplitPlan{}, c.sms, stream);
     });
@@ -868,7 +920,7 @@ Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
   auto at_dim = [&]<int D>() -> Status {
     return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
       using Cfg = Config<D, kWide, kConsumers>;
-      *bytes = split_plan(problem, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms).bytes;
+      *bytes = split_plan(problem, c.params.pack_shift, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms).bytes;
       return Status::Ok();
     });
   };

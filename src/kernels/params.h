@@ -46,6 +46,11 @@ struct AttentionParams {
   int splits;
   float* o_partial;
   float* lse_partial;
+  // GQA packing (only the final kernel reads these): with pack_shift = log2(heads_per_kv) > 0,
+  // a work item's head is a K/V head and its rows are (query position, query head of the group)
+  // pairs, row i being position i >> pack_shift, head (kv_head << pack_shift) + i % group. Rows
+  // of the same K/V tile then share one sweep. 0 when off.
+  int pack_shift;
 };
 
 inline AttentionParams make_params(const AttentionProblem& p) {
@@ -94,6 +99,7 @@ inline AttentionParams make_params(const AttentionProblem& p) {
   a.splits = 1;  // the final kernel's launch decides
   a.o_partial = nullptr;
   a.lse_partial = nullptr;
+  a.pack_shift = 0;  // likewise
   return a;
 }
 

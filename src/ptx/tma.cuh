@@ -30,6 +30,17 @@ __device__ __forceinline__ void cp_async_bulk_tensor_4d_g2s(void* dst, const CUt
       : "memory");
 }
 
+// The same with a 5-D tensor map (the final kernel's Q boxes, which may pack the query heads
+// of a K/V head into rows).
+__device__ __forceinline__ void cp_async_bulk_tensor_5d_g2s(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                            int c3, int c4, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], "
+      "[%7];\n" ::"r"(cvta_to_shared_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(cvta_to_shared_u32(bar))
+      : "memory");
+}
+
 // cp.async.bulk global -> shared (no tensor map): `bytes` contiguous bytes, a multiple of 16,
 // both addresses 16-byte aligned, completing on `bar` like the tensor copies.
 __device__ __forceinline__ void cp_async_bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -53,6 +64,15 @@ __device__ __forceinline__ void cp_async_bulk_tensor_4d_s2g(const CUtensorMap* m
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
                    reinterpret_cast<uint64_t>(map)),
                "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(cvta_to_shared_u32(src))
+               : "memory");
+}
+
+// The same with a 5-D tensor map.
+__device__ __forceinline__ void cp_async_bulk_tensor_5d_s2g(const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                                            int c4, const void* src) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(cvta_to_shared_u32(src))
                : "memory");
 }
 
