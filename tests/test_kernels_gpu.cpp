@@ -176,9 +176,9 @@ std::vector<Shape> test_shapes() {
   // GQA packing (the final kernel; the lineage kernels ignore pack_gqa): a K/V head's query
   // heads as rows of one item. Decoding shapes that pack by themselves (groups of 4 and 8, a
   // paged cache, split parts), and packing forced on other masks: causal with Sq not a multiple
-  // of anything, Sq > Sk (rows without keys), a window, a varlen batch with a partial last box
-  // (stored by threads), the register store (D = 256, D = 128 wide), three consumers (D = 64),
-  // a group of 64, a group of 3 (not a power of two: it stays unpacked), and packing forced off.
+  // of anything, Sq > Sk (rows without keys), a varlen batch with a partial last box (stored by
+  // threads), the register store (D = 256, D = 128 wide), three consumers (D = 64), a group of
+  // 64; and where it stays off: a window, a group of 3 (not a power of two), forced off.
   auto packed = [&](Shape s, std::optional<bool> pack) {
     s.pack_gqa = pack;
     shapes.push_back(s);

@@ -142,8 +142,8 @@ struct AttentionProblem {
   // that they share each K/V tile's load and sweep (FlashAttention-3's pack_gqa). Empty lets
   // the final kernel decide (on when it at least halves the query blocks, as with few queries
   // per sequence); true or false forces it, where the heads per K/V head are a power of two
-  // up to 64 (otherwise it stays off). A hint: the result is the same up to rounding, and the
-  // lineage kernels ignore it.
+  // up to 64 and there is no sliding window (otherwise it stays off). A hint: the result is
+  // the same up to rounding, and the lineage kernels ignore it.
   std::optional<bool> pack_gqa;
 
   // Device memory for split-KV's partial results, owned by the caller and used in the call's

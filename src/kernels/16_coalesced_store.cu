@@ -177,8 +177,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   // GQA packing: a row is query position row >> pack_shift of query head (item head <<
-  // pack_shift) + row % 2^pack_shift. 0 (off) in the kernels without run-time bounds.
-  const int pack_shift = kRuntimeBounds ? p.pack_shift : 0;
+  // pack_shift) + row % 2^pack_shift. Only the run-time bounds kernels without a window pack:
+  // the shifts in the window's masks cost its kernels 6-15% at D = 64 and 128 (measured at
+  // 6107497), so there it is a compile-time 0, as in the kernels without run-time bounds.
+  const int pack_shift = kRuntimeBounds && !kWindow ? p.pack_shift : 0;
 
   // K/V tiles [first, last) query block `m_block` of `seq` sweeps: all of them, or those
   // between the edges of the causal mask or the sliding window (none when no row sees a key,
@@ -843,7 +845,7 @@ constexpr double kThreeConsumerMinCausalKeys = 1024;
 // GQA packing: log2 of the query heads per K/V head when a work item takes all of them as
 // rows, else 0. The group must be a power of two that divides a consumer's 64 rows (a Q box
 // holds whole groups). Automatic: when it at least halves the 128-row blocks (few queries per
-// sequence, as in decoding); pack_gqa forces it on or off.
+// sequence, as in decoding); pack_gqa forces it on or off. Never with a sliding window.
 int pack_gqa_shift(const AttentionProblem& problem) {
   const int group = problem.heads_q / problem.heads_kv;
   if (group < 2 || group > 64 || (group & (group - 1)) != 0) return 0;
@@ -867,13 +869,13 @@ struct TileChoice {
 
 Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   c->params = make_params(problem);
-  c->params.pack_shift = pack_gqa_shift(problem);
+  // The window's kernels only where a window edge binds beyond what causal already does.
+  c->window = c->params.window_left >= 0 || (!problem.causal && c->params.window_right >= 0);
+  c->params.pack_shift = c->window ? 0 : pack_gqa_shift(problem);  // the window's kernels do not pack
   c->mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c->params.pack_shift, problem.seqlen_q,
                                      problem.seqlen_k, problem.causal, c->params.window_left, c->params.window_right);
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
   c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim);
-  // The window's kernels only where a window edge binds beyond what causal already does.
-  c->window = c->params.window_left >= 0 || (!problem.causal && c->params.window_right >= 0);
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   c->three = !(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys;
   c->sms = sm_count();
