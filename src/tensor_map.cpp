@@ -26,64 +26,58 @@ Status encode_fn(PFN_cuTensorMapEncodeTiled_v12000* out) {
   return Status::Ok();
 }
 
+// A tiled map of `rank` dimensions (innermost first) over 2-byte elements with 128-byte
+// swizzled boxes whose rows are box[0] = box_cols elements (128 bytes). byte_strides has
+// rank - 1 entries; a dimension of extent 1 gets a stand-in stride (never used, but TMA wants a
+// 16-byte multiple).
+Status encode_swizzled(CUtensorMap* map, const void* base, DType dtype, int rank, const int64_t* dims,
+                       const int64_t* strides, const uint32_t* box) {
+  if (box[0] * 2 != 128)  // the kernels' swizzled tile layout assumes 128-byte box rows
+    return {StatusCode::invalid_argument,
+            "tensor map: box_cols * 2 bytes must be 128 (got " + std::to_string(box[0]) + " columns)"};
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  Status s = encode_fn(&encode);
+  if (!s.ok()) return s;
+  constexpr int kMaxRank = 5;
+  constexpr int64_t kElem = 2;
+  cuuint64_t global_dims[kMaxRank], byte_strides[kMaxRank - 1];
+  cuuint32_t box_dims[kMaxRank], element_strides[kMaxRank];
+  for (int d = 0; d < rank; ++d) {
+    global_dims[d] = cuuint64_t(dims[d]);
+    box_dims[d] = box[d];
+    element_strides[d] = 1;
+    if (d > 0) byte_strides[d - 1] = cuuint64_t((dims[d] == 1 ? 8 : strides[d - 1]) * kElem);
+  }
+  const CUresult r = encode(map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            cuuint32_t(rank), const_cast<void*>(base), global_dims, byte_strides, box_dims,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return {StatusCode::cuda_error, "cuTensorMapEncodeTiled (" + std::to_string(rank) + "-D) failed with CUresult " +
+                                        std::to_string(int(r))};
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                             int head_dim, const Strides& strides, int box_rows, int box_cols) {
-  if (box_cols * 2 != 128)  // the kernels' swizzled tile layout assumes 128-byte box rows
-    return {StatusCode::invalid_argument, "tensor map: box_cols * 2 bytes must be 128 (got " +
-                                              std::to_string(box_cols) + " columns)"};
-  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  Status s = encode_fn(&encode);
-  if (!s.ok()) return s;
-  constexpr int64_t kElem = 2;
-  // Strides of dimensions of extent 1 are never used; TMA still wants them 16-byte multiples.
-  auto usable = [](int64_t stride, int extent) { return extent == 1 ? int64_t(8) : stride; };
-  const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(seqlen), cuuint64_t(heads), cuuint64_t(batch)};
-  const cuuint64_t byte_strides[3] = {cuuint64_t(usable(strides.seq, seqlen) * kElem),
-                                      cuuint64_t(usable(strides.head, heads) * kElem),
-                                      cuuint64_t(usable(strides.batch, batch) * kElem)};
-  const cuuint32_t box[4] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            4, const_cast<void*>(base), dims, byte_strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return {StatusCode::cuda_error, "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r))};
-  return Status::Ok();
+  const int64_t dims[4] = {head_dim, seqlen, heads, batch};
+  const int64_t element_strides[3] = {strides.seq, strides.head, strides.batch};
+  const uint32_t box[4] = {uint32_t(box_cols), uint32_t(box_rows), 1, 1};
+  return encode_swizzled(map, base, dtype, 4, dims, element_strides, box);
 }
 
 Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                                     int head_dim, const Strides& strides, int group, int box_rows, int box_cols) {
-  if (box_cols * 2 != 128)
-    return {StatusCode::invalid_argument, "tensor map: box_cols * 2 bytes must be 128 (got " +
-                                              std::to_string(box_cols) + " columns)"};
   if (group < 1 || box_rows % group != 0 || heads % group != 0)
     return {StatusCode::invalid_argument, "tensor map: a head group of " + std::to_string(group) +
                                               " must divide the box's " + std::to_string(box_rows) + " rows and the " +
                                               std::to_string(heads) + " heads"};
-  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  Status s = encode_fn(&encode);
-  if (!s.ok()) return s;
-  constexpr int64_t kElem = 2;
-  auto usable = [](int64_t stride, int extent) { return extent == 1 ? int64_t(8) : stride; };
-  const int groups = heads / group;
-  const cuuint64_t dims[5] = {cuuint64_t(head_dim), cuuint64_t(group), cuuint64_t(groups), cuuint64_t(seqlen),
-                              cuuint64_t(batch)};
-  const cuuint64_t byte_strides[4] = {cuuint64_t(usable(strides.head, group) * kElem),
-                                      cuuint64_t(usable(strides.head * group, groups) * kElem),
-                                      cuuint64_t(usable(strides.seq, seqlen) * kElem),
-                                      cuuint64_t(usable(strides.batch, batch) * kElem)};
-  const cuuint32_t box[5] = {cuuint32_t(box_cols), cuuint32_t(group), 1, cuuint32_t(box_rows / group), 1};
-  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult r = encode(map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            5, const_cast<void*>(base), dims, byte_strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return {StatusCode::cuda_error, "cuTensorMapEncodeTiled (5-D) failed with CUresult " + std::to_string(int(r))};
-  return Status::Ok();
+  const int64_t dims[5] = {head_dim, group, heads / group, seqlen, batch};
+  const int64_t element_strides[4] = {strides.head, strides.head * group, strides.seq, strides.batch};
+  const uint32_t box[5] = {uint32_t(box_cols), uint32_t(group), 1, uint32_t(box_rows / group), 1};
+  return encode_swizzled(map, base, dtype, 5, dims, element_strides, box);
 }
 
 Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_box_rows, const char* kernel,
