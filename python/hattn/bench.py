@@ -91,12 +91,18 @@ class Shape:
 
 
 def grid_shapes(
-    dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool], seqlen_q: Optional[int] = None
+    dims: Sequence[int],
+    seqlens: Sequence[int],
+    causal: Sequence[bool],
+    seqlen_q: Optional[int] = None,
+    gqa: int = 1,
+    tokens: int = GRID_TOKENS,
 ) -> List[Shape]:
-    """The FlashAttention-3 benchmark grid: batch*seqlen = 16384, heads*D = 2048. seqlen_q: as
-    many queries per sequence instead of S (decoding: 1), against S keys."""
+    """The FlashAttention-3 benchmark grid: batch*seqlen = tokens (16384), heads*D = 2048.
+    seqlen_q: as many queries per sequence instead of S (decoding: 1), against S keys. gqa:
+    query heads per K/V head (at least one K/V head)."""
     return [
-        Shape("grid", max(1, GRID_TOKENS // s), seqlen_q or s, s, GRID_WIDTH // d, GRID_WIDTH // d, d, c)
+        Shape("grid", max(1, tokens // s), seqlen_q or s, s, GRID_WIDTH // d, max(1, GRID_WIDTH // d // gqa), d, c)
         for d in dims
         for s in seqlens
         for c in causal
@@ -180,6 +186,10 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True, help="draw PNG plots (default: yes)")
     p.add_argument("--seqlen-q", type=int, default=None,
                    help="queries per sequence on the grid (default: S, as many as keys; 1 for decoding)")  # fmt: skip
+    p.add_argument("--gqa", type=int, default=1,
+                   help="query heads per K/V head on the grid (default: 1; it must divide the heads)")  # fmt: skip
+    p.add_argument("--tokens", type=int, default=GRID_TOKENS,
+                   help=f"batch * seqlen of the grid (default: {GRID_TOKENS}; more for decoding batches)")  # fmt: skip
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels "
                    "(no capstone, no plots)")  # fmt: skip
@@ -212,14 +222,17 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
             "--seqlen-q needs --causal no: with fewer queries than keys torch SDPA aligns the causal mask "
             "top-left and hattn bottom-right (for one query, bottom-right causal is no mask)"
         )
+    if args.gqa < 1 or any((GRID_WIDTH // d) % args.gqa for d in args.dim_list) or (args.gqa > 1 and args.varlen):
+        p.error("--gqa must be >= 1, divide the heads of every --dims (2048 / D), and not come with --varlen")
+    if args.tokens < 1:
+        p.error("--tokens must be >= 1")
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     if args.varlen:
         args.shapes = varlen_shapes(args.dim_list, args.seqlen_list, causal, args.varlen) if args.grid else []
         args.plots = False
     else:
-        args.shapes = (grid_shapes(args.dim_list, args.seqlen_list, causal, args.seqlen_q) if args.grid else []) + (
-            capstone_shapes() if args.capstone else []
-        )
+        grid = grid_shapes(args.dim_list, args.seqlen_list, causal, args.seqlen_q, args.gqa, args.tokens)
+        args.shapes = (grid if args.grid else []) + (capstone_shapes() if args.capstone else [])
     return args
 
 

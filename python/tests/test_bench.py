@@ -189,3 +189,15 @@ def test_decode_flag_sets_the_queries():
     for bad in (["--varlen", "equal", "--causal", "no"], ["--causal", "both"]):
         with pytest.raises(SystemExit):  # not with varlen; SDPA's causal is top-left when Sq != Sk
             bench.parse_args(["--seqlen-q", "1", *bad], KERNELS)
+
+
+def test_gqa_and_tokens_flags_shape_a_decoding_batch():
+    argv = ["--seqlen-q", "1", "--dims", "64,128", "--seqlens", "4k", "--no-capstone", "--causal", "no",
+            "--gqa", "4", "--tokens", "131072"]  # fmt: skip
+    args = bench.parse_args(argv, KERNELS)
+    assert [(s.batch, s.heads_q, s.heads_kv, s.head_dim) for s in args.shapes] == [(32, 32, 8, 64), (32, 16, 4, 128)]
+    for bad in (["--gqa", "0"], ["--gqa", "3"], ["--tokens", "0"]):
+        with pytest.raises(SystemExit):  # 3 does not divide 2048 / 64 = 32 heads
+            bench.parse_args(["--dims", "64", *bad], KERNELS)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--varlen", "equal", "--gqa", "2"], KERNELS)
