@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "hattn/reference.h"
@@ -210,6 +212,55 @@ TEST(Reference, LowPrecisionEmulationIsCloseButNotExact) {
   EXPECT_GT(max_err, 0.0);    // bf16 rounding of P and of the output shows up
   EXPECT_LT(max_err, 1e-2);   // but stays at bf16 rounding level
   EXPECT_NEAR(lowp_lse, lse, 1e-4);
+}
+
+// The fp64 backward against central differences of L = sum(dout * out) through the fp64
+// forward, for every element of q, k and v: GQA (two query heads per K/V head), a causal mask
+// with Sq > Sk (the first rows see no key: no gradient), and a window.
+TEST(Reference, BackwardMatchesFiniteDifferences) {
+  Tensors t(1, 6, 4, 4, 2);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (auto* x : {&t.q, &t.k, &t.v})
+    for (float& e : *x) e = normal(rng);
+  std::vector<float> dout(t.q.size());
+  for (float& e : dout) e = normal(rng);
+  for (int window_left : {-1, 1}) {
+    SCOPED_TRACE("window_left=" + std::to_string(window_left));
+    HostProblem p = t.problem(0.2f, true);
+    p.window_left = window_left;
+    auto loss = [&] {
+      std::vector<double> out, lse;
+      attention_fp64(p, &out, &lse);
+      double l = 0;
+      for (size_t e = 0; e < out.size(); ++e) l += double(dout[e]) * out[e];
+      return l;
+    };
+    std::vector<double> dq, dk, dv;
+    attention_backward_fp64(p, dout.data(), p.q_strides, &dq, &dk, &dv);
+    const std::pair<std::vector<float>*, const std::vector<double>*> inputs[] = {{&t.q, &dq}, {&t.k, &dk}, {&t.v, &dv}};
+    for (const auto& [x, grad] : inputs) {
+      ASSERT_EQ(x->size(), grad->size());
+      double worst = 0, largest = 0;
+      for (size_t e = 0; e < x->size(); ++e) {
+        const float saved = (*x)[e];
+        const float up = saved + 1e-2f, down = saved - 1e-2f;  // the steps as stored in float
+        (*x)[e] = up;
+        const double l_up = loss();
+        (*x)[e] = down;
+        const double l_down = loss();
+        (*x)[e] = saved;
+        const double numeric = (l_up - l_down) / (double(up) - double(down));
+        worst = std::max(worst, std::abs(numeric - (*grad)[e]));
+        largest = std::max(largest, std::abs((*grad)[e]));
+      }
+      EXPECT_GT(largest, 0.1);
+      EXPECT_LT(worst, 2e-4 * largest);
+    }
+    // Query rows 0 and 1 see no key (causal, Sq = 6 > Sk = 4): their gradient is exactly 0.
+    for (int h = 0; h < t.Hq; ++h)
+      for (int d = 0; d < D; ++d) EXPECT_EQ(dq[(size_t(1) * t.Hq + h) * D + d], 0.0);
+  }
 }
 
 TEST(Conversions, RoundToNearestEven) {

@@ -43,4 +43,12 @@ void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, 
 // Whole problem in fp64: out [B, Sq, Hq, D] and lse [B, Hq, Sq], both contiguous.
 void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<double>* lse);
 
+// The gradients of attention in fp64, for a loss L with dL/d out = dout ([B, Sq, Hq, D],
+// element strides dout_strides). dq [B, Sq, Hq, D], dk and dv [B, Sk, Hkv, D], contiguous; a
+// K/V head's gradients sum over its query heads (GQA). A row that sees no key contributes
+// nothing. With P = softmax(scale Q K^T + mask), dS = P * (dO V^T - rowsum(dO * O)):
+// dq = scale dS K, dk = scale dS^T Q, dv = P^T dO.
+void attention_backward_fp64(const HostProblem& p, const float* dout, const Strides& dout_strides,
+                             std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv);
+
 }  // namespace hattn::ref
