@@ -27,9 +27,9 @@ Status encode_fn(PFN_cuTensorMapEncodeTiled_v12000* out) {
 }
 
 // A tiled map of `rank` dimensions (innermost first) over 2-byte elements with 128-byte
-// swizzled boxes whose rows are box[0] = box_cols elements (128 bytes). byte_strides has
-// rank - 1 entries; a dimension of extent 1 gets a stand-in stride (never used, but TMA wants a
-// 16-byte multiple).
+// swizzled boxes whose rows are box[0] = box_cols elements (128 bytes). `strides` are in
+// elements, rank - 1 of them (dimension 0 is contiguous); a dimension of extent 1 gets a
+// stand-in stride (never used, but TMA wants a 16-byte multiple).
 Status encode_swizzled(CUtensorMap* map, const void* base, DType dtype, int rank, const int64_t* dims,
                        const int64_t* strides, const uint32_t* box) {
   if (box[0] * 2 != 128)  // the kernels' swizzled tile layout assumes 128-byte box rows
