@@ -8,6 +8,7 @@
 #include <string>
 
 #include "hattn/hattn.h"
+#include "backward.h"
 #include "registry.h"
 
 namespace hattn {
@@ -337,6 +338,41 @@ Status forward(const AttentionProblem& problem, const Options& options) {
                      entry->name + " needs " + std::to_string(needed) + " for this problem (workspace_size())");
   }
   return entry->launch(problem, options.stream);
+}
+
+Status validate_backward_arguments(const BackwardProblem& problem) {
+  const AttentionProblem& p = problem.forward;
+  Status s = validate_arguments(p);
+  if (!s.ok()) return s;
+  if (p.lse == nullptr) return invalid("lse: the backward needs the forward's log-sum-exp (fp32 [B, Hq, Sq])");
+  if (!(s = check_tensor("dout", problem.dout, problem.dout_strides, p.tensor_batch(), p.tensor_rows_q(), p.heads_q,
+                         p.head_dim, false)).ok())
+    return s;
+  if (!(s = check_tensor("dq", problem.dq, problem.dq_strides, p.tensor_batch(), p.tensor_rows_q(), p.heads_q,
+                         p.head_dim, true)).ok())
+    return s;
+  if (!(s = check_tensor("dk", problem.dk, problem.dk_strides, p.tensor_batch(), p.tensor_rows_k(), p.heads_kv,
+                         p.head_dim, true)).ok())
+    return s;
+  return check_tensor("dv", problem.dv, problem.dv_strides, p.tensor_batch(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
+                      true);
+}
+
+Status backward(const BackwardProblem& problem, const Options& options) {
+  Status s = validate_backward_arguments(problem);
+  if (!s.ok()) return s;
+  if (options.kernel != "auto" && options.kernel != "bwd_01_cuda_core")
+    return invalid("kernel: unknown backward kernel '" + options.kernel + "' (known: auto, bwd_01_cuda_core)");
+  const AttentionProblem& p = problem.forward;
+  if (p.has_sequence_bounds())
+    return {StatusCode::not_supported, "backward: dense batches only so far (no cu_seqlens, seqlens_k or block_table)"};
+  if (!(s = check_device()).ok()) return s;
+  const std::pair<const char*, const void*> pointers[] = {{"q", p.q},     {"k", p.k},   {"v", p.v},
+                                                          {"out", p.out}, {"lse", p.lse}, {"dout", problem.dout},
+                                                          {"dq", problem.dq}, {"dk", problem.dk}, {"dv", problem.dv}};
+  for (const auto& [name, ptr] : pointers)
+    if (!(s = check_device_pointer(name, ptr)).ok()) return s;
+  return backward_cuda_core(problem, options.stream);
 }
 
 }  // namespace hattn

@@ -189,6 +189,32 @@ Status workspace_size(const AttentionProblem& problem, size_t* bytes, const std:
 // Needs no GPU.
 Status validate_arguments(const AttentionProblem& problem);
 
+// The gradients of a forward call (training): given dL/d out, dq, dk and dv. `forward` is the
+// problem of that call, with its out and lse (lse is required here: the backward recomputes
+// P = exp(scale S - lse) instead of storing it). A dense batch: no varlen, seqlens_k or paged
+// cache; causal masks and sliding windows are fine, and GQA (dk, dv sum over a K/V head's
+// query heads). dq, dk and dv are written whole, so they need no zeroing.
+struct BackwardProblem {
+  AttentionProblem forward;
+  const void* dout = nullptr;  // [B, Sq, Hq, D], forward.dtype
+  Strides dout_strides;
+  void* dq = nullptr;  // [B, Sq, Hq, D]
+  Strides dq_strides;
+  void* dk = nullptr;  // [B, Sk, Hkv, D]
+  Strides dk_strides;
+  void* dv = nullptr;  // [B, Sk, Hkv, D]
+  Strides dv_strides;
+};
+
+// Validates `problem` and launches the backward on `options.stream` (options.kernel must be
+// "auto": there is one backward kernel so far). Takes fp32 scratch memory with
+// cudaMallocAsync on the stream. Asynchronous, like forward().
+Status backward(const BackwardProblem& problem, const Options& options = {});
+
+// Checks of the backward's arguments alone (the forward problem's, then the gradients'). Needs
+// no GPU.
+Status validate_backward_arguments(const BackwardProblem& problem);
+
 // Which kernel "auto" (or a given name) resolves to for this problem, without launching.
 Status resolve_kernel(const AttentionProblem& problem, const std::string& kernel, std::string* resolved);
 

@@ -1,0 +1,13 @@
+// The backward kernels (one so far), called by hattn::backward() after validation.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "hattn/hattn.h"
+
+namespace hattn {
+
+// bwd_01_cuda_core.cu: FlashAttention's backward on CUDA cores, fp32 sums; dense batches.
+Status backward_cuda_core(const BackwardProblem& problem, cudaStream_t stream);
+
+}  // namespace hattn

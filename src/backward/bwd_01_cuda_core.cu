@@ -1,0 +1,214 @@
+// Backward step 1: the gradients of attention on CUDA cores, a correct baseline.
+//
+// FlashAttention's backward without its tiling of the queries: P is recomputed from Q, K and
+// the forward's LSE, never stored. Three kernels:
+//   1. delta: one warp per query row, delta_i = rowsum(dO_i * O_i).
+//   2. main: one CTA per (32-key block, query head, batch). Its keys' K and V rows, and their
+//      dK and dV sums, stay in shared memory while its warps walk the query rows that see any
+//      of them. Lane j owns key j: for row i,
+//          p_ij = exp(scale q_i.k_j - lse_i),  dp_ij = dO_i.v_j,  ds_ij = p_ij (dp_ij - delta_i)
+//          dV_j += p_ij dO_i,  dK_j += scale ds_ij q_i,  dQ_i += scale sum_j ds_ij k_j
+//      dQ_i goes to an fp32 buffer by atomicAdd (other key blocks add to the same row); at the
+//      end the CTA adds its dK and dV to fp32 buffers per K/V head (a GQA group's heads add up).
+//   3. convert: the fp32 sums to dq, dk and dv in the input dtype, at their strides.
+// fp32 arithmetic throughout; the atomic sums make the result nondeterministic in its last
+// bits. Slow by design: the tensor-core steps come next.
+#include <cmath>
+#include <string>
+
+#include "backward.h"
+#include "common.cuh"
+#include "params.h"
+
+namespace hattn {
+namespace {
+
+constexpr const char* kName = "bwd_01_cuda_core";
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockN = 32;  // keys per CTA: one per lane
+
+struct BackwardParams {
+  AttentionParams fwd;  // q, k, v, out, lse and the mask, as in the forward call
+  const void* dout;
+  int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
+  float* delta;     // [B, Hq, Sq]
+  float* dq_accum;  // [B, Sq, Hq, D]
+  float* dk_accum;  // [B, Sk, Hkv, D]
+  float* dv_accum;  // [B, Sk, Hkv, D]
+};
+
+// The keys query i sees, [first, last): the causal mask and the window, bottom-right aligned.
+__device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
+  const int64_t diagonal = int64_t(i) + p.causal_offset;
+  const int right = p.causal ? 0 : p.window_right;
+  int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
+  int64_t hi = right >= 0 ? diagonal + right + 1 : p.seqlen_k;
+  lo = lo < 0 ? 0 : lo > p.seqlen_k ? p.seqlen_k : lo;
+  hi = hi < lo ? lo : hi > p.seqlen_k ? p.seqlen_k : hi;
+  *first = int(lo);
+  *last = int(hi);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) delta_kernel(BackwardParams p) {
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (b, h, i), i fastest
+  const int lane = threadIdx.x % 32;
+  const AttentionParams& f = p.fwd;
+  if (row >= int64_t(f.batch) * f.heads_q * f.seqlen_q) return;
+  const int i = int(row % f.seqlen_q), h = int(row / f.seqlen_q % f.heads_q), b = int(row / f.seqlen_q / f.heads_q);
+  const T* o = static_cast<const T*>(f.out) + b * f.out_batch_stride + int64_t(i) * f.out_seq_stride + h * f.out_head_stride;
+  const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + int64_t(i) * p.dout_seq_stride +
+                 h * p.dout_head_stride;
+  float sum = 0.f;
+  for (int d = lane; d < D; d += 32) sum += to_float(o[d]) * to_float(d_o[d]);
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+  if (lane == 0) p.delta[row] = sum;
+}
+
+template <int D>
+struct SharedStorage {
+  float k[kBlockN][D + 1];  // +1: lane j reads row j, so the rows start in different banks
+  float v[kBlockN][D + 1];
+  float dk[kBlockN][D];
+  float dv[kBlockN][D];
+  float q[kWarps][D];   // each warp's current query row
+  float dout[kWarps][D];
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& smem = *reinterpret_cast<SharedStorage<D>*>(smem_raw);
+  const AttentionParams& f = p.fwd;
+  const int n0 = blockIdx.x * kBlockN, h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / f.heads_per_kv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kColsPerLane = D / 32;
+
+  const T* k = static_cast<const T*>(f.k) + b * f.k_batch_stride + hk * f.k_head_stride;
+  const T* v = static_cast<const T*>(f.v) + b * f.v_batch_stride + hk * f.v_head_stride;
+  for (int e = threadIdx.x; e < kBlockN * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    const bool inside = n0 + r < f.seqlen_k;
+    smem.k[r][c] = inside ? to_float(k[int64_t(n0 + r) * f.k_seq_stride + c]) : 0.f;
+    smem.v[r][c] = inside ? to_float(v[int64_t(n0 + r) * f.v_seq_stride + c]) : 0.f;
+    smem.dk[r][c] = 0.f;
+    smem.dv[r][c] = 0.f;
+  }
+  __syncthreads();  // K, V and the zeroed sums are in place before any warp reads or adds
+
+  const int key = n0 + lane;
+  for (int i = warp; i < f.seqlen_q; i += kWarps) {
+    int first = 0, last = 0;
+    visible_keys(f, i, &first, &last);
+    if (last <= n0 || first >= n0 + kBlockN) continue;  // warp-uniform: no key of this block
+    const T* q = static_cast<const T*>(f.q) + b * f.q_batch_stride + int64_t(i) * f.q_seq_stride + h * f.q_head_stride;
+    const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + int64_t(i) * p.dout_seq_stride +
+                   h * p.dout_head_stride;
+    for (int d = lane; d < D; d += 32) {
+      smem.q[warp][d] = to_float(q[d]);
+      smem.dout[warp][d] = to_float(d_o[d]);
+    }
+    __syncwarp();  // the row is in place before the lanes read all of it
+    const int64_t row = (int64_t(b) * f.heads_q + h) * f.seqlen_q + i;
+    const float lse = f.lse[row], delta = p.delta[row];
+    float s = 0.f, dp = 0.f;
+    for (int d = 0; d < D; ++d) {
+      s += smem.q[warp][d] * smem.k[lane][d];
+      dp += smem.dout[warp][d] * smem.v[lane][d];
+    }
+    const bool visible = key >= first && key < last;
+    const float prob = visible ? expf(s * f.scale - lse) : 0.f;
+    const float ds = prob * (dp - delta) * f.scale;  // dL/d(q.k) for this key
+    if (visible) {
+      for (int d = 0; d < D; ++d) {  // other warps add to the same key rows
+        atomicAdd(&smem.dv[lane][d], prob * smem.dout[warp][d]);
+        atomicAdd(&smem.dk[lane][d], ds * smem.q[warp][d]);
+      }
+    }
+    float dq[kColsPerLane] = {};
+    for (int j = 0; j < kBlockN; ++j) {
+      const float ds_j = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+      for (int c = 0; c < kColsPerLane; ++c) dq[c] += ds_j * smem.k[j][lane + 32 * c];
+    }
+    float* dq_row = p.dq_accum + ((int64_t(b) * f.seqlen_q + i) * f.heads_q + h) * D;
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; ++c) atomicAdd(dq_row + lane + 32 * c, dq[c]);
+    __syncwarp();  // every lane has read the row before the next one overwrites it
+  }
+  __syncthreads();  // all warps' additions to dK and dV are done
+
+  for (int e = threadIdx.x; e < kBlockN * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    if (n0 + r >= f.seqlen_k) continue;
+    const int64_t at = ((int64_t(b) * f.seqlen_k + n0 + r) * f.heads_kv + hk) * D + c;
+    atomicAdd(p.dk_accum + at, smem.dk[r][c]);
+    atomicAdd(p.dv_accum + at, smem.dv[r][c]);
+  }
+}
+
+// dst[b, s, h, :] = src (contiguous fp32 [B, S, H, D]) in T, at dst's strides.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, int seqlen, int heads, int64_t rows,
+                                                      int64_t batch_stride, int64_t seq_stride, int64_t head_stride) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= rows * D) return;
+  const int64_t row = e / D;
+  const int d = int(e % D), h = int(row % heads), s = int(row / heads % seqlen), b = int(row / heads / seqlen);
+  dst[b * batch_stride + int64_t(s) * seq_stride + h * head_stride + d] = from_float<T>(src[e]);
+}
+
+}  // namespace
+
+Status backward_cuda_core(const BackwardProblem& problem, cudaStream_t stream) {
+  const AttentionProblem& fwd = problem.forward;
+  BackwardParams p{};
+  p.fwd = make_params(fwd);
+  p.dout = problem.dout;
+  p.dout_batch_stride = problem.dout_strides.batch;
+  p.dout_seq_stride = problem.dout_strides.seq;
+  p.dout_head_stride = problem.dout_strides.head;
+  const int64_t rows_q = int64_t(fwd.batch) * fwd.seqlen_q * fwd.heads_q;
+  const int64_t rows_k = int64_t(fwd.batch) * fwd.seqlen_k * fwd.heads_kv;
+  const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k) * 2 * fwd.head_dim;
+  float* scratch = nullptr;
+  Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
+                         std::string(kName) + ": cudaMallocAsync(scratch)");
+  if (!s.ok()) return s;
+  p.dq_accum = scratch;
+  p.dk_accum = p.dq_accum + rows_q * fwd.head_dim;
+  p.dv_accum = p.dk_accum + rows_k * fwd.head_dim;
+  p.delta = p.dv_accum + rows_k * fwd.head_dim;
+  s = cuda_status(cudaMemsetAsync(scratch, 0, (size_t(rows_q) + 2 * size_t(rows_k)) * fwd.head_dim * sizeof(float), stream),
+                  std::string(kName) + ": zeroing the fp32 sums");
+  if (s.ok()) {
+    s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
+      delta_kernel<T, D><<<unsigned((rows_q + kWarps - 1) / kWarps), kThreads, 0, stream>>>(p);
+      Status st = launch_status(kName);
+      if (!st.ok()) return st;
+      constexpr int kSmem = int(sizeof(SharedStorage<D>));
+      st = cuda_status(cudaFuncSetAttribute(main_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                       std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+      if (!st.ok()) return st;
+      const dim3 grid(unsigned((fwd.seqlen_k + kBlockN - 1) / kBlockN), unsigned(fwd.heads_q), unsigned(fwd.batch));
+      main_kernel<T, D><<<grid, kThreads, kSmem, stream>>>(p);
+      if (!(st = launch_status(kName)).ok()) return st;
+      auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {
+        const int64_t rows = int64_t(fwd.batch) * seqlen * heads;
+        convert_kernel<T, D><<<unsigned((rows * D + 255) / 256), 256, 0, stream>>>(
+            src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
+        return launch_status(kName);
+      };
+      if (!(st = convert(p.dq_accum, problem.dq, fwd.seqlen_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
+      if (!(st = convert(p.dk_accum, problem.dk, fwd.seqlen_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
+      return convert(p.dv_accum, problem.dv, fwd.seqlen_k, fwd.heads_kv, problem.dv_strides);
+    });
+  }
+  const Status freed = cuda_status(cudaFreeAsync(scratch, stream), std::string(kName) + ": cudaFreeAsync(scratch)");
+  return s.ok() ? freed : s;
+}
+
+}  // namespace hattn
