@@ -419,6 +419,68 @@ def _attention_fwd_fake(
     return out, lse
 
 
+@torch.library.custom_op("hattn::attention_bwd", mutates_args=())
+def attention_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    softmax_scale: Optional[float],
+    window_left: int = -1,
+    window_right: int = -1,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hattn::attention_bwd: (dq, dk, dv) of hattn::attention_fwd's q, k, v given dL/d out, from the
+    forward's out and lse (dense batches; dk and dv sum over a K/V head's query heads)."""
+    _check_inputs(q, k, v, "auto")
+    _check_device(q, k, v, out=out, lse=lse, dout=dout)
+    q, k, v, out, dout = (_as_kernel_input(t) for t in (q, k, v, out, dout))
+    lse = lse.contiguous()
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    with torch.cuda.device(q.device):
+        kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, "auto", (window_left, window_right))
+        grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
+        _C.backward(**kwargs, grads=grads, stream=torch.cuda.current_stream(q.device).cuda_stream)
+    return dq, dk, dv
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1):
+    _check_inputs(q, k, v, "auto")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_fwd_setup_context(ctx, inputs, output) -> None:
+    q, k, v, causal, softmax_scale, _kernel, return_lse, window_left, window_right, seqlens_k, _splits = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.softmax_scale, ctx.window = causal, softmax_scale, (window_left, window_right)
+    ctx.has_lse, ctx.has_seqlens_k = return_lse, seqlens_k is not None
+    ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
+
+
+def _attention_fwd_backward(ctx, dout, dlse):
+    if dlse is not None:
+        raise NotImplementedError("hattn: no gradient through the LSE output; use only out in the loss")
+    if dout is None:
+        return (None,) * 11
+    if not ctx.has_lse:
+        raise RuntimeError(
+            "hattn: the backward needs the forward's LSE: call hattn.attention (it keeps the LSE when a gradient "
+            "is needed), or the op with return_lse=True"
+        )
+    if ctx.has_seqlens_k:
+        raise NotImplementedError("hattn: no backward with seqlens_k (a KV cache) yet")
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.hattn.attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window)
+    return (dq, dk, dv) + (None,) * 8
+
+
+attention_fwd.register_autograd(_attention_fwd_backward, setup_context=_attention_fwd_setup_context)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -466,17 +528,20 @@ def attention(
         RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
 
     Runs on torch.cuda.current_stream() without host synchronization (seqlens_k is read by the
-    kernel only); works under torch.compile(fullgraph=True) and CUDA-graph capture. Forward
-    only (no autograd).
+    kernel only); works under torch.compile(fullgraph=True) and CUDA-graph capture. With
+    autograd (q, k or v requiring grad) the backward computes dq, dk and dv (dense batches, no
+    seqlens_k; no gradient through the LSE output); the forward then keeps the LSE it needs.
     """
     _check_types(q, k, v, **({} if seqlens_k is None else {"seqlens_k": seqlens_k}))
     _check_num_splits(num_splits)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     out, lse = _call(
         attention_fwd, _attention_fwd,
-        q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse), left, right, seqlens_k, num_splits,
+        q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, seqlens_k,
+        num_splits,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

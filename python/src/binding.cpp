@@ -54,8 +54,12 @@ hattn::DType parse_dtype(const std::string& name) {
   throw nb::python_error();
 }
 
-// Defines `name` on `m` with the keyword signature of a problem plus kernel and stream, and
-// calls fn(problem, kernel, stream). The Python side passes keywords; the signature is written once.
+// The backward's tensors: (dout, dout_strides, dq, dq_strides, dk, dk_strides, dv, dv_strides).
+using GradArgs = std::tuple<uintptr_t, StrideTuple, uintptr_t, StrideTuple, uintptr_t, StrideTuple, uintptr_t, StrideTuple>;
+
+// Defines `name` on `m` with the keyword signature of a problem plus grads (only backward
+// takes them), kernel and stream, and calls fn(problem, grads, kernel, stream). The Python side
+// passes keywords; the signature is written once.
 template <typename Fn>
 void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* doc) {
   m.def(
@@ -66,7 +70,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
            std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
            uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, uintptr_t seqlens_k,
            uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, int num_splits,
-           uintptr_t workspace, size_t workspace_bytes, const std::string& kernel, uintptr_t stream) {
+           uintptr_t workspace, size_t workspace_bytes, const std::optional<GradArgs>& grads, const std::string& kernel,
+           uintptr_t stream) {
         hattn::AttentionProblem p;
         p.dtype = parse_dtype(dtype);
         p.batch = batch;
@@ -100,7 +105,7 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.num_splits = num_splits;
         p.workspace = reinterpret_cast<void*>(workspace);
         p.workspace_bytes = workspace_bytes;
-        return fn(p, kernel, stream);
+        return fn(p, grads, kernel, stream);
       },
       nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
       nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("q"), nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"),
@@ -109,11 +114,20 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0, nb::arg("total_q") = 0,
       nb::arg("total_k") = 0, nb::arg("seqlens_k") = 0, nb::arg("block_table") = 0, nb::arg("max_pages_per_seq") = 0,
       nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("num_splits") = 0, nb::arg("workspace") = 0,
-      nb::arg("workspace_bytes") = 0, nb::arg("kernel") = "auto",
+      nb::arg("workspace_bytes") = 0, nb::arg("grads") = nb::none(), nb::arg("kernel") = "auto",
       nb::arg("stream") = 0, doc);
 }
 
-void forward(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t stream) {
+// Refuses gradients given to a function other than backward.
+void no_grads(const std::optional<GradArgs>& grads) {
+  if (!grads) return;
+  PyErr_SetString(PyExc_ValueError, "grads: only hattn._C.backward takes gradient tensors");
+  throw nb::python_error();
+}
+
+void forward(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads, const std::string& kernel,
+             uintptr_t stream) {
+  no_grads(grads);
   hattn::Options options;
   options.kernel = kernel;
   options.stream = reinterpret_cast<cudaStream_t>(stream);
@@ -126,14 +140,18 @@ void forward(const hattn::AttentionProblem& problem, const std::string& kernel, 
   if (!status.ok()) raise_status(status);
 }
 
-std::string resolve_kernel(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t /*stream*/) {
+std::string resolve_kernel(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads,
+                           const std::string& kernel, uintptr_t /*stream*/) {
+  no_grads(grads);
   std::string resolved;
   const hattn::Status status = hattn::resolve_kernel(problem, kernel, &resolved);
   if (!status.ok()) raise_status(status);
   return resolved;
 }
 
-size_t workspace_size(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t /*stream*/) {
+size_t workspace_size(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads,
+                      const std::string& kernel, uintptr_t /*stream*/) {
+  no_grads(grads);
   size_t bytes = 0;
   hattn::Status status;
   {
@@ -142,6 +160,35 @@ size_t workspace_size(const hattn::AttentionProblem& problem, const std::string&
   }
   if (!status.ok()) raise_status(status);
   return bytes;
+}
+
+void backward(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads, const std::string& kernel,
+              uintptr_t stream) {
+  if (!grads) {
+    PyErr_SetString(PyExc_ValueError, "grads: backward needs (dout, dout_strides, dq, dq_strides, dk, dk_strides, dv, "
+                                      "dv_strides)");
+    throw nb::python_error();
+  }
+  hattn::BackwardProblem b;
+  b.forward = problem;
+  const auto& [dout, dout_strides, dq, dq_strides, dk, dk_strides, dv, dv_strides] = *grads;
+  b.dout = reinterpret_cast<const void*>(dout);
+  b.dout_strides = to_strides(dout_strides);
+  b.dq = reinterpret_cast<void*>(dq);
+  b.dq_strides = to_strides(dq_strides);
+  b.dk = reinterpret_cast<void*>(dk);
+  b.dk_strides = to_strides(dk_strides);
+  b.dv = reinterpret_cast<void*>(dv);
+  b.dv_strides = to_strides(dv_strides);
+  hattn::Options options;
+  options.kernel = kernel;
+  options.stream = reinterpret_cast<cudaStream_t>(stream);
+  hattn::Status status;
+  {
+    nb::gil_scoped_release release;
+    status = hattn::backward(b, options);
+  }
+  if (!status.ok()) raise_status(status);
 }
 
 std::vector<std::pair<std::string, std::string>> kernels() {
@@ -172,6 +219,11 @@ NB_MODULE(_C, m) {
       m, "workspace_size", &workspace_size,
       "Bytes of workspace forward() needs for this problem (split-KV's partial results; 0 when it runs\n"
       "unsplit), after the same checks. Pass a buffer of at least that size as workspace/workspace_bytes.");
+  def_problem_function(
+      m, "backward", &backward,
+      "The gradients of the forward problem given (its out and lse are inputs here): grads = (dout,\n"
+      "dout_strides, dq, dq_strides, dk, dk_strides, dv, dv_strides), device pointers as ints and\n"
+      "(batch, seq, head) element strides; kernel 'auto'. Launches on `stream`; asynchronous.");
   def_problem_function(
       m, "resolve_kernel", &resolve_kernel,
       "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");
