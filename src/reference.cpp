@@ -136,51 +136,80 @@ void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<
                            lse->data() + (size_t(b) * p.heads_q + h) * p.seqlen_q + i);
 }
 
+namespace {
+
+// Row i's part of the backward: the keys it sees, [first, first + prob.size()), their
+// probabilities and dS = P * (dO V^T - rowsum(dO * O)) * scale (the gradient of the raw score
+// q.k). Empty when the row sees no key.
+void backward_row_fp64(const HostProblem& p, const float* dout, const Strides& dout_strides, int b, int h, int i,
+                       int* first, std::vector<double>* prob, std::vector<double>* ds) {
+  const int D = p.head_dim;
+  const int hk = h / (p.heads_q / p.heads_kv);
+  int last = 0;
+  visible_key_range(p, i, first, &last);
+  const int n = last - *first;
+  prob->assign(n, 0.0);
+  ds->assign(n, 0.0);
+  if (n == 0) return;  // out is 0 whatever the inputs: no gradient
+  std::vector<double> out(D);
+  double lse = 0;
+  attention_row_fp64(p, b, h, i, out.data(), &lse);
+  const float* q = row_ptr(p.q, p.q_strides, b, i, h);
+  const float* d_o = row_ptr(dout, dout_strides, b, i, h);
+  double delta = 0;  // rowsum(dO * O)
+  for (int d = 0; d < D; ++d) delta += double(d_o[d]) * out[d];
+  for (int j = 0; j < n; ++j) {
+    const float* k = row_ptr(p.k, p.k_strides, b, *first + j, hk);
+    const float* v = row_ptr(p.v, p.v_strides, b, *first + j, hk);
+    double dot = 0, dp = 0;
+    for (int d = 0; d < D; ++d) {
+      dot += double(q[d]) * double(k[d]);
+      dp += double(d_o[d]) * double(v[d]);
+    }
+    (*prob)[j] = std::exp(dot * double(p.scale) - lse);
+    (*ds)[j] = (*prob)[j] * (dp - delta) * double(p.scale);
+  }
+}
+
+}  // namespace
+
+void attention_backward_dq_row_fp64(const HostProblem& p, const float* dout, const Strides& dout_strides, int b, int h,
+                                    int i, double* dq) {
+  const int hk = h / (p.heads_q / p.heads_kv);
+  int first = 0;
+  std::vector<double> prob, ds;
+  backward_row_fp64(p, dout, dout_strides, b, h, i, &first, &prob, &ds);
+  std::fill(dq, dq + p.head_dim, 0.0);
+  for (size_t j = 0; j < ds.size(); ++j) {
+    const float* k = row_ptr(p.k, p.k_strides, b, first + int(j), hk);
+    for (int d = 0; d < p.head_dim; ++d) dq[d] += ds[j] * double(k[d]);
+  }
+}
+
 void attention_backward_fp64(const HostProblem& p, const float* dout, const Strides& dout_strides,
                              std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv) {
   const int D = p.head_dim;
   dq->assign(size_t(p.batch) * p.seqlen_q * p.heads_q * D, 0.0);
   dk->assign(size_t(p.batch) * p.seqlen_k * p.heads_kv * D, 0.0);
   dv->assign(dk->size(), 0.0);
-  auto q_index = [&](int b, int i, int h) { return ((size_t(b) * p.seqlen_q + i) * p.heads_q + h) * D; };
-  auto k_index = [&](int b, int j, int h) { return ((size_t(b) * p.seqlen_k + j) * p.heads_kv + h) * D; };
-  std::vector<double> out(D), prob, dprob;
+  std::vector<double> prob, ds;
   for (int b = 0; b < p.batch; ++b)
     for (int h = 0; h < p.heads_q; ++h) {
       const int hk = h / (p.heads_q / p.heads_kv);
       for (int i = 0; i < p.seqlen_q; ++i) {
-        int first = 0, last = 0;
-        visible_key_range(p, i, &first, &last);
-        const int n = last - first;
-        if (n == 0) continue;  // out is 0 whatever the inputs: no gradient
-        double lse = 0;
-        attention_row_fp64(p, b, h, i, out.data(), &lse);
+        int first = 0;
+        backward_row_fp64(p, dout, dout_strides, b, h, i, &first, &prob, &ds);
         const float* q = row_ptr(p.q, p.q_strides, b, i, h);
         const float* d_o = row_ptr(dout, dout_strides, b, i, h);
-        double delta = 0;  // rowsum(dO * O)
-        for (int d = 0; d < D; ++d) delta += double(d_o[d]) * out[d];
-        prob.assign(n, 0.0);
-        dprob.assign(n, 0.0);
-        for (int j = 0; j < n; ++j) {
-          const float* k = row_ptr(p.k, p.k_strides, b, first + j, hk);
-          const float* v = row_ptr(p.v, p.v_strides, b, first + j, hk);
-          double dot = 0, dp = 0;
+        double* dq_row = dq->data() + ((size_t(b) * p.seqlen_q + i) * p.heads_q + h) * D;
+        for (size_t j = 0; j < ds.size(); ++j) {
+          const int key = first + int(j);
+          const float* k = row_ptr(p.k, p.k_strides, b, key, hk);
+          double* dk_row = dk->data() + ((size_t(b) * p.seqlen_k + key) * p.heads_kv + hk) * D;
+          double* dv_row = dv->data() + ((size_t(b) * p.seqlen_k + key) * p.heads_kv + hk) * D;
           for (int d = 0; d < D; ++d) {
-            dot += double(q[d]) * double(k[d]);
-            dp += double(d_o[d]) * double(v[d]);
-          }
-          prob[j] = std::exp(dot * double(p.scale) - lse);
-          dprob[j] = dp;
-        }
-        double* dq_row = dq->data() + q_index(b, i, h);
-        for (int j = 0; j < n; ++j) {
-          const double ds = prob[j] * (dprob[j] - delta) * double(p.scale);
-          const float* k = row_ptr(p.k, p.k_strides, b, first + j, hk);
-          double* dk_row = dk->data() + k_index(b, first + j, hk);
-          double* dv_row = dv->data() + k_index(b, first + j, hk);
-          for (int d = 0; d < D; ++d) {
-            dq_row[d] += ds * double(k[d]);
-            dk_row[d] += ds * double(q[d]);
+            dq_row[d] += ds[j] * double(k[d]);
+            dk_row[d] += ds[j] * double(q[d]);
             dv_row[d] += prob[j] * double(d_o[d]);
           }
         }

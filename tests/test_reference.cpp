@@ -257,6 +257,13 @@ TEST(Reference, BackwardMatchesFiniteDifferences) {
       EXPECT_GT(largest, 0.1);
       EXPECT_LT(worst, 2e-4 * largest);
     }
+    // One row of dq alone, as the benchmark checks a sample, is the full backward's row.
+    std::vector<double> row(D);
+    for (int h = 0; h < t.Hq; ++h)
+      for (int i = 0; i < t.Sq; ++i) {
+        attention_backward_dq_row_fp64(p, dout.data(), p.q_strides, 0, h, i, row.data());
+        for (int d = 0; d < D; ++d) EXPECT_DOUBLE_EQ(row[d], dq[(size_t(i) * t.Hq + h) * D + d]);
+      }
     // Query rows 0 and 1 see no key (causal, Sq = 6 > Sk = 4): their gradient is exactly 0.
     for (int h = 0; h < t.Hq; ++h)
       for (int d = 0; d < D; ++d) EXPECT_EQ(dq[(size_t(1) * t.Hq + h) * D + d], 0.0);

@@ -40,6 +40,7 @@ struct Config {
   int page_size = 0;    // > 0: K and V in a paged cache of such pages (every key in use)
   int gqa = 1;          // query heads per K/V head
   std::optional<bool> pack_gqa;  // AttentionProblem::pack_gqa; empty: automatic
+  bool backward = false;         // time hattn::backward instead of the forward kernels
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -69,6 +70,8 @@ void usage() {
       "  --page-size N       K and V in a paged cache of N-key pages, shuffled (final kernel only)\n"
       "  --gqa R             R query heads per K/V head (default 1; must divide the heads)\n"
       "  --pack-gqa on|off   force GQA packing (default: automatic; final kernel only)\n"
+      "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
+      "                      sampled rows of dq are checked against the fp64 reference\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -123,6 +126,8 @@ int parse(int argc, char** argv, Config* c) {
       return 1;
     } else if (a == "--capstone") {
       c->capstone = true;
+    } else if (a == "--backward") {
+      c->backward = true;
     } else if (a == "--no-gemm") {
       c->gemm = false;
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
@@ -201,6 +206,12 @@ int parse(int argc, char** argv, Config* c) {
       usage();
       return 2;
     }
+  }
+  if (c->backward) {
+    if (!c->kernels.empty())
+      std::fprintf(stderr, "hattn-bench: --backward times the backward kernel; --kernels is ignored\n");
+    c->kernels = {"bwd_01_cuda_core"};
+    return 0;
   }
   for (const auto& name : c->kernels) {
     bool known = false;
@@ -333,6 +344,99 @@ bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& ker
   return true;
 }
 
+// The backward on `w`: a forward (the final kernel) makes out and lse, then hattn::backward
+// with a random dout is checked on the sampled rows of dq (fp64 reference) and timed like the
+// forward: an L2 flush, then the call between events. FLOPs: 2.5x the forward's (FlashAttention's
+// convention: five matrix products where the forward has two).
+bool time_backward(const Config& cfg, harness::Workload& w, const std::vector<harness::RowId>& sample, uint64_t seed,
+                   void* flush, size_t flush_bytes, Row* row) {
+  const Shape& shape = w.shape;
+  const AttentionProblem& p = w.problem;
+  if (!forward(p).ok() || cudaDeviceSynchronize() != cudaSuccess) return false;
+  const size_t q_elems = size_t(p.batch) * p.seqlen_q * p.heads_q * p.head_dim;
+  const size_t k_elems = size_t(p.batch) * p.seqlen_k * p.heads_kv * p.head_dim;
+  std::vector<float> dout_host(q_elems);
+  std::vector<uint16_t> dout_bits(q_elems);
+  std::mt19937 rng{uint32_t(seed)};
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (size_t e = 0; e < q_elems; ++e) {
+    dout_bits[e] = ref::float_to_bits(normal(rng), shape.dtype);
+    dout_host[e] = ref::bits_to_float(dout_bits[e], shape.dtype);
+  }
+  harness::DeviceBuffer dout, dq, dk, dv;
+  if (!dout.allocate(q_elems * 2).ok() || !dq.allocate(q_elems * 2).ok() || !dk.allocate(k_elems * 2).ok() ||
+      !dv.allocate(k_elems * 2).ok())
+    return false;
+  CHECK_CUDA(cudaMemcpy(dout.get(), dout_bits.data(), q_elems * 2, cudaMemcpyHostToDevice));
+  BackwardProblem b;
+  b.forward = p;
+  const Strides q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, p.head_dim);
+  const Strides k_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, p.head_dim);
+  b.dout = dout.get();
+  b.dout_strides = q_strides;
+  b.dq = dq.get();
+  b.dq_strides = q_strides;
+  b.dk = dk.get();
+  b.dk_strides = k_strides;
+  b.dv = dv.get();
+  b.dv_strides = k_strides;
+  cudaEvent_t a, e;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&e));
+  CHECK_CUDA(cudaEventRecord(a));
+  Status s = backward(b);
+  CHECK_CUDA(cudaEventRecord(e));
+  if (!s.ok() || cudaDeviceSynchronize() != cudaSuccess) {
+    std::fprintf(stderr, "hattn-bench: backward: %s / %s\n", s.to_string().c_str(), cudaGetErrorString(cudaGetLastError()));
+    return false;
+  }
+  float first_ms = 0;
+  cudaEventElapsedTime(&first_ms, a, e);
+  // Sampled rows of dq against the fp64 reference: within 3 ulps of the sample's largest element.
+  std::vector<uint16_t> dq_bits(q_elems);
+  CHECK_CUDA(cudaMemcpy(dq_bits.data(), dq.get(), q_elems * 2, cudaMemcpyDeviceToHost));
+  std::vector<double> want(p.head_dim);
+  double largest = 0, worst = 0;
+  bool finite = true;
+  for (const harness::RowId& r : sample) {
+    ref::attention_backward_dq_row_fp64(w.host, dout_host.data(), q_strides, r.b, r.h, r.i, want.data());
+    for (int d = 0; d < p.head_dim; ++d) {
+      const float got = ref::bits_to_float(
+          dq_bits[((size_t(r.b) * p.seqlen_q + r.i) * p.heads_q + r.h) * p.head_dim + d], shape.dtype);
+      finite &= std::isfinite(got);
+      largest = std::max(largest, std::abs(want[d]));
+      worst = std::max(worst, std::abs(double(got) - want[d]));
+    }
+  }
+  const double eps = shape.dtype == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+  row->max_err = worst;
+  row->budget = 3 * eps * largest + 1e-6;
+  row->check = finite && worst <= row->budget ? "PASS" : "FAIL";
+  // Timed calls.
+  std::vector<double> ms;
+  const int reps = first_ms > cfg.slow_call_seconds * 1e3
+                       ? 0
+                       : std::clamp(int(cfg.seconds_per_point * 1e3 / std::max(first_ms, 1e-3f)), 3, cfg.max_reps);
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
+    CHECK_CUDA(cudaEventRecord(a));
+    if (!backward(b).ok()) return false;
+    CHECK_CUDA(cudaEventRecord(e));
+    CHECK_CUDA(cudaEventSynchronize(e));
+    float t = 0;
+    cudaEventElapsedTime(&t, a, e);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(e);
+  row->reps = reps > 0 ? reps : 1;
+  row->ms = reps > 0 ? median(ms) : first_ms;
+  row->tflops = 2.5 * harness::forward_flops(shape) / (row->ms * 1e-3) / 1e12;
+  row->gbps = 0;
+  row->clock = sm_clock_mhz();
+  return true;
+}
+
 std::vector<Shape> grid(const Config& cfg) {
   std::vector<Shape> shapes;
   // --varlen: the shape's B sequences packed along the rows, of length S or of lengths drawn
@@ -422,6 +526,10 @@ int main(int argc, char** argv) {
                 cfg.varlen == "mixed" ? ", of lengths from [S/4, 7S/4]; S is the longest, FLOPs count the real lengths"
                                       : ", all of length S");
 
+  if (cfg.backward)
+    std::printf("# the backward (dq, dk, dv) of every shape, after a forward; FLOPs 2.5x the forward's; dq checked "
+                "on sampled rows\n");
+
   double gemm = 0;
   if (cfg.gemm) {
     if (!gemm_ceiling(&gemm)) std::fprintf(stderr, "hattn-bench: cuBLAS GEMM ceiling failed\n");
@@ -468,8 +576,14 @@ int main(int argc, char** argv) {
       row.shape = shape;
       Options options;
       options.kernel = kernel;
-      Status s = check(w.problem, kernel);
-      if (!s.ok()) {
+      Status s = cfg.backward ? Status::Ok() : check(w.problem, kernel);
+      if (cfg.backward) {
+        if (shape.varlen() || !shape.seqlens_k_used.empty()) {
+          row.check = "unsupported";  // the backward takes dense batches
+        } else if (!time_backward(cfg, w, sample, 1234 + done, flush.get(), flush_bytes, &row)) {
+          row.check = "error";
+        }
+      } else if (!s.ok()) {
         row.check = s.code() == StatusCode::not_supported ? "unsupported" : "error";
       } else if (!harness::poison_outputs(&w).ok()) {
         row.check = "error";

@@ -51,4 +51,9 @@ void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<
 void attention_backward_fp64(const HostProblem& p, const float* dout, const Strides& dout_strides,
                              std::vector<double>* dq, std::vector<double>* dk, std::vector<double>* dv);
 
+// Row (b, h, i) of dq alone (dq[0..D)), as attention_backward_fp64 computes it: O(Sk * D) work,
+// for checking a sample of rows of a large problem.
+void attention_backward_dq_row_fp64(const HostProblem& p, const float* dout, const Strides& dout_strides, int b, int h,
+                                    int i, double* dq);
+
 }  // namespace hattn::ref
