@@ -408,15 +408,19 @@ def _attention_fwd(
 attention_fwd = torch.library.custom_op("hattn::attention_fwd", mutates_args=())(_attention_fwd)
 
 
+
+def _bshd_outputs_like(q: torch.Tensor, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The fake (meta) outputs of a BSHD op: out like q, lse [B, Hq, Sq] fp32 or empty."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), lse
+
 @attention_fwd.register_fake
 def _attention_fwd_fake(
     q, k, v, causal, softmax_scale, kernel, return_lse, window_left=-1, window_right=-1, seqlens_k=None, num_splits=0
 ):
     _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits)
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
-    lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
-    return out, lse
+    return _bshd_outputs_like(q, return_lse)
 
 
 @torch.library.custom_op("hattn::attention_bwd", mutates_args=())
@@ -701,10 +705,7 @@ def _attention_paged_fwd_fake(
     window_left=-1, window_right=-1, num_splits=0,
 ):  # fmt: skip
     _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits)
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    out = q.new_empty((batch, seqlen_q, heads_q, head_dim))
-    lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
-    return out, lse
+    return _bshd_outputs_like(q, return_lse)
 
 
 def attention_paged(

@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     }
   };
   // Split-KV numbers the parts of a query block inside the item's m_block (block * splits +
-  // part), and each part sweeps its share of the block's tiles. Only the varlen kernels take
-  // it; without it p.splits is 1 and these are the block and kv_tiles.
+  // part), and each part sweeps its share of the block's tiles. Only the run-time bounds
+  // kernels take it; without it p.splits is 1 and these are the block and kv_tiles.
   auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? item.m_block / p.splits : item.m_block; };
   auto item_tiles = [&](const WorkItem& item, const Sequence& seq) -> KvTileRange {
     const KvTileRange all = kv_tiles(block_of(item), seq);
