@@ -802,8 +802,7 @@ SplitPlan split_plan(const AttentionProblem& problem, int pack_shift, int block_
   SplitPlan plan;
   plan.splits = split_parts(problem, pack_shift, block_m, block_n, mean_keys, sms);
   if (plan.splits < 2) return plan;
-  const bool packed = problem.is_varlen();
-  plan.rows_all = int64_t(packed ? 1 : problem.batch) * problem.heads_q * (packed ? problem.total_q : problem.seqlen_q);
+  plan.rows_all = int64_t(problem.tensor_batch()) * problem.heads_q * problem.tensor_rows_q();
   plan.bytes = size_t(plan.splits) * size_t(plan.rows_all) * (problem.head_dim + 1) * sizeof(float);
   return plan;
 }
@@ -919,19 +918,13 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
   TileChoice c;
   if (Status s = choose_tiles(problem, &c); !s.ok()) return s;
-  auto at_dim = [&]<int D>() -> Status {
+  return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {  // T: the plan does not depend on it
     return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
       using Cfg = Config<D, kWide, kConsumers>;
       *bytes = split_plan(problem, c.params.pack_shift, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms).bytes;
       return Status::Ok();
     });
-  };
-  switch (problem.head_dim) {
-    case 64: return at_dim.template operator()<64>();
-    case 128: return at_dim.template operator()<128>();
-    case 256: return at_dim.template operator()<256>();
-  }
-  return {StatusCode::not_supported, std::string(kName) + ": head_dim " + std::to_string(problem.head_dim)};
+  });
 }
 
 }  // namespace
