@@ -369,6 +369,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     const KvTileRange range = item_tiles(item, seq);
     const int n_tiles = range.last - range.first;
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8 (packed rows)
+    // The query head of a (packed) row: the item's head, or with GQA packing its group's head
+    // row % 2^pack_shift. The row's query position is row >> pack_shift.
+    auto head_of = [&](int row) { return (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1)); };
 
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) o[i] = 0.f;
@@ -520,7 +523,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
         if (row >= out_seq.seqlen_q << pack_shift) continue;
-        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        const int head = head_of(row);
         const int64_t index = (part_heads0 + head) * rows + out_seq.q_start + (row >> pack_shift);
         if (tig == 0)
           p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
@@ -539,7 +542,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        const int head = head_of(row);
         const int64_t index = packed ? int64_t(head) * p.total_q + out_seq.q_start + (row >> pack_shift)
                                      : (int64_t(item.batch) * p.heads_q + head) * p.seqlen_q + (row >> pack_shift);
         if (row < out_seq.seqlen_q << pack_shift)
@@ -591,7 +594,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         for (int i = int(threadIdx.x) % 128; i < rows * kChunks; i += 128) {
           const int r = i / kChunks, c = i % kChunks;  // the tile's row warpgroup * 64 + r: swizzled by r % 8
           const int row = box_row0 + r;
-          const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+          const int head = head_of(row);
           *reinterpret_cast<uint4*>(out + int64_t(row >> pack_shift) * p.out_seq_stride + head * p.out_head_stride +
                                     c * 8) =
               *reinterpret_cast<const uint4*>(&smem.o[c / 8][(warpgroup * 64 + r) * 64 + ((c % 8) ^ (r % 8)) * 8]);
@@ -603,7 +606,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        const int head = head_of(row);
         T* out_row = out + int64_t(row >> pack_shift) * p.out_seq_stride + head * p.out_head_stride;
         // A 4 x 4 transpose across the quad: thread t gets the four threads' pairs of n8 tile
         // 4k + t, 8 contiguous elements, and writes them as one 16-byte store. Every row is
