@@ -87,7 +87,6 @@ constexpr int kMaxGridYZ = 65535;
 // Rows are read with 16-byte vector loads.
 constexpr int kRowAlignBytes = 16;
 
-
 Status check_tensor(const char* name, const void* ptr, const Strides& strides, int batch, int seqlen,
                     int heads, int head_dim, bool is_output) {
   if (ptr == nullptr) return invalid(std::string(name) + ": pointer is null");

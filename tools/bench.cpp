@@ -163,9 +163,6 @@ int parse(int argc, char** argv, Config* c) {
         }
         c->window_left = edges[0];
         c->window_right = edges[1];
-      } else if (a == "--page-size") {
-        c->page_size = std::atoi(s.c_str());
-        ok = c->page_size >= 1;
       } else if (a == "--seqlen-q" || a == "--num-splits") {
         char* end = nullptr;
         const long n = std::strtol(s.c_str(), &end, 10);
@@ -194,6 +191,10 @@ int parse(int argc, char** argv, Config* c) {
           if (a == "--gqa") {
             c->gqa = ints[0];
             ok = c->gqa >= 1;
+          }
+          if (a == "--page-size") {
+            c->page_size = ints[0];
+            ok = c->page_size >= 1;
           }
         }
       }

@@ -9,6 +9,8 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 namespace hattn::harness {
 
@@ -56,6 +58,19 @@ void set_varlen(Shape* s, std::vector<int> seqlens_q, std::vector<int> seqlens_k
   s->seqlens_k = std::move(seqlens_k);
 }
 
+namespace {
+
+// Sequence b's queries and the keys it uses: its varlen lengths or the shape's, the keys capped
+// by seqlens_k_used.
+std::pair<int, int> sequence_lengths(const Shape& s, int b) {
+  const int queries = s.varlen() ? s.seqlens_q[b] : s.seqlen_q;
+  int keys = s.varlen() ? s.seqlens_k[b] : s.seqlen_k;
+  if (!s.seqlens_k_used.empty()) keys = std::min(keys, s.seqlens_k_used[b]);
+  return {queries, keys};
+}
+
+}  // namespace
+
 double forward_flops(const Shape& s) {
   if (s.varlen() || !s.seqlens_k_used.empty()) {  // the sum over the sequences
     double flops = 0;
@@ -65,9 +80,7 @@ double forward_flops(const Shape& s) {
       one.seqlens_k.clear();
       one.seqlens_k_used.clear();
       one.batch = 1;
-      one.seqlen_q = s.varlen() ? s.seqlens_q[b] : s.seqlen_q;
-      one.seqlen_k = s.varlen() ? s.seqlens_k[b] : s.seqlen_k;
-      if (!s.seqlens_k_used.empty()) one.seqlen_k = std::min(one.seqlen_k, s.seqlens_k_used[b]);
+      std::tie(one.seqlen_q, one.seqlen_k) = sequence_lengths(s, b);
       flops += forward_flops(one);
     }
     return flops;
@@ -94,9 +107,8 @@ double forward_flops(const Shape& s) {
 double forward_bytes(const Shape& s) {
   double rows_q = 0, rows_k = 0;  // query rows and key rows in use, over the batch
   for (int b = 0; b < s.batch; ++b) {
-    rows_q += s.varlen() ? s.seqlens_q[b] : s.seqlen_q;
-    int keys = s.varlen() ? s.seqlens_k[b] : s.seqlen_k;
-    if (!s.seqlens_k_used.empty()) keys = std::min(keys, s.seqlens_k_used[b]);
+    const auto [queries, keys] = sequence_lengths(s, b);
+    rows_q += queries;
     rows_k += keys;
   }
   const double element = 2.0;  // bf16 and fp16

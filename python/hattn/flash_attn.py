@@ -175,12 +175,8 @@ def flash_attn_with_kvcache(
         unsupported.append("cache_batch_idx (no cache indexing; use block_table)")
     if cache_leftpad is not None:
         unsupported.append("cache_leftpad (no left padding)")
-    if softcap != 0.0:
-        unsupported.append(f"softcap={softcap} (no softcapping)")
-    if alibi_slopes is not None:
-        unsupported.append("alibi_slopes (no ALiBi)")
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k_cache, v_cache)):
-        unsupported.append("inputs that require grad (hattn is forward-only; use torch.no_grad())")
+    # softcap, alibi_slopes and gradients as in flash_attn_func (no dropout or probabilities here).
+    unsupported += _unsupported(q, k_cache, v_cache, 0.0, softcap, alibi_slopes, False, "attention_paged")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_with_kvcache does not support " + "; ".join(unsupported))
     paged = block_table is not None

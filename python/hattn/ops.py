@@ -138,14 +138,20 @@ def _check_inputs(q, k, v, kernel: str, varlen: bool = False, paged: bool = Fals
         raise ValueError(f"kernel: unknown kernel {kernel!r} (known: auto, {', '.join(kernel_names())})")
 
 
+def _check_int32_tensor(name: str, t) -> None:
+    """An int32 index tensor (offsets, lengths, page table): its type and dtype; the callers
+    check its shape."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name}: dtype must be torch.int32, got {t.dtype}")
+
+
 def _check_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> None:
     """Shapes and dtypes of the offsets; their values are the caller's promise (reading them
     here would synchronize the host with the GPU)."""
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.int32:
-            raise ValueError(f"{name}: dtype must be torch.int32, got {t.dtype}")
+        _check_int32_tensor(name, t)
         if t.dim() != 1 or t.shape[0] < 2:
             raise ValueError(f"{name}: must be 1-D [batch + 1] with batch >= 1, got shape {tuple(t.shape)}")
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
@@ -166,19 +172,13 @@ def _check_max_seqlen(name: str, value) -> None:
 
 def _check_seqlens_k(seqlens_k: torch.Tensor, batch: int, name: str = "seqlens_k") -> None:
     """Shape and dtype of the keys in use per sequence; the values stay on the GPU (clamped there)."""
-    if not isinstance(seqlens_k, torch.Tensor):
-        raise TypeError(f"{name}: must be a torch.Tensor, got {type(seqlens_k).__name__}")
-    if seqlens_k.dtype != torch.int32:
-        raise ValueError(f"{name}: dtype must be torch.int32, got {seqlens_k.dtype}")
+    _check_int32_tensor(name, seqlens_k)
     if seqlens_k.dim() != 1 or seqlens_k.shape[0] != batch:
         raise ValueError(f"{name}: must be 1-D [batch] with q's batch {batch}, got shape {tuple(seqlens_k.shape)}")
 
 
 def _check_block_table(block_table: torch.Tensor, batch: int, page_size: int) -> None:
-    if not isinstance(block_table, torch.Tensor):
-        raise TypeError(f"block_table: must be a torch.Tensor, got {type(block_table).__name__}")
-    if block_table.dtype != torch.int32:
-        raise ValueError(f"block_table: dtype must be torch.int32, got {block_table.dtype}")
+    _check_int32_tensor("block_table", block_table)
     if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
         raise ValueError(
             f"block_table: must be 2-D [batch, max_pages_per_seq] with q's batch {batch} and max_pages_per_seq >= 1, "

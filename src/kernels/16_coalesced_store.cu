@@ -369,6 +369,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     const KvTileRange range = item_tiles(item, seq);
     const int n_tiles = range.last - range.first;
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8 (packed rows)
+    // The query head of a (packed) row: the item's head, or with GQA packing its group's head
+    // row % 2^pack_shift. The row's query position is row >> pack_shift.
+    auto head_of = [&](int row) { return (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1)); };
 
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) o[i] = 0.f;
@@ -520,7 +523,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
         if (row >= out_seq.seqlen_q << pack_shift) continue;
-        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        const int head = head_of(row);
         const int64_t index = (part_heads0 + head) * rows + out_seq.q_start + (row >> pack_shift);
         if (tig == 0)
           p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
@@ -539,7 +542,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        const int head = head_of(row);
         const int64_t index = packed ? int64_t(head) * p.total_q + out_seq.q_start + (row >> pack_shift)
                                      : (int64_t(item.batch) * p.heads_q + head) * p.seqlen_q + (row >> pack_shift);
         if (row < out_seq.seqlen_q << pack_shift)
@@ -591,7 +594,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         for (int i = int(threadIdx.x) % 128; i < rows * kChunks; i += 128) {
           const int r = i / kChunks, c = i % kChunks;  // the tile's row warpgroup * 64 + r: swizzled by r % 8
           const int row = box_row0 + r;
-          const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+          const int head = head_of(row);
           *reinterpret_cast<uint4*>(out + int64_t(row >> pack_shift) * p.out_seq_stride + head * p.out_head_stride +
                                     c * 8) =
               *reinterpret_cast<const uint4*>(&smem.o[c / 8][(warpgroup * 64 + r) * 64 + ((c % 8) ^ (r % 8)) * 8]);
@@ -603,7 +606,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        const int head = (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1));
+        const int head = head_of(row);
         T* out_row = out + int64_t(row >> pack_shift) * p.out_seq_stride + head * p.out_head_stride;
         // A 4 x 4 transpose across the quad: thread t gets the four threads' pairs of n8 tile
         // 4k + t, 8 contiguous elements, and writes them as one 16-byte store. Every row is
@@ -802,8 +805,7 @@ SplitPlan split_plan(const AttentionProblem& problem, int pack_shift, int block_
   SplitPlan plan;
   plan.splits = split_parts(problem, pack_shift, block_m, block_n, mean_keys, sms);
   if (plan.splits < 2) return plan;
-  const bool packed = problem.is_varlen();
-  plan.rows_all = int64_t(packed ? 1 : problem.batch) * problem.heads_q * (packed ? problem.total_q : problem.seqlen_q);
+  plan.rows_all = int64_t(problem.tensor_batch()) * problem.heads_q * problem.tensor_rows_q();
   plan.bytes = size_t(plan.splits) * size_t(plan.rows_all) * (problem.head_dim + 1) * sizeof(float);
   return plan;
 }
@@ -919,19 +921,13 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
   TileChoice c;
   if (Status s = choose_tiles(problem, &c); !s.ok()) return s;
-  auto at_dim = [&]<int D>() -> Status {
+  return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {  // T: the plan does not depend on it
     return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
       using Cfg = Config<D, kWide, kConsumers>;
       *bytes = split_plan(problem, c.params.pack_shift, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms).bytes;
       return Status::Ok();
     });
-  };
-  switch (problem.head_dim) {
-    case 64: return at_dim.template operator()<64>();
-    case 128: return at_dim.template operator()<128>();
-    case 256: return at_dim.template operator()<256>();
-  }
-  return {StatusCode::not_supported, std::string(kName) + ": head_dim " + std::to_string(problem.head_dim)};
+  });
 }
 
 }  // namespace
