@@ -360,8 +360,16 @@ Status validate_backward_arguments(const BackwardProblem& problem) {
 Status backward(const BackwardProblem& problem, const Options& options) {
   Status s = validate_backward_arguments(problem);
   if (!s.ok()) return s;
-  if (options.kernel != "auto" && options.kernel != "bwd_01_cuda_core")
-    return invalid("kernel: unknown backward kernel '" + options.kernel + "' (known: auto, bwd_01_cuda_core)");
+  using Launch = Status (*)(const BackwardProblem&, cudaStream_t);
+  Launch launch = nullptr;
+  std::string known = "auto";
+  for (const std::string& name : backward_kernel_names()) known += ", " + name;
+  if (options.kernel == "auto" || options.kernel == "bwd_02_mma_sync")
+    launch = backward_mma_sync;
+  else if (options.kernel == "bwd_01_cuda_core")
+    launch = backward_cuda_core;
+  else
+    return invalid("kernel: unknown backward kernel '" + options.kernel + "' (known: " + known + ")");
   const AttentionProblem& p = problem.forward;
   if (p.has_sequence_bounds())
     return {StatusCode::not_supported, "backward: dense batches only so far (no cu_seqlens, seqlens_k or block_table)"};
@@ -371,7 +379,9 @@ Status backward(const BackwardProblem& problem, const Options& options) {
                                                           {"dq", problem.dq}, {"dk", problem.dk}, {"dv", problem.dv}};
   for (const auto& [name, ptr] : pointers)
     if (!(s = check_device_pointer(name, ptr)).ok()) return s;
-  return backward_cuda_core(problem, options.stream);
+  return launch(problem, options.stream);
 }
+
+std::vector<std::string> backward_kernel_names() { return {"bwd_01_cuda_core", "bwd_02_mma_sync"}; }
 
 }  // namespace hattn

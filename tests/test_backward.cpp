@@ -110,7 +110,7 @@ std::string describe(const Case& c) {
          (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "");
 }
 
-class BackwardTest : public ::testing::TestWithParam<Case> {};
+class BackwardTest : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
 
 // Host values of one tensor, rounded to the dtype, and their bits.
 struct HostTensor {
@@ -133,8 +133,8 @@ HostTensor random_tensor(size_t n, DType dtype, std::mt19937* rng) {
 TEST_P(BackwardTest, MatchesFp64Reference) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
-  const Case c = GetParam();
-  SCOPED_TRACE(describe(c));
+  const auto& [kernel, c] = GetParam();
+  SCOPED_TRACE(kernel + ": " + describe(c));
   const int D = c.head_dim;
   const size_t q_elems = size_t(c.batch) * c.seqlen_q * c.heads_q * D;
   const size_t k_elems = size_t(c.batch) * c.seqlen_k * c.heads_kv * D;
@@ -221,7 +221,9 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   b.dk_strides = dk_strides;
   b.dv = d_dv.get();
   b.dv_strides = dk_strides;
-  const Status s = backward(b);
+  Options options;
+  options.kernel = kernel;
+  const Status s = backward(b, options);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 
@@ -257,13 +259,21 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
 const DType bf = DType::bf16, fp = DType::fp16;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, BackwardTest,
-    ::testing::Values(Case{1, 1, 1, 1, 1, 64, false, -1, bf, false},       // one element
+    ::testing::Combine(
+        ::testing::ValuesIn(backward_kernel_names()),
+        ::testing::Values(Case{1, 1, 1, 1, 1, 64, false, -1, bf, false},       // one element
                       Case{2, 37, 53, 4, 2, 64, false, -1, bf, false},     // tails, GQA 2
                       Case{1, 70, 70, 2, 2, 128, true, -1, fp, true},      // causal, padded gradients
                       Case{2, 90, 40, 4, 1, 128, true, -1, bf, false},     // Sq > Sk: rows without keys, MQA
                       Case{1, 65, 130, 8, 2, 256, false, 20, fp, false},   // a window, GQA 4
                       Case{1, 33, 200, 2, 1, 256, true, 50, bf, true},     // causal window, Sq < Sk
-                      Case{2, 129, 129, 3, 3, 64, true, -1, fp, false}));  // more than 4 key blocks
+                      Case{2, 129, 129, 3, 3, 64, true, -1, fp, false},    // more than 4 key blocks
+                      Case{1, 200, 300, 4, 2, 128, true, -1, bf, true},    // several query and key blocks
+                      Case{1, 150, 90, 2, 2, 256, false, -1, bf, false},   // Sq > Sk, partial blocks
+                      Case{1, 192, 256, 2, 1, 64, false, 70, fp, false})),  // a window across key blocks
+    [](const ::testing::TestParamInfo<std::tuple<std::string, Case>>& info) {
+      return std::get<0>(info.param) + "_" + std::to_string(info.index);
+    });
 
 }  // namespace
 }  // namespace hattn

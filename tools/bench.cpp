@@ -71,7 +71,8 @@ void usage() {
       "  --gqa R             R query heads per K/V head (default 1; must divide the heads)\n"
       "  --pack-gqa on|off   force GQA packing (default: automatic; final kernel only)\n"
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
-      "                      sampled rows of dq are checked against the fp64 reference\n"
+      "                      sampled rows of dq are checked against the fp64 reference; --kernels\n"
+      "                      then names backward kernels (default: the last of hattn::backward_kernel_names())\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -208,10 +209,16 @@ int parse(int argc, char** argv, Config* c) {
       return 2;
     }
   }
-  if (c->backward) {
-    if (!c->kernels.empty())
-      std::fprintf(stderr, "hattn-bench: --backward times the backward kernel; --kernels is ignored\n");
-    c->kernels = {"bwd_01_cuda_core"};
+  if (c->backward) {  // --kernels names backward kernels here; by default the last one
+    const std::vector<std::string> known = backward_kernel_names();
+    if (c->kernels.empty()) c->kernels = {known.back()};
+    for (const auto& name : c->kernels)
+      if (std::find(known.begin(), known.end(), name) == known.end()) {
+        std::fprintf(stderr, "hattn-bench: unknown backward kernel '%s' (known:", name.c_str());
+        for (const auto& k : known) std::fprintf(stderr, " %s", k.c_str());
+        std::fprintf(stderr, ")\n");
+        return 2;
+      }
     return 0;
   }
   for (const auto& name : c->kernels) {
@@ -349,8 +356,8 @@ bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& ker
 // with a random dout is checked on the sampled rows of dq (fp64 reference) and timed like the
 // forward: an L2 flush, then the call between events. FLOPs: 2.5x the forward's (FlashAttention's
 // convention: five matrix products where the forward has two).
-bool time_backward(const Config& cfg, harness::Workload& w, const std::vector<harness::RowId>& sample, uint64_t seed,
-                   void* flush, size_t flush_bytes, Row* row) {
+bool time_backward(const Config& cfg, const Options& options, harness::Workload& w,
+                   const std::vector<harness::RowId>& sample, uint64_t seed, void* flush, size_t flush_bytes, Row* row) {
   const Shape& shape = w.shape;
   const AttentionProblem& p = w.problem;
   if (!forward(p).ok() || cudaDeviceSynchronize() != cudaSuccess) return false;
@@ -385,7 +392,7 @@ bool time_backward(const Config& cfg, harness::Workload& w, const std::vector<ha
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&e));
   CHECK_CUDA(cudaEventRecord(a));
-  Status s = backward(b);
+  Status s = backward(b, options);
   CHECK_CUDA(cudaEventRecord(e));
   if (!s.ok() || cudaDeviceSynchronize() != cudaSuccess) {
     std::fprintf(stderr, "hattn-bench: backward: %s / %s\n", s.to_string().c_str(), cudaGetErrorString(cudaGetLastError()));
@@ -421,7 +428,7 @@ bool time_backward(const Config& cfg, harness::Workload& w, const std::vector<ha
   for (int r = 0; r < reps; ++r) {
     CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
     CHECK_CUDA(cudaEventRecord(a));
-    if (!backward(b).ok()) return false;
+    if (!backward(b, options).ok()) return false;
     CHECK_CUDA(cudaEventRecord(e));
     CHECK_CUDA(cudaEventSynchronize(e));
     float t = 0;
@@ -581,7 +588,7 @@ int main(int argc, char** argv) {
       if (cfg.backward) {
         if (shape.varlen() || !shape.seqlens_k_used.empty()) {
           row.check = "unsupported";  // the backward takes dense batches
-        } else if (!time_backward(cfg, w, sample, 1234 + done, flush.get(), flush_bytes, &row)) {
+        } else if (!time_backward(cfg, options, w, sample, 1234 + done, flush.get(), flush_bytes, &row)) {
           row.check = "error";
         }
       } else if (!s.ok()) {

@@ -206,10 +206,13 @@ struct BackwardProblem {
   Strides dv_strides;
 };
 
-// Validates `problem` and launches the backward on `options.stream` (options.kernel must be
-// "auto": there is one backward kernel so far). Takes fp32 scratch memory with
+// Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
+// (the last of backward_kernel_names()) or one of those names. Takes fp32 scratch memory with
 // cudaMallocAsync on the stream. Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
+
+// The backward kernels in lineage order (the last is the default for "auto").
+std::vector<std::string> backward_kernel_names();
 
 // Checks of the backward's arguments alone (the forward problem's, then the gradients'). Needs
 // no GPU.

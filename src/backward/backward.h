@@ -1,4 +1,4 @@
-// The backward kernels (one so far), called by hattn::backward() after validation.
+// The backward kernels, called by hattn::backward() after validation.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,5 +9,8 @@ namespace hattn {
 
 // bwd_01_cuda_core.cu: FlashAttention's backward on CUDA cores, fp32 sums; dense batches.
 Status backward_cuda_core(const BackwardProblem& problem, cudaStream_t stream);
+
+// bwd_02_mma_sync.cu: the same on tensor cores (mma.sync), a CTA per 64 keys; dense batches.
+Status backward_mma_sync(const BackwardProblem& problem, cudaStream_t stream);
 
 }  // namespace hattn

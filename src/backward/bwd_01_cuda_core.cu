@@ -1,7 +1,7 @@
 // Backward step 1: the gradients of attention on CUDA cores, a correct baseline.
 //
 // FlashAttention's backward without its tiling of the queries: P is recomputed from Q, K and
-// the forward's LSE, never stored. Three kernels:
+// the forward's LSE, never stored. Three kernels (delta and convert in backward_common.cuh):
 //   1. delta: one warp per query row, delta_i = rowsum(dO_i * O_i).
 //   2. main: one CTA per (32-key block, query head, batch). Its keys' K and V rows, and their
 //      dK and dV sums, stay in shared memory while its warps walk the query rows that see any
@@ -17,8 +17,7 @@
 #include <string>
 
 #include "backward.h"
-#include "common.cuh"
-#include "params.h"
+#include "backward_common.cuh"
 
 namespace hattn {
 namespace {
@@ -27,45 +26,6 @@ constexpr const char* kName = "bwd_01_cuda_core";
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockN = 32;  // keys per CTA: one per lane
-
-struct BackwardParams {
-  AttentionParams fwd;  // q, k, v, out, lse and the mask, as in the forward call
-  const void* dout;
-  int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
-  float* delta;     // [B, Hq, Sq]
-  float* dq_accum;  // [B, Sq, Hq, D]
-  float* dk_accum;  // [B, Sk, Hkv, D]
-  float* dv_accum;  // [B, Sk, Hkv, D]
-};
-
-// The keys query i sees, [first, last): the causal mask and the window, bottom-right aligned.
-__device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
-  const int64_t diagonal = int64_t(i) + p.causal_offset;
-  const int right = p.causal ? 0 : p.window_right;
-  int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
-  int64_t hi = right >= 0 ? diagonal + right + 1 : p.seqlen_k;
-  lo = lo < 0 ? 0 : lo > p.seqlen_k ? p.seqlen_k : lo;
-  hi = hi < lo ? lo : hi > p.seqlen_k ? p.seqlen_k : hi;
-  *first = int(lo);
-  *last = int(hi);
-}
-
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) delta_kernel(BackwardParams p) {
-  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (b, h, i), i fastest
-  const int lane = threadIdx.x % 32;
-  const AttentionParams& f = p.fwd;
-  if (row >= int64_t(f.batch) * f.heads_q * f.seqlen_q) return;
-  const int i = int(row % f.seqlen_q), h = int(row / f.seqlen_q % f.heads_q), b = int(row / f.seqlen_q / f.heads_q);
-  const T* o = static_cast<const T*>(f.out) + b * f.out_batch_stride + int64_t(i) * f.out_seq_stride + h * f.out_head_stride;
-  const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + int64_t(i) * p.dout_seq_stride +
-                 h * p.dout_head_stride;
-  float sum = 0.f;
-  for (int d = lane; d < D; d += 32) sum += to_float(o[d]) * to_float(d_o[d]);
-#pragma unroll
-  for (int x = 16; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
-  if (lane == 0) p.delta[row] = sum;
-}
 
 template <int D>
 struct SharedStorage {
@@ -150,65 +110,19 @@ __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
   }
 }
 
-// dst[b, s, h, :] = src (contiguous fp32 [B, S, H, D]) in T, at dst's strides.
-template <typename T, int D>
-__global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, int seqlen, int heads, int64_t rows,
-                                                      int64_t batch_stride, int64_t seq_stride, int64_t head_stride) {
-  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= rows * D) return;
-  const int64_t row = e / D;
-  const int d = int(e % D), h = int(row % heads), s = int(row / heads % seqlen), b = int(row / heads / seqlen);
-  dst[b * batch_stride + int64_t(s) * seq_stride + h * head_stride + d] = from_float<T>(src[e]);
-}
-
 }  // namespace
 
 Status backward_cuda_core(const BackwardProblem& problem, cudaStream_t stream) {
-  const AttentionProblem& fwd = problem.forward;
-  BackwardParams p{};
-  p.fwd = make_params(fwd);
-  p.dout = problem.dout;
-  p.dout_batch_stride = problem.dout_strides.batch;
-  p.dout_seq_stride = problem.dout_strides.seq;
-  p.dout_head_stride = problem.dout_strides.head;
-  const int64_t rows_q = int64_t(fwd.batch) * fwd.seqlen_q * fwd.heads_q;
-  const int64_t rows_k = int64_t(fwd.batch) * fwd.seqlen_k * fwd.heads_kv;
-  const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k) * 2 * fwd.head_dim;
-  float* scratch = nullptr;
-  Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
-                         std::string(kName) + ": cudaMallocAsync(scratch)");
-  if (!s.ok()) return s;
-  p.dq_accum = scratch;
-  p.dk_accum = p.dq_accum + rows_q * fwd.head_dim;
-  p.dv_accum = p.dk_accum + rows_k * fwd.head_dim;
-  p.delta = p.dv_accum + rows_k * fwd.head_dim;
-  s = cuda_status(cudaMemsetAsync(scratch, 0, (size_t(rows_q) + 2 * size_t(rows_k)) * fwd.head_dim * sizeof(float), stream),
-                  std::string(kName) + ": zeroing the fp32 sums");
-  if (s.ok()) {
-    s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
-      delta_kernel<T, D><<<unsigned((rows_q + kWarps - 1) / kWarps), kThreads, 0, stream>>>(p);
-      Status st = launch_status(kName);
-      if (!st.ok()) return st;
-      constexpr int kSmem = int(sizeof(SharedStorage<D>));
-      st = cuda_status(cudaFuncSetAttribute(main_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                       std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-      if (!st.ok()) return st;
-      const dim3 grid(unsigned((fwd.seqlen_k + kBlockN - 1) / kBlockN), unsigned(fwd.heads_q), unsigned(fwd.batch));
-      main_kernel<T, D><<<grid, kThreads, kSmem, stream>>>(p);
-      if (!(st = launch_status(kName)).ok()) return st;
-      auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {
-        const int64_t rows = int64_t(fwd.batch) * seqlen * heads;
-        convert_kernel<T, D><<<unsigned((rows * D + 255) / 256), 256, 0, stream>>>(
-            src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
-        return launch_status(kName);
-      };
-      if (!(st = convert(p.dq_accum, problem.dq, fwd.seqlen_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
-      if (!(st = convert(p.dk_accum, problem.dk, fwd.seqlen_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
-      return convert(p.dv_accum, problem.dv, fwd.seqlen_k, fwd.heads_kv, problem.dv_strides);
-    });
-  }
-  const Status freed = cuda_status(cudaFreeAsync(scratch, stream), std::string(kName) + ": cudaFreeAsync(scratch)");
-  return s.ok() ? freed : s;
+  return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
+    constexpr int kSmem = int(sizeof(SharedStorage<D>));
+    Status st = cuda_status(cudaFuncSetAttribute(main_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                            std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    if (!st.ok()) return st;
+    const AttentionParams& f = p.fwd;
+    const dim3 grid(unsigned((f.seqlen_k + kBlockN - 1) / kBlockN), unsigned(f.heads_q), unsigned(f.batch));
+    main_kernel<T, D><<<grid, kThreads, kSmem, stream>>>(p);
+    return launch_status(kName);
+  });
 }
 
 }  // namespace hattn

@@ -1,0 +1,133 @@
+// What every backward kernel shares: its parameters, the mask rule, the delta and conversion
+// kernels, and the host steps around the main kernel (fp32 scratch, zeroing, delta, main,
+// conversion to the gradients' dtype and strides, free).
+//
+// A backward kernel adds dQ, dK and dV into fp32 sums (other CTAs add to the same rows), and
+// convert_kernel writes them out at the end. The sums make the result nondeterministic in its
+// last bits.
+#pragma once
+
+#include <string>
+
+#include "common.cuh"
+#include "hattn/hattn.h"
+#include "params.h"
+
+namespace hattn {
+namespace {
+
+struct BackwardParams {
+  AttentionParams fwd;  // q, k, v, out, lse and the mask, as in the forward call
+  const void* dout;
+  int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
+  float* delta;     // [B, Hq, Sq]: rowsum(dO * O)
+  float* dq_accum;  // [B, Sq, Hq, D]
+  float* dk_accum;  // [B, Sk, Hkv, D]
+  float* dv_accum;  // [B, Sk, Hkv, D]
+};
+
+// The keys query i sees, [first, last): the causal mask and the window, bottom-right aligned.
+__device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
+  const int64_t diagonal = int64_t(i) + p.causal_offset;
+  const int right = p.causal ? 0 : p.window_right;
+  int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
+  int64_t hi = right >= 0 ? diagonal + right + 1 : p.seqlen_k;
+  lo = lo < 0 ? 0 : lo > p.seqlen_k ? p.seqlen_k : lo;
+  hi = hi < lo ? lo : hi > p.seqlen_k ? p.seqlen_k : hi;
+  *first = int(lo);
+  *last = int(hi);
+}
+
+// The queries [first, last) that see at least one of the keys [n0, n1): the inverse of
+// visible_keys over a block of keys.
+__device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first, int* last) {
+  const int right = p.causal ? 0 : p.window_right;
+  // Query i sees key n1 - 1 or earlier only from i + offset + right >= n0; it sees a key
+  // before n1 only while i + offset - window_left < n1.
+  int64_t lo = right >= 0 ? int64_t(n0) - p.causal_offset - right : 0;
+  int64_t hi = p.window_left >= 0 ? int64_t(n1) - p.causal_offset + p.window_left : p.seqlen_q;
+  lo = lo < 0 ? 0 : lo > p.seqlen_q ? p.seqlen_q : lo;
+  hi = hi < lo ? lo : hi > p.seqlen_q ? p.seqlen_q : hi;
+  *first = int(lo);
+  *last = int(hi);
+}
+
+constexpr int kDeltaWarps = 4;
+
+// One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS.
+template <typename T, int D>
+__global__ void __launch_bounds__(kDeltaWarps * 32) delta_kernel(BackwardParams p) {
+  const int64_t row = int64_t(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;  // (b, h, i), i fastest
+  const int lane = threadIdx.x % 32;
+  const AttentionParams& f = p.fwd;
+  if (row >= int64_t(f.batch) * f.heads_q * f.seqlen_q) return;
+  const int i = int(row % f.seqlen_q), h = int(row / f.seqlen_q % f.heads_q), b = int(row / f.seqlen_q / f.heads_q);
+  const T* o = static_cast<const T*>(f.out) + b * f.out_batch_stride + int64_t(i) * f.out_seq_stride + h * f.out_head_stride;
+  const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + int64_t(i) * p.dout_seq_stride +
+                 h * p.dout_head_stride;
+  float sum = 0.f;
+  for (int d = lane; d < D; d += 32) sum += to_float(o[d]) * to_float(d_o[d]);
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+  if (lane == 0) p.delta[row] = sum;
+}
+
+// dst[b, s, h, :] = src (contiguous fp32 [B, S, H, D]) in T, at dst's strides.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, int seqlen, int heads, int64_t rows,
+                                                      int64_t batch_stride, int64_t seq_stride, int64_t head_stride) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= rows * D) return;
+  const int64_t row = e / D;
+  const int d = int(e % D), h = int(row % heads), s = int(row / heads % seqlen), b = int(row / heads / seqlen);
+  dst[b * batch_stride + int64_t(s) * seq_stride + h * head_stride + d] = from_float<T>(src[e]);
+}
+
+// The host side of a backward: scratch for the fp32 sums and delta (cudaMallocAsync on the
+// stream), zeroed; delta; then launch_main.template operator()<T, D>(params), which launches the
+// kernel's main pass and returns its Status; then the conversions; then the free.
+template <typename LaunchMain>
+Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main) {
+  const AttentionProblem& fwd = problem.forward;
+  BackwardParams p{};
+  p.fwd = make_params(fwd);
+  p.dout = problem.dout;
+  p.dout_batch_stride = problem.dout_strides.batch;
+  p.dout_seq_stride = problem.dout_strides.seq;
+  p.dout_head_stride = problem.dout_strides.head;
+  const int64_t rows_q = int64_t(fwd.batch) * fwd.seqlen_q * fwd.heads_q;
+  const int64_t rows_k = int64_t(fwd.batch) * fwd.seqlen_k * fwd.heads_kv;
+  const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k) * 2 * fwd.head_dim;
+  float* scratch = nullptr;
+  Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
+                         std::string(name) + ": cudaMallocAsync(scratch)");
+  if (!s.ok()) return s;
+  p.dq_accum = scratch;
+  p.dk_accum = p.dq_accum + rows_q * fwd.head_dim;
+  p.dv_accum = p.dk_accum + rows_k * fwd.head_dim;
+  p.delta = p.dv_accum + rows_k * fwd.head_dim;
+  s = cuda_status(cudaMemsetAsync(scratch, 0, (size_t(rows_q) + 2 * size_t(rows_k)) * fwd.head_dim * sizeof(float), stream),
+                  std::string(name) + ": zeroing the fp32 sums");
+  if (s.ok()) {
+    s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
+      delta_kernel<T, D><<<unsigned((rows_q + kDeltaWarps - 1) / kDeltaWarps), kDeltaWarps * 32, 0, stream>>>(p);
+      Status st = launch_status(name);
+      if (!st.ok()) return st;
+      if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;
+      auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {
+        const int64_t rows = int64_t(fwd.batch) * seqlen * heads;
+        convert_kernel<T, D><<<unsigned((rows * D + 255) / 256), 256, 0, stream>>>(
+            src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
+        return launch_status(name);
+      };
+      if (!(st = convert(p.dq_accum, problem.dq, fwd.seqlen_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
+      if (!(st = convert(p.dk_accum, problem.dk, fwd.seqlen_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
+      return convert(p.dv_accum, problem.dv, fwd.seqlen_k, fwd.heads_kv, problem.dv_strides);
+    });
+  }
+  const Status freed = cuda_status(cudaFreeAsync(scratch, stream), std::string(name) + ": cudaFreeAsync(scratch)");
+  return s.ok() ? freed : s;
+}
+
+}  // namespace
+}  // namespace hattn
