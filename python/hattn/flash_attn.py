@@ -11,9 +11,11 @@ flash_attn.flash_attn_with_kvcache (FlashAttention-2's Python entry points).
 The signatures and layouts are FlashAttention-2's, and so are its conventions: the causal
 mask is aligned to the bottom-right corner (of each sequence, for varlen), GQA comes from
 fewer K/V heads, window_size=(left, right) is a sliding window aligned the same way, and the
-default scale is 1/sqrt(D). What hattn does not have (dropout, softcapping, ALiBi, the
-attention probabilities, gradients, paged KV with varlen, appending to or rotating the KV
-cache) raises NotImplementedError naming the argument. Nothing falls back to another library.
+default scale is 1/sqrt(D). flash_attn_func is differentiable (hattn.attention's backward:
+dq, dk and dv); the varlen and KV-cache functions are not yet. What hattn does not have
+(dropout, softcapping, ALiBi, the attention probabilities, a deterministic backward, gradients
+through the varlen and KV-cache functions, paged KV with varlen, appending to or rotating the
+KV cache) raises NotImplementedError naming the argument. Nothing falls back to another library.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from .ops import _PAGED_NAMES, _check_inputs, _check_seqlens_k, _window, attention, attention_paged, attention_varlen
 
 
-def _unsupported(q, k, v, dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str) -> List[str]:
+def _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str) -> List[str]:
     """What a call asks for that hattn lacks, one entry per argument; lse_from: the hattn function that has the LSE."""
     unsupported = []
     if dropout_p != 0.0:
@@ -36,9 +38,12 @@ def _unsupported(q, k, v, dropout_p, softcap, alibi_slopes, return_attn_probs, l
         unsupported.append("alibi_slopes (no ALiBi)")
     if return_attn_probs:
         unsupported.append(f"return_attn_probs=True (use hattn.{lse_from}(..., return_lse=True) for the LSE)")
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
-        unsupported.append("inputs that require grad (hattn is forward-only; use torch.no_grad())")
     return unsupported
+
+
+def _needs_grad(*tensors) -> bool:
+    """True when autograd records a call on these tensors (grad mode on and one requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _flash_window(window_size, causal) -> Tuple[int, int]:
@@ -63,11 +68,17 @@ def flash_attn_func(
 ) -> torch.Tensor:
     """flash_attn_func's arguments and result, run by hattn.attention.
 
-    deterministic is accepted either way: hattn's forward always is. Everything else beyond
-    q, k, v, softmax_scale, causal and window_size must keep its default. As in FlashAttention,
-    causal sets the window's right side to 0.
+    Differentiable like hattn.attention: with q, k or v requiring grad, backward gives dq, dk
+    and dv. hattn's forward is deterministic, its backward is not (it sums dq, dk and dv in fp32
+    with atomic adds), so deterministic=True is accepted without gradients and refused with
+    them. Everything else beyond q, k, v, softmax_scale, causal and window_size must keep its
+    default. As in FlashAttention, causal sets the window's right side to 0.
     """
-    unsupported = _unsupported(q, k, v, dropout_p, softcap, alibi_slopes, return_attn_probs, "attention")
+    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention")
+    if deterministic and _needs_grad(q, k, v):
+        unsupported.append(
+            "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
+        )
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_func does not support " + "; ".join(unsupported))
     window = _flash_window(window_size, causal)
@@ -99,9 +110,13 @@ def flash_attn_varlen_func(
     not read on the host: they are the caller's promise, as in FlashAttention. deterministic
     is accepted either way; everything else beyond those and softmax_scale, causal and
     window_size must keep its default. As in FlashAttention, causal sets the window's right
-    side to 0.
+    side to 0. Forward only: inputs that require grad raise NotImplementedError.
     """
-    unsupported = _unsupported(q, k, v, dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen")
+    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen")
+    if _needs_grad(q, k, v):
+        unsupported.append(
+            "inputs that require grad (hattn has no backward for varlen batches yet; use torch.no_grad())"
+        )
     if block_table is not None:
         unsupported.append("block_table (no paged KV with a variable-length batch; flash_attn_with_kvcache has it)")
     if unsupported:
@@ -162,7 +177,8 @@ def flash_attn_with_kvcache(
     sets the window's right side to 0; num_splits is the split-KV hint (0 automatic, 1 off).
     Returns out [B, Sq, Hq, D], or (out, softmax_lse [B, Hq, Sq] fp32) when return_softmax_lse.
     The cache is only read: appending k, v (and rotary embedding), cache_batch_idx,
-    cache_leftpad, softcap and alibi_slopes raise NotImplementedError naming them.
+    cache_leftpad, softcap, alibi_slopes and inputs that require grad (no backward with a KV
+    cache yet) raise NotImplementedError naming them.
     rotary_interleaved matters only with rotary_cos and is ignored. Unused cache rows may hold
     anything (see hattn.attention_paged).
     """
@@ -175,8 +191,10 @@ def flash_attn_with_kvcache(
         unsupported.append("cache_batch_idx (no cache indexing; use block_table)")
     if cache_leftpad is not None:
         unsupported.append("cache_leftpad (no left padding)")
-    # softcap, alibi_slopes and gradients as in flash_attn_func (no dropout or probabilities here).
-    unsupported += _unsupported(q, k_cache, v_cache, 0.0, softcap, alibi_slopes, False, "attention_paged")
+    # softcap and alibi_slopes as in flash_attn_func (no dropout or probabilities here).
+    unsupported += _unsupported(0.0, softcap, alibi_slopes, False, "attention_paged")
+    if _needs_grad(q, k_cache, v_cache):
+        unsupported.append("inputs that require grad (hattn has no backward with a KV cache yet; use torch.no_grad())")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_with_kvcache does not support " + "; ".join(unsupported))
     paged = block_table is not None

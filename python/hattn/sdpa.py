@@ -15,7 +15,11 @@ hattn runs a call when all of these hold (sdpa_fallback_reason says which one fa
   * is_causal is False, or L == S. SDPA's causal mask is aligned to the top-left corner,
     hattn's to the bottom-right; they agree only when L == S;
   * the heads match, or enable_gqa is True and query's heads are a multiple of key's;
-  * no input requires grad while grad mode is on (hattn has no backward yet).
+  * torch.use_deterministic_algorithms is off, or no input requires grad (with grad mode on).
+
+A call hattn runs is differentiable: when query, key or value requires grad, backward gives
+their gradients through hattn's backward (hattn.attention's). Its fp32 sums use atomic adds,
+so the gradients may differ in their last bits from run to run; hence the last rule.
 
 The output is a [B, H, L, E] view of a [B, L, H, E] tensor, as torch's own flash and cuDNN
 backends return it, so `out.transpose(1, 2).reshape(B, L, H * E)` needs no copy.
@@ -93,8 +97,9 @@ def sdpa_fallback_reason(
     if is_causal and seqlen_q != seqlen_k:
         return (f"is_causal with L = {seqlen_q} != S = {seqlen_k}: SDPA's mask is top-left aligned, "
                 "hattn's bottom-right")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
-        return "an input requires grad; hattn is forward-only"
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values())
+    if needs_grad and torch.are_deterministic_algorithms_enabled():
+        return "an input requires grad under torch.use_deterministic_algorithms; hattn's backward uses atomic adds"
     return None
 
 
@@ -110,8 +115,9 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention, run by hattn where it applies.
 
-    Same arguments and result as torch's function; see the module docstring for when hattn
-    runs the call. Every other call goes to torch's SDPA unchanged, errors included.
+    Same arguments and result as torch's function, gradients included; see the module
+    docstring for when hattn runs the call. Every other call goes to torch's SDPA unchanged,
+    errors and autograd included.
     """
     if sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is not None:
         return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,

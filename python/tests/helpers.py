@@ -136,3 +136,22 @@ def check_sequence(o, lse_b, q, k, v, causal, softmax_scale, window, label):
         lerr = (lse_b[:, live].double() - ref_lse[:, live]).abs().max().item()
         lbound = lse_bound(ref_lse[:, live], naive_lse[:, live])
         assert lerr <= lbound, f"{label}: lse max error {lerr:.3e} > bound {lbound:.3e}"
+
+
+def gradients(fn, q, k, v, dout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of fn(q, k, v) given dL/d out = dout, on new leaves (detach) of q, k and v."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    fn(q, k, v).backward(dout)
+    return q.grad, k.grad, v.grad
+
+
+def check_gradients(got, want, dtype: torch.dtype, label: str = "") -> None:
+    """got (dq, dk, dv) against want, the fp64 reference's: test_backward.py's rule, max error at
+    most 3 eps(dtype) max|want| + 1e-6 for each, in dtype and want's shape, no NaN or inf."""
+    eps = torch.finfo(dtype).eps
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert g.dtype == dtype and g.shape == w.shape, f"{label} {name}: {g.dtype} {tuple(g.shape)}"
+        assert torch.isfinite(g).all(), f"{label} {name}: not finite"
+        err = (g.double() - w).abs().max().item()
+        bound = 3 * eps * w.abs().max().item() + 1e-6
+        assert err <= bound, f"{label} {name}: max error {err:.3e} > bound {bound:.3e}"

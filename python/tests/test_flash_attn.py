@@ -1,12 +1,20 @@
 """hattn.flash_attn_func, hattn.flash_attn_varlen_func and hattn.flash_attn_with_kvcache, the
-drop-ins for FlashAttention-2's functions of those names: what they refuse (CPU), and that they
-are hattn.attention, hattn.attention_varlen and hattn.attention_paged under FlashAttention's
-argument order (GPU)."""
+drop-ins for FlashAttention-2's functions of those names: what they refuse (CPU; gradients only
+for the varlen and KV-cache functions), and that they are hattn.attention, hattn.attention_varlen
+and hattn.attention_paged under FlashAttention's argument order (GPU), gradients of
+flash_attn_func included."""
 
 import hattn
 import pytest
 import torch
-from helpers import INPUT_MEAN, make_qkv, requires_hopper
+from helpers import (
+    INPUT_MEAN,
+    attention_ref,
+    check_gradients,
+    gradients,
+    make_qkv,
+    requires_hopper,
+)
 
 
 def cpu_qkv():
@@ -35,10 +43,32 @@ def test_unsupported_arguments_are_named(kwargs, words):
         hattn.flash_attn_func(*cpu_qkv(), **kwargs)
 
 
-def test_inputs_that_need_grad_are_refused():
+def test_inputs_that_need_grad_reach_the_op():
+    # flash_attn_func is differentiable: a call with gradients goes on to hattn.attention like any other.
     q, k, v = cpu_qkv()
-    with pytest.raises(NotImplementedError, match="forward-only"):
-        hattn.flash_attn_func(q.requires_grad_(), k, v)
+    with pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
+        hattn.flash_attn_func(q.requires_grad_(), k, v, causal=True, window_size=(8, 0))
+
+
+def test_deterministic_is_refused_only_with_grad():
+    # The forward is deterministic, the backward (atomic adds) is not.
+    q, k, v = cpu_qkv()
+    q.requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"deterministic=True with inputs that require grad"):
+        hattn.flash_attn_func(q, k, v, deterministic=True)
+    with torch.no_grad(), pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
+        hattn.flash_attn_func(q, k, v, deterministic=True)
+
+
+def test_meta_gradients_have_the_inputs_shapes():
+    """On meta tensors the ops' fake implementations answer: flash_attn_func's output has hattn's
+    backward as grad_fn, and backward gives dq, dk, dv shaped like q, k, v (GQA 2)."""
+    q = torch.empty(2, 5, 4, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.empty(2, 7, 2, 64, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    out = hattn.flash_attn_func(q, k, v, causal=True, window_size=(3, 0))
+    assert "hattn_attention_fwd" in type(out.grad_fn).__name__
+    out.backward(torch.empty_like(out))
+    assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
 
 
 def test_positional_order_is_flash_attn_s():
@@ -75,10 +105,15 @@ def test_varlen_unsupported_arguments_are_named(kwargs, words):
         hattn.flash_attn_varlen_func(*cpu_varlen(), **kwargs)
 
 
-def test_varlen_inputs_that_need_grad_are_refused():
-    q, *rest = cpu_varlen()
-    with pytest.raises(NotImplementedError, match="forward-only"):
-        hattn.flash_attn_varlen_func(q.requires_grad_(), *rest)
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["q", "k", "v"])
+def test_varlen_inputs_that_need_grad_are_refused(which):
+    args = list(cpu_varlen())
+    args[which].requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"require grad \(hattn has no backward for varlen batches yet"):
+        hattn.flash_attn_varlen_func(*args)
+    # Under no_grad the call goes on to the op, as a plain one does.
+    with torch.no_grad(), pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
+        hattn.flash_attn_varlen_func(*args)
 
 
 def test_varlen_positional_order_is_flash_attn_s():
@@ -112,6 +147,33 @@ def test_window_same_as_attention(causal):
     out = hattn.flash_attn_func(q, k, v, causal=causal, window_size=(50, 30))
     expect = hattn.attention(q, k, v, causal=causal, window_size=(50, 0 if causal else 30))
     torch.testing.assert_close(out, expect, rtol=0, atol=0)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "shape, causal, window, scale",
+    [
+        ((2, 37, 53, 4, 2, 64), False, (-1, -1), None),  # GQA 2, lengths not multiples of 64
+        ((1, 130, 130, 4, 4, 128), True, (-1, -1), 0.1),
+        ((2, 100, 100, 8, 1, 128), False, (30, 20), None),  # MQA, a two-sided window
+        ((1, 70, 150, 4, 2, 64), True, (40, 7), None),  # causal makes the window (40, 0)
+    ],
+)
+def test_gradients_match_reference(shape, causal, window, scale, dtype):
+    """dq, dk, dv through flash_attn_func against the fp64 reference's autograd (test_backward.py's bound)."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, seed=seqlen_q)
+    dout = make_qkv(batch, seqlen_q, seqlen_q, heads_q, heads_q, head_dim, dtype, seed=seqlen_q + 1)[0]
+    got = gradients(
+        lambda q, k, v: hattn.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window),
+        q, k, v, dout,
+    )  # fmt: skip
+    want = gradients(
+        lambda q, k, v: attention_ref(q, k, v, causal=causal, softmax_scale=scale, window=window)[0],
+        q.double(), k.double(), v.double(), dout.double(),
+    )  # fmt: skip
+    check_gradients(got, want, dtype, f"{shape} causal={causal} window={window}")
 
 
 def gpu_varlen(lens_q, lens_k, heads_q=8, heads_kv=2, head_dim=128):
@@ -174,10 +236,21 @@ def test_kvcache_unsupported_arguments_are_named(kwargs, words):
 
 def test_kvcache_names_every_unsupported_argument_and_grad():
     q, dense, _, _ = cpu_kvcache()
-    with pytest.raises(NotImplementedError, match=r"cache_leftpad .*softcap=1.0 .*forward-only"):
+    with pytest.raises(NotImplementedError, match=r"cache_leftpad .*softcap=1.0 .*no backward with a KV cache yet"):
         hattn.flash_attn_with_kvcache(
             q.requires_grad_(), dense, dense, cache_leftpad=torch.zeros(2, dtype=torch.int32), softcap=1.0
         )
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("which", ["q", "k_cache", "v_cache"])
+def test_kvcache_inputs_that_need_grad_are_refused(paged, which):
+    q, dense, pages, table = cpu_kvcache()
+    cache, extra = (pages, {"block_table": table}) if paged else (dense, {})
+    args = {"q": q, "k_cache": cache, "v_cache": cache.clone()}
+    args[which].requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"require grad \(hattn has no backward with a KV cache yet"):
+        hattn.flash_attn_with_kvcache(**args, cache_seqlens=10, **extra)
 
 
 def test_kvcache_positional_order_is_flash_attn_s():

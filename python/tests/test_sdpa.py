@@ -1,8 +1,8 @@
 """hattn.scaled_dot_product_attention, the drop-in for torch's SDPA, and hattn.patch_sdpa.
 
 The CPU tests run everywhere: which calls hattn takes and which it hands to torch, and that a
-handed-over call is torch's own. The GPU tests (Hopper only) check the calls hattn runs
-against the fp64 reference, and the drop-in under torch.compile.
+handed-over call is torch's own. The GPU tests (Hopper only) check the calls hattn runs, and
+their gradients, against the fp64 reference, and the drop-in under torch.compile.
 """
 
 import math
@@ -11,7 +11,7 @@ import hattn
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import attention_ref, error_bound, make_qkv, requires_hopper
+from helpers import INPUT_MEAN, attention_ref, check_gradients, error_bound, gradients, make_qkv, requires_hopper
 from hattn.sdpa import _torch_sdpa, sdpa_fallback_reason
 
 B, H, L, E = 2, 4, 64, 64
@@ -51,7 +51,6 @@ def test_supported_call_has_no_fallback_reason():
         ("gqa without flag", lambda: (bhsd(heads=8), bhsd(), bhsd()), {}, "enable_gqa"),
         ("gqa not a multiple", lambda: (bhsd(heads=6), bhsd(), bhsd()), {"enable_gqa": True}, "enable_gqa"),
         ("causal L != S", lambda: (bhsd(seqlen=100), bhsd(seqlen=37), bhsd(seqlen=37)), {"is_causal": True}, "top-left"),
-        ("grad", lambda: (bhsd(requires_grad=True), bhsd(), bhsd()), {}, "grad"),
     ],
 )
 def test_unsupported_calls_say_why(why, make, kwargs, words):
@@ -60,10 +59,26 @@ def test_unsupported_calls_say_why(why, make, kwargs, words):
     assert r is not None and words in r, (why, r)
 
 
-def test_grad_rule_follows_grad_mode():
+def test_inputs_that_need_grad_have_no_fallback_reason():
+    # hattn has a backward: training calls run on it like inference ones.
+    q, k, v = (bhsd(requires_grad=True) for _ in range(3))
+    assert reason(q, k, v) is None
+    assert reason(q, bhsd(), bhsd(), is_causal=True) is None
+    assert reason(bhsd(heads=8, requires_grad=True), k, v, enable_gqa=True) is None
+
+
+def test_deterministic_mode_falls_back_only_with_grad():
+    # hattn's backward sums with atomic adds; torch.use_deterministic_algorithms asks for none.
     q = bhsd(requires_grad=True)
-    with torch.no_grad():
-        assert reason(q, bhsd(), bhsd()) is None  # inference under no_grad: hattn may run it
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "use_deterministic_algorithms" in reason(q, bhsd(), bhsd())
+        assert reason(bhsd(), bhsd(), bhsd()) is None  # nothing to differentiate: the forward is deterministic
+        with torch.no_grad():
+            assert reason(q, bhsd(), bhsd()) is None
+    finally:
+        torch.use_deterministic_algorithms(previous)
 
 
 def test_cpu_tensors_fall_back_on_the_device_rule():
@@ -174,6 +189,63 @@ def test_hattn_runs_cross_attention_and_scale():
     kv = cuda_bhsd(1, 4, 77, 128, torch.bfloat16, seed=5)
     out = hattn.scaled_dot_product_attention(q, kv, kv, scale=0.05)
     check_against_reference(q, kv, kv, out, scale=0.05)
+
+
+def sdpa_ref(q, k, v, is_causal=False, scale=None):
+    """attention_ref on BHSD tensors (it takes BSHD); with is_causal, L == S, where SDPA's
+    top-left mask and the reference's bottom-right one agree."""
+    out, _ = attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal, scale)
+    return out.transpose(1, 2)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, scale",
+    [
+        (4, 2, 37, 53, 64, False, None),  # GQA 2 (enable_gqa), lengths not multiples of 64
+        (4, 4, 130, 130, 128, True, None),
+        (8, 1, 100, 100, 128, False, 0.05),  # MQA
+        (2, 2, 70, 70, 64, True, 0.2),
+    ],
+)
+def test_gradients_match_reference(heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, scale, dtype):
+    """query, key and value grads through the drop-in (run by hattn, not torch) against the fp64 reference."""
+    q = cuda_bhsd(2, heads_q, seqlen_q, head_dim, dtype, seed=11)
+    k = cuda_bhsd(2, heads_kv, seqlen_k, head_dim, dtype, seed=12)
+    v = cuda_bhsd(2, heads_kv, seqlen_k, head_dim, dtype, seed=13)
+    dout = cuda_bhsd(2, heads_q, seqlen_q, head_dim, dtype, seed=14)
+    gqa = heads_q != heads_kv
+    q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
+    assert sdpa_fallback_reason(q_, k_, v_, is_causal=causal, enable_gqa=gqa) is None
+    got = gradients(
+        lambda q, k, v: hattn.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa),
+        q, k, v, dout,
+    )  # fmt: skip
+    want = gradients(
+        lambda q, k, v: sdpa_ref(q, k, v, causal, scale), q.double(), k.double(), v.double(), dout.double()
+    )
+    check_gradients(got, want, dtype, f"H {heads_q}/{heads_kv} L {seqlen_q} S {seqlen_k} E {head_dim} causal={causal}")
+
+
+@requires_hopper
+def test_gradients_through_packed_views():
+    """q, k, v as [B, H, L, E] views of one [B, L, 3, H, E] projection, as a transformer block makes
+    them: the gradient reaches the packed tensor, each third within the reference bound."""
+    dtype = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(15)
+    qkv = torch.randn(2, 200, 3, 4, 128, device="cuda", dtype=dtype, generator=gen) + INPUT_MEAN
+    dout = torch.randn(2, 4, 200, 128, device="cuda", dtype=dtype, generator=gen) + INPUT_MEAN
+
+    def grad_of_packed(packed, attend):
+        packed = packed.detach().requires_grad_()
+        q, k, v = packed.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, L, E] views
+        attend(q, k, v).backward(dout.to(packed.dtype))
+        return packed.grad.unbind(2)  # (dq, dk, dv), each [B, L, H, E]
+
+    got = grad_of_packed(qkv, lambda q, k, v: hattn.scaled_dot_product_attention(q, k, v, is_causal=True))
+    want = grad_of_packed(qkv.double(), lambda q, k, v: sdpa_ref(q, k, v, is_causal=True))
+    check_gradients(got, want, dtype, "packed")
 
 
 @requires_hopper
