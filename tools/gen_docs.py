@@ -7,6 +7,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:KERNEL_NAME -->      a guide chapter's grid for one kernel
     <!-- results:anchors -->          our kernels beside cuDNN and FlashAttention-2 (python -m hattn.bench)
     <!-- results:capstone -->         one Wan 2.1 transformer step per variant (python -m hattn.capstone)
+    <!-- results:backward -->         the backward beside SDPA's (python -m hattn.bench_backward)
     <!-- /results -->
 
 Numbers come only from results files: hattn-bench's CSV (default results/lineage.csv) and
@@ -142,6 +143,37 @@ def anchors_table(csv_path):
     return "\n".join(out) + "\n"
 
 
+def backward_table(csv_path):
+    """hattn's backward beside SDPA's (python -m hattn.bench_backward), one row per shape."""
+    if not csv_path.exists():
+        return f"_No backward results yet (`{csv_path.relative_to(ROOT)}`)._\n"
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    label = {"hattn": "hattn", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA FLASH)"}
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    shapes = list(dict.fromkeys((int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), int(r["batch"]),
+                                 int(r["heads_q"])) for r in rows))
+    index = {(int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r["heads_q"]),
+              r["name"]): r for r in rows}
+    out = ["TFLOP/s of the backward alone (dq, dk, dv; 2.5x the forward's FLOPs), bf16, timed in one process "
+           "on the same tensors (`python -m hattn.bench_backward`). The last column is hattn over the better "
+           "anchor.", "",
+           "| shape | " + " | ".join(label.get(n, n) for n in names) + " | hattn / best anchor | check |",
+           "|---|" + "---|" * (len(names) + 2)]
+    for d, causal, s, b, h in shapes:
+        got = {n: index.get((d, causal, s, b, h, n)) for n in names}
+        cells = [f"{float(r['tflops']):.0f}" if r else "–" for r in got.values()]
+        ours = got.get("hattn")
+        ratio = f"{float(ours['ratio_to_best_anchor']):.2f}" if ours else "–"
+        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
+                   + f" | {ratio} | {ours['status'] if ours else '–'} |")
+    first = rows[0]
+    clocks = sorted({r["sm_clock_mhz"] for r in rows})
+    out += ["", f"_{first['gpu']}, commit `{first['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
+            f"from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
+    return "\n".join(out) + "\n"
+
+
 def capstone_table(directory):
     """One row per results/capstone/*.json: the step's time under each variant."""
     runs = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
@@ -197,6 +229,8 @@ def main():
             return capstone_table(ROOT / "results" / "capstone")
         if name == "anchors":
             return anchors_table(pathlib.Path(args.pybench).resolve())
+        if name == "backward":
+            return backward_table(ROOT / "results" / "pybench_backward.csv")
         previous = None
         names = sorted(set(kernels) | {name})
         i = names.index(name)

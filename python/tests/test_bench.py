@@ -6,6 +6,7 @@ import json
 import hattn
 import pytest
 from hattn import bench, report
+from helpers import requires_hopper
 
 KERNELS = [k.name for k in hattn.kernels()]
 
@@ -201,3 +202,29 @@ def test_gqa_and_tokens_flags_shape_a_decoding_batch():
             bench.parse_args(["--dims", "64", *bad], KERNELS)
     with pytest.raises(SystemExit):
         bench.parse_args(["--varlen", "equal", "--gqa", "2"], KERNELS)
+
+
+def test_backward_bench_flags_and_no_gpu(capsys):
+    import torch
+    from hattn import bench_backward
+
+    args = bench_backward.parse_args([])
+    assert (args.dims, args.seqlens, args.causal) == ("128", "1k,4k,16k", "both")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the benchmark would run")
+    assert bench_backward.main(["--dims", "64", "--seqlens", "512"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+@requires_hopper
+def test_backward_bench_runs_and_checks(tmp_path):
+    from hattn import bench_backward
+
+    flags = ["--dims", "64", "--seqlens", "256", "--tokens", "512", "--reps", "2", "--out", str(tmp_path),
+             "--kernels", "bwd_02_mma_sync"]  # fmt: skip
+    assert bench_backward.main(flags) == 0
+    with open(tmp_path / "pybench_backward.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["name"] for r in rows} == {"hattn", "hattn:bwd_02_mma_sync", "sdpa_cudnn", "sdpa_flash"}
+    assert all(float(r["tflops"]) > 0 for r in rows)
+    assert [r["status"] for r in rows if r["name"].startswith("hattn")] == ["ok"] * 4  # 2 shapes x 2

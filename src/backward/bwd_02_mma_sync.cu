@@ -40,14 +40,21 @@ constexpr int kBlockM = 64;  // query rows per step
 constexpr int kPad = 8;      // elements (16 bytes) after each shared-memory row
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Two CTAs per SM up to D = 128, so that one CTA's products run while the other waits at a
+// barrier or on its exponentials and atomics: at most 128 registers a thread (ptxas spills
+// 20 bytes at D = 128), and at D = 128 one buffer of Q and dO instead of two, to fit half an
+// SM's shared memory (88 KB). At D = 256 the dK and dV sums alone take 128 registers.
+constexpr int ctas_per_sm(int head_dim) { return head_dim <= 128 ? 2 : 1; }
+
 template <typename T, int D>
 struct SharedStorage {
   static constexpr int kRow = D + kPad;  // elements per row of a [rows][D] tile
   static constexpr int kRowP = kBlockN + kPad;
+  static constexpr int kQBuffers = ctas_per_sm(D) == 2 && D == 128 ? 1 : 2;
   T k[kBlockN * kRow];
   T v[kBlockN * kRow];
-  T q[2][kBlockM * kRow];     // two buffers: the next block loads while this one computes
-  T dout[2][kBlockM * kRow];
+  T q[kQBuffers][kBlockM * kRow];  // with two buffers the next block loads while this one computes
+  T dout[kQBuffers][kBlockM * kRow];
   T p[kBlockM * kRowP];       // P and dS of the current block, [query][key]
   T ds[kBlockM * kRowP];
 };
@@ -102,8 +109,9 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, int64_t row_st
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1) main_kernel(BackwardParams p) {
+__global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(BackwardParams p) {
   using Smem = SharedStorage<T, D>;
+  constexpr int kQBuffers = Smem::kQBuffers;
   constexpr int kRow = Smem::kRow, kRowP = Smem::kRowP;
   constexpr int kHalf = D / 2;                    // columns of dK, dV and dQ per warp
   constexpr int kDqCols = kHalf < 64 ? kHalf : 64;  // dQ columns per pass
@@ -140,12 +148,12 @@ __global__ void __launch_bounds__(kThreads, 1) main_kernel(BackwardParams p) {
   const uint32_t k_s = ptx::cvta_to_shared_u32(smem.k), v_s = ptx::cvta_to_shared_u32(smem.v);
   const uint32_t p_s = ptx::cvta_to_shared_u32(smem.p), ds_s = ptx::cvta_to_shared_u32(smem.ds);
 
-  for (int m0 = m_begin, buffer = 0; m0 < q_last; m0 += kBlockM, buffer ^= 1) {
-    // Start the next block's loads into the other buffer; its readers finished at the
-    // barrier that ended the last step.
-    if (m0 + kBlockM < q_last) load_queries(m0 + kBlockM, buffer ^ 1);
+  for (int m0 = m_begin, buffer = 0; m0 < q_last; m0 += kBlockM, buffer = (buffer + 1) % kQBuffers) {
+    // With two buffers, start the next block's loads into the other one; its readers
+    // finished at the barrier that ended the last step.
+    if (kQBuffers == 2 && m0 + kBlockM < q_last) load_queries(m0 + kBlockM, buffer ^ 1);
     ptx::cp_async_commit_group();
-    ptx::cp_async_wait_group<1>();  // this thread's copies of this block (and K, V) have landed
+    ptx::cp_async_wait_group<kQBuffers - 1>();  // this thread's copies of this block (and K, V) have landed
     __syncthreads();                // ... and every thread's
     const uint32_t q_s = ptx::cvta_to_shared_u32(smem.q[buffer]), do_s = ptx::cvta_to_shared_u32(smem.dout[buffer]);
 
@@ -206,6 +214,8 @@ __global__ void __launch_bounds__(kThreads, 1) main_kernel(BackwardParams p) {
       }
     }
     __syncthreads();  // every warp is done with Q, dO, P and dS before they are overwritten
+    // With one buffer, the next block loads only now (into the buffer just read).
+    if (kQBuffers == 1 && m0 + kBlockM < q_last) load_queries(m0 + kBlockM, 0);
   }
   ptx::cp_async_wait_group<0>();  // nothing left in flight when the CTA exits
 

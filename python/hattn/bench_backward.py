@@ -1,0 +1,182 @@
+"""python -m hattn.bench_backward: hattn's backward against torch SDPA's, on the same tensors, in one process.
+
+For every shape of the grid (batch * seqlen = --tokens, heads * D = 2048) it makes BSHD q, k,
+v and dout (randn + 0.5), runs the forward of each implementation with gradients on, and times
+the backward alone: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) between CUDA
+events, with the L2 flushed before each call and the implementations interleaved in rounds
+(hattn.bench's Timer). The median counts.
+
+  hattn            hattn.attention on the BSHD tensors, through autograd (the backward kernel "auto")
+  hattn:NAME       with --kernels: backward kernel NAME alone, called through hattn._C (no autograd)
+  sdpa_cudnn       torch SDPA, cuDNN backend, on contiguous BHSD copies (its best layout)
+  sdpa_flash       torch SDPA, FLASH backend (FlashAttention-2), on the same BHSD copies
+
+Check: cuDNN's dq, dk and dv are the reference; FlashAttention-2's distance from them sets the
+bound, as in hattn.bench: max |grad - ref| <= max(2 max |flash - ref| + eps/2 max |ref|,
+4 eps max |ref|), per gradient. NaN fails. The tests check against float64 (python/tests).
+
+FLOPs = 2.5 x the forward's (4 B H Sq Sk D, halved when causal): five matrix products where the
+forward has two, FlashAttention's convention. Output: a table and pybench_backward.csv in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from .bench import GRID_TOKENS, Timer, commit, environment, grid_shapes, parse_int_list
+
+ANCHORS = ("sdpa_cudnn", "sdpa_flash")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m hattn.bench_backward", description=__doc__.split("\n")[0])
+    p.add_argument("--dims", default="128", help="head dims (default: 128, the anchors' backward table)")
+    p.add_argument("--seqlens", default="1k,4k,16k", help="sequence lengths (default: 1k,4k,16k)")
+    p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    p.add_argument("--tokens", type=int, default=GRID_TOKENS, help="batch * seqlen (default: 16384)")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--kernels", default="", help="backward kernels to time by name too, comma-separated")
+    p.add_argument("--reps", type=int, default=20, help="timed calls per implementation (default: 20)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--budget-s", type=float, default=1.0, help="about this long per implementation and shape")
+    p.add_argument("--out", default="results", help="output folder (default: results/)")
+    return p.parse_args(argv)
+
+
+def backward_fn(name: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
+    """The backward of implementation `name` on BSHD q, k, v (its own leaf copies), as a call
+    returning (dq, dk, dv) in BSHD."""
+    import hattn
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    if name == "hattn":
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = hattn.attention(*leaves, causal=causal)
+        grad_out = dout
+    else:
+        backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
+        leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel(backend):
+            out = sdpa(*leaves, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+        grad_out = dout.transpose(1, 2).contiguous()
+
+    def call():
+        grads = torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
+        return grads if name == "hattn" else tuple(g.transpose(1, 2) for g in grads)
+
+    return call
+
+
+def make_tensors(shape, dtype: torch.dtype):
+    """BSHD q, k, v and dout of `shape`: randn + 0.5, seeded by the shape."""
+    gen = torch.Generator(device="cuda").manual_seed(shape.seqlen_q * 131 + shape.head_dim)
+
+    def rand(seqlen, heads):
+        return torch.randn(shape.batch, seqlen, heads, shape.head_dim, device="cuda", dtype=dtype, generator=gen) + 0.5
+
+    return (rand(shape.seqlen_q, shape.heads_q), rand(shape.seqlen_k, shape.heads_kv),
+            rand(shape.seqlen_k, shape.heads_kv), rand(shape.seqlen_q, shape.heads_q))  # fmt: skip
+
+
+def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
+    """Backward kernel `kernel` alone on BSHD q, k, v, through hattn._C, after a forward that
+    gives out and lse; returns (dq, dk, dv)."""
+    import hattn
+    from hattn import _C
+    from hattn.ops import _problem_kwargs, _strides
+
+    with torch.no_grad():
+        out, lse = hattn.attention(q, k, v, causal=causal, return_lse=True)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    kwargs = _problem_kwargs(q, k, v, out, lse, causal, None, kernel)
+    grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def call():
+        _C.backward(**kwargs, grads=grads, stream=stream)
+        return dq, dk, dv
+
+    return call
+
+
+def max_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = (got.float() - ref.float()).abs()
+    return float("nan") if torch.isnan(diff).any() else diff.max().item()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("python -m hattn.bench_backward: no CUDA GPU here; it runs on an H100/H200", file=sys.stderr)
+        return 2
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    eps = torch.finfo(dtype).eps
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    names = ["hattn"] + [f"hattn:{k}" for k in args.kernels.split(",") if k] + list(ANCHORS)
+    shapes = grid_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, tokens=args.tokens)
+    timer = Timer(256, args.warmup, args.reps, args.budget_s)
+    env = environment()
+    rows: List[Dict] = []
+    print(f"# backward on {env['gpu']}, torch {env['torch']}, cuDNN {env['cudnn']}, commit {commit()}")
+    print(f"{'D':>4} {'mask':6} {'S':>6} {'BxH':>6} " + " ".join(f"{n[-12:]:>12}" for n in names) + "   hattn/best   check")
+    for shape in shapes:
+        q, k, v, dout = make_tensors(shape, dtype)
+        fns = {
+            name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal) if name.startswith("hattn:")
+            else backward_fn(name, q, k, v, dout, shape.causal)
+            for name in names
+        }  # fmt: skip
+        status, errs = {}, {}
+        reference, flash = fns["sdpa_cudnn"](), fns["sdpa_flash"]()
+        for name in names:
+            if name in ANCHORS:
+                continue
+            got = fns[name]()
+            status[name], errs[name] = "ok", {}
+            for i, g in enumerate(("dq", "dk", "dv")):
+                ref = reference[i]
+                scale = ref.float().abs().max().item()
+                tol = max(2 * max_error(flash[i], ref) + eps / 2 * scale, 4 * eps * scale)
+                errs[name][g] = max_error(got[i], ref)
+                if not errs[name][g] <= tol:  # NaN fails too
+                    status[name] = f"FAIL {g} err {errs[name][g]:.3g} > {tol:.3g}"
+        del reference, flash
+        times = dict(zip(names, timer.interleaved([fns[n] for n in names])))
+        flops = 2.5 * shape.flops
+        tflops = {n: flops / (ms * 1e-3) / 1e12 for n, (ms, _) in times.items()}
+        best = max(tflops["sdpa_cudnn"], tflops["sdpa_flash"])
+        mask = "causal" if shape.causal else "full"
+        print(f"{shape.head_dim:>4} {mask:6} {shape.seqlen_q:>6} {shape.batch:>2}x{shape.heads_q:<3} "
+              + " ".join(f"{tflops[n]:12.1f}" for n in names) + f"   {tflops['hattn'] / best:10.3f}   "
+              + " ".join(sorted(set(status.values()))))  # fmt: skip
+        for n, (ms, reps) in times.items():
+            rows.append({
+                "commit": env["commit"], "gpu": env["gpu"], "sm_clock_mhz": env["sm_clock_mhz_start"],
+                "name": n, "dtype": args.dtype, "head_dim": shape.head_dim, "causal": shape.causal,
+                "batch": shape.batch, "seqlen": shape.seqlen_q, "heads_q": shape.heads_q, "heads_kv": shape.heads_kv,
+                "ms": ms, "reps": reps, "tflops": tflops[n], "ratio_to_best_anchor": tflops[n] / best,
+                "max_err_dq": errs.get(n, {}).get("dq", ""), "max_err_dk": errs.get(n, {}).get("dk", ""),
+                "max_err_dv": errs.get(n, {}).get("dv", ""),
+                "status": status.get(n, "reference" if n == "sdpa_cudnn" else "ok"),
+            })  # fmt: skip
+        del fns
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "pybench_backward.csv")
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"# wrote {path}")
+    return 0 if all(r["status"] in ("ok", "reference") for r in rows) else 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
