@@ -364,7 +364,11 @@ Status backward(const BackwardProblem& problem, const Options& options) {
   Launch launch = nullptr;
   std::string known = "auto";
   for (const std::string& name : backward_kernel_names()) known += ", " + name;
-  if (options.kernel == "auto" || options.kernel == "bwd_02_mma_sync")
+  if (options.kernel == "auto")  // the newest kernel that runs the problem
+    launch = problem.forward.head_dim <= 128 ? backward_wgmma : backward_mma_sync;
+  else if (options.kernel == "bwd_03_wgmma")
+    launch = backward_wgmma;
+  else if (options.kernel == "bwd_02_mma_sync")
     launch = backward_mma_sync;
   else if (options.kernel == "bwd_01_cuda_core")
     launch = backward_cuda_core;
@@ -382,6 +386,6 @@ Status backward(const BackwardProblem& problem, const Options& options) {
   return launch(problem, options.stream);
 }
 
-std::vector<std::string> backward_kernel_names() { return {"bwd_01_cuda_core", "bwd_02_mma_sync"}; }
+std::vector<std::string> backward_kernel_names() { return {"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma"}; }
 
 }  // namespace hattn

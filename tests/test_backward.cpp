@@ -224,6 +224,7 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
+  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // e.g. bwd_03 at D = 256
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 

@@ -72,7 +72,7 @@ void usage() {
       "  --pack-gqa on|off   force GQA packing (default: automatic; final kernel only)\n"
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
       "                      sampled rows of dq are checked against the fp64 reference; --kernels\n"
-      "                      then names backward kernels (default: the last of hattn::backward_kernel_names())\n"
+      "                      then names backward kernels (default: auto)\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -211,9 +211,9 @@ int parse(int argc, char** argv, Config* c) {
   }
   if (c->backward) {  // --kernels names backward kernels here; by default the last one
     const std::vector<std::string> known = backward_kernel_names();
-    if (c->kernels.empty()) c->kernels = {known.back()};
+    if (c->kernels.empty()) c->kernels = {"auto"};
     for (const auto& name : c->kernels)
-      if (std::find(known.begin(), known.end(), name) == known.end()) {
+      if (name != "auto" && std::find(known.begin(), known.end(), name) == known.end()) {
         std::fprintf(stderr, "hattn-bench: unknown backward kernel '%s' (known:", name.c_str());
         for (const auto& k : known) std::fprintf(stderr, " %s", k.c_str());
         std::fprintf(stderr, ")\n");
@@ -394,6 +394,10 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   CHECK_CUDA(cudaEventRecord(a));
   Status s = backward(b, options);
   CHECK_CUDA(cudaEventRecord(e));
+  if (s.code() == StatusCode::not_supported) {
+    row->check = "unsupported";
+    return true;
+  }
   if (!s.ok() || cudaDeviceSynchronize() != cudaSuccess) {
     std::fprintf(stderr, "hattn-bench: backward: %s / %s\n", s.to_string().c_str(), cudaGetErrorString(cudaGetLastError()));
     return false;

@@ -207,11 +207,13 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the last of backward_kernel_names()) or one of those names. Takes fp32 scratch memory with
-// cudaMallocAsync on the stream. Asynchronous, like forward().
+// (the newest kernel that runs the problem: bwd_03_wgmma up to D = 128, bwd_02_mma_sync at
+// D = 256) or one of backward_kernel_names(); a kernel that cannot run the problem returns
+// not_supported and says why. Takes fp32 scratch memory with cudaMallocAsync on the stream.
+// Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
-// The backward kernels in lineage order (the last is the default for "auto").
+// The backward kernels in lineage order.
 std::vector<std::string> backward_kernel_names();
 
 // Checks of the backward's arguments alone (the forward problem's, then the gradients'). Needs
