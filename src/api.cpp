@@ -364,12 +364,12 @@ Status backward(const BackwardProblem& problem, const Options& options) {
   Launch launch = nullptr;
   std::string known = "auto";
   for (const std::string& name : backward_kernel_names()) known += ", " + name;
-  if (options.kernel == "auto")  // the newest kernel that runs the problem
-    launch = problem.forward.head_dim <= 128 ? backward_wgmma : backward_mma_sync;
+  // "auto" stays on bwd_02 until bwd_03 has passed the Python benchmark's check through
+  // autograd (results/evidence/backward_wgmma/README.md).
+  if (options.kernel == "auto" || options.kernel == "bwd_02_mma_sync")
+    launch = backward_mma_sync;
   else if (options.kernel == "bwd_03_wgmma")
     launch = backward_wgmma;
-  else if (options.kernel == "bwd_02_mma_sync")
-    launch = backward_mma_sync;
   else if (options.kernel == "bwd_01_cuda_core")
     launch = backward_cuda_core;
   else

@@ -38,6 +38,15 @@ Status encode_swizzled(CUtensorMap* map, const void* base, DType dtype, int rank
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   Status s = encode_fn(&encode);
   if (!s.ok()) return s;
+  // The driver call needs a current context. A thread that has made no runtime call yet has
+  // none (PyTorch runs a backward on its own autograd thread: CUresult 201 there);
+  // cudaFree(nullptr) makes the current device's primary context current, once per thread.
+  thread_local bool context_bound = false;
+  if (!context_bound) {
+    if (cudaError_t e = cudaFree(nullptr); e != cudaSuccess)
+      return {StatusCode::cuda_error, std::string("tensor map: no CUDA context: ") + cudaGetErrorString(e)};
+    context_bound = true;
+  }
   constexpr int kMaxRank = 5;
   constexpr int64_t kElem = 2;
   cuuint64_t global_dims[kMaxRank], byte_strides[kMaxRank - 1];

@@ -207,9 +207,8 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that runs the problem: bwd_03_wgmma up to D = 128, bwd_02_mma_sync at
-// D = 256) or one of backward_kernel_names(); a kernel that cannot run the problem returns
-// not_supported and says why. Takes fp32 scratch memory with cudaMallocAsync on the stream.
+// (bwd_02_mma_sync, which runs every head dim) or one of backward_kernel_names(); a kernel
+// that cannot run the problem returns not_supported and says why (bwd_03_wgmma: D <= 128). Takes fp32 scratch memory with cudaMallocAsync on the stream.
 // Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
