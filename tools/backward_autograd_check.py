@@ -19,8 +19,7 @@ import torch
 
 
 def main() -> None:
-    from hattn import _C
-    from hattn import ops
+    from hattn import _C, ops
     from hattn.bench_backward import backward_fn, kernel_backward_fn
 
     p = argparse.ArgumentParser()
