@@ -83,6 +83,19 @@ __global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, 
   dst[b * batch_stride + int64_t(s) * seq_stride + h * head_stride + d] = from_float<T>(src[e]);
 }
 
+// Launches a backward's main kernel, one CTA per `block_n` keys of each query head and batch
+// element, with `smem` bytes of dynamic shared memory (raising the kernel's limit to that).
+template <typename Kernel, typename... Args>
+Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const AttentionParams& f,
+                            cudaStream_t stream, const char* name, const Args&... args) {
+  Status st = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                          std::string(name) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (!st.ok()) return st;
+  const dim3 grid(unsigned((f.seqlen_k + block_n - 1) / block_n), unsigned(f.heads_q), unsigned(f.batch));
+  kernel<<<grid, threads, smem, stream>>>(args...);
+  return launch_status(name);
+}
+
 // The host side of a backward: scratch for the fp32 sums and delta (cudaMallocAsync on the
 // stream), zeroed; delta; then launch_main.template operator()<T, D>(params), which launches the
 // kernel's main pass and returns its Status; then the conversions; then the free.

@@ -115,13 +115,7 @@ __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
 Status backward_cuda_core(const BackwardProblem& problem, cudaStream_t stream) {
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     constexpr int kSmem = int(sizeof(SharedStorage<D>));
-    Status st = cuda_status(cudaFuncSetAttribute(main_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                            std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    if (!st.ok()) return st;
-    const AttentionParams& f = p.fwd;
-    const dim3 grid(unsigned((f.seqlen_k + kBlockN - 1) / kBlockN), unsigned(f.heads_q), unsigned(f.batch));
-    main_kernel<T, D><<<grid, kThreads, kSmem, stream>>>(p);
-    return launch_status(kName);
+    return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
   });
 }
 

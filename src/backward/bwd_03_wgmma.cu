@@ -335,12 +335,8 @@ Status backward_wgmma(const BackwardProblem& problem, cudaStream_t stream) {
     } else {
       constexpr int kSmem = smem_bytes<T, D>();
       static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-      Status st = cuda_status(cudaFuncSetAttribute(main_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                              std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-      if (!st.ok()) return st;
-      const dim3 grid(unsigned((fwd.seqlen_k + kBlockN - 1) / kBlockN), unsigned(fwd.heads_q), unsigned(fwd.batch));
-      main_kernel<T, D><<<grid, kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, dout_map, p);
-      return launch_status(kName);
+      return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q, maps.k,
+                                  maps.v, dout_map, p);
     }
   });
 }
