@@ -223,6 +223,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         ds_frag[kk][r] = frag::pack2<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
       }
 
+    // dS^T into shared memory: row = key (64 rows of 128 bytes), column = query, in TMA's
+    // 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), from the packed
+    // fragments (register 2 (nt % 2) + r: n8 tile nt, row g + 8 r). Before the wgmmas below
+    // are issued: the PTX ISA allows no access to the A registers of a wgmma in flight.
+    T* ds_tile = smem.ds[warpgroup];
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = 16 * warp_in_wg + group + 8 * r;
+        *reinterpret_cast<uint32_t*>(&ds_tile[row * 64 + ((nt ^ (row % 8)) * 8) + 2 * tig]) =
+            ds_frag[nt / 2][2 * (nt % 2) + r];
+      }
+    ptx::fence_proxy_async_shared_cta();  // the writes above, before the dQ wgmma (async proxy) reads them
+
     // dV += P^T dO and dK += dS^T Q: per 16 queries one wgmma with N = D; dO and Q are read
     // N-major (16 queries = 2048 bytes down the tile; column blocks kBlockM * 128 bytes apart).
 #pragma unroll
@@ -242,21 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     ptx::wgmma_commit_group();
 
-    // dS^T into shared memory while those run: row = key (64 rows of 128 bytes), column =
-    // query, in TMA's 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)). The
-    // packed fragments hold the values (fragment register 2 (nt % 2) + r: n8 tile nt, row
-    // g + 8 r); the wgmmas only read them, so reading them here is safe.
-    T* ds_tile = smem.ds[warpgroup];
-#pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = 16 * warp_in_wg + group + 8 * r;
-        *reinterpret_cast<uint32_t*>(&ds_tile[row * 64 + ((nt ^ (row % 8)) * 8) + 2 * tig]) =
-            ds_frag[nt / 2][2 * (nt % 2) + r];
-      }
-    ptx::fence_proxy_async_shared_cta();  // the writes above, before the wgmma (async proxy) reads them
-    ptx::bar_sync(kDsBarrier + warpgroup, 128);  // ... and every thread's of this warpgroup
+    ptx::bar_sync(kDsBarrier + warpgroup, 128);  // all 128 threads have stored and fenced their part of dS^T
     ptx::wgmma_wait_group<0>();  // dV, dK done: the fragments' registers are free
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]);
