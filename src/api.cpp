@@ -357,35 +357,45 @@ Status validate_backward_arguments(const BackwardProblem& problem) {
                       true);
 }
 
+namespace {
+// The backward kernels in lineage order.
+const std::vector<const BackwardKernel*>& backward_kernels() {
+  static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma()};
+  return all;
+}
+}  // namespace
+
+std::vector<std::string> backward_kernel_names() {
+  std::vector<std::string> names;
+  for (const BackwardKernel* k : backward_kernels()) names.emplace_back(k->name);
+  return names;
+}
+
 Status backward(const BackwardProblem& problem, const Options& options) {
   Status s = validate_backward_arguments(problem);
   if (!s.ok()) return s;
-  using Launch = Status (*)(const BackwardProblem&, cudaStream_t);
-  Launch launch = nullptr;
-  std::string known = "auto";
-  for (const std::string& name : backward_kernel_names()) known += ", " + name;
   // "auto" stays on bwd_02 until bwd_03 has passed the Python benchmark's check through
   // autograd (results/evidence/backward_wgmma/README.md).
-  if (options.kernel == "auto" || options.kernel == "bwd_02_mma_sync")
-    launch = backward_mma_sync;
-  else if (options.kernel == "bwd_03_wgmma")
-    launch = backward_wgmma;
-  else if (options.kernel == "bwd_01_cuda_core")
-    launch = backward_cuda_core;
-  else
+  const std::string name = options.kernel == "auto" ? std::string(backward_mma_sync().name) : options.kernel;
+  const BackwardKernel* kernel = nullptr;
+  std::string known = "auto";
+  for (const BackwardKernel* k : backward_kernels()) {
+    known += std::string(", ") + k->name;
+    if (name == k->name) kernel = k;
+  }
+  if (kernel == nullptr)
     return invalid("kernel: unknown backward kernel '" + options.kernel + "' (known: " + known + ")");
   const AttentionProblem& p = problem.forward;
   if (p.has_sequence_bounds())
     return {StatusCode::not_supported, "backward: dense batches only so far (no cu_seqlens, seqlens_k or block_table)"};
+  if (!(s = kernel->supports(problem)).ok()) return s;
   if (!(s = check_device()).ok()) return s;
   const std::pair<const char*, const void*> pointers[] = {{"q", p.q},     {"k", p.k},   {"v", p.v},
                                                           {"out", p.out}, {"lse", p.lse}, {"dout", problem.dout},
                                                           {"dq", problem.dq}, {"dk", problem.dk}, {"dv", problem.dv}};
   for (const auto& [name, ptr] : pointers)
     if (!(s = check_device_pointer(name, ptr)).ok()) return s;
-  return launch(problem, options.stream);
+  return kernel->launch(problem, options.stream);
 }
-
-std::vector<std::string> backward_kernel_names() { return {"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma"}; }
 
 }  // namespace hattn

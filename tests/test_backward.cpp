@@ -94,6 +94,25 @@ TEST(BackwardValidation, RefusesWhatItDoesNotRun) {
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
 }
 
+TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
+  BackwardProblem b = valid_backward();
+  AttentionProblem& p = b.forward;
+  p.head_dim = 256;
+  p.q_strides = p.out_strides = b.dout_strides = b.dq_strides = contiguous_bshd(100, 4, 256);
+  p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
+  ASSERT_TRUE(validate_backward_arguments(b).ok());
+  Options options;
+  options.kernel = "bwd_03_wgmma";
+  const Status refused = backward(b, options);  // refused before any GPU is needed
+  EXPECT_EQ(refused.code(), StatusCode::not_supported) << refused.to_string();
+  EXPECT_NE(refused.message().find("head_dim 256"), std::string::npos) << refused.message();
+  options.kernel = "bwd_99";
+  const Status unknown = backward(b, options);
+  EXPECT_EQ(unknown.code(), StatusCode::invalid_argument);
+  for (const std::string& name : backward_kernel_names())
+    EXPECT_NE(unknown.message().find(name), std::string::npos) << unknown.message();
+}
+
 struct Case {
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   bool causal;

@@ -7,14 +7,21 @@
 
 namespace hattn {
 
-// bwd_01_cuda_core.cu: FlashAttention's backward on CUDA cores, fp32 sums; dense batches.
-Status backward_cuda_core(const BackwardProblem& problem, cudaStream_t stream);
+// A backward kernel, as hattn::backward() dispatches it.
+struct BackwardKernel {
+  const char* name;
+  // Ok when the kernel runs `problem` (arguments already validated); otherwise a not_supported
+  // status whose message says what it refuses and why. Needs no GPU.
+  Status (*supports)(const BackwardProblem& problem);
+  // Launches on `stream` (no synchronization).
+  Status (*launch)(const BackwardProblem& problem, cudaStream_t stream);
+};
 
-// bwd_02_mma_sync.cu: the same on tensor cores (mma.sync), a CTA per 64 keys; dense batches.
-Status backward_mma_sync(const BackwardProblem& problem, cudaStream_t stream);
-
-// bwd_03_wgmma.cu: the same on TMA and wgmma, a CTA per 128 keys; D <= 128 (not_supported
-// otherwise), dense batches.
-Status backward_wgmma(const BackwardProblem& problem, cudaStream_t stream);
+// bwd_01_cuda_core.cu: FlashAttention's backward on CUDA cores, fp32 sums.
+const BackwardKernel& backward_cuda_core();
+// bwd_02_mma_sync.cu: the same on tensor cores (mma.sync), a CTA per 64 keys.
+const BackwardKernel& backward_mma_sync();
+// bwd_03_wgmma.cu: the same on TMA and wgmma, a CTA per 128 keys; D <= 128.
+const BackwardKernel& backward_wgmma();
 
 }  // namespace hattn

@@ -110,13 +110,20 @@ __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
   }
 }
 
-}  // namespace
+Status supports(const BackwardProblem&) { return Status::Ok(); }
 
-Status backward_cuda_core(const BackwardProblem& problem, cudaStream_t stream) {
+Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     constexpr int kSmem = int(sizeof(SharedStorage<D>));
     return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
   });
+}
+
+}  // namespace
+
+const BackwardKernel& backward_cuda_core() {
+  static const BackwardKernel kernel{kName, supports, launch};
+  return kernel;
 }
 
 }  // namespace hattn

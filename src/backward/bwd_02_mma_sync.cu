@@ -234,13 +234,20 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
   }
 }
 
-}  // namespace
+Status supports(const BackwardProblem&) { return Status::Ok(); }
 
-Status backward_mma_sync(const BackwardProblem& problem, cudaStream_t stream) {
+Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     constexpr int kSmem = int(sizeof(SharedStorage<T, D>));
     return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
   });
+}
+
+}  // namespace
+
+const BackwardKernel& backward_mma_sync() {
+  static const BackwardKernel kernel{kName, supports, launch};
+  return kernel;
 }
 
 }  // namespace hattn

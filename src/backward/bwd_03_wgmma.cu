@@ -315,14 +315,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-}  // namespace
-
-Status backward_wgmma(const BackwardProblem& problem, cudaStream_t stream) {
-  const AttentionProblem& fwd = problem.forward;
-  if (fwd.head_dim > 128)
+Status supports(const BackwardProblem& problem) {
+  const int head_dim = problem.forward.head_dim;
+  if (head_dim > 128)
     return {StatusCode::not_supported,
-            std::string(kName) + ": head_dim " + std::to_string(fwd.head_dim) +
+            std::string(kName) + ": head_dim " + std::to_string(head_dim) +
                 " is not supported (D <= 128: dK and dV of 64 keys take D registers a thread; bwd_02_mma_sync runs D = 256)"};
+  return Status::Ok();
+}
+
+Status launch(const BackwardProblem& problem, cudaStream_t stream) {
+  const AttentionProblem& fwd = problem.forward;
   QkvTensorMaps maps;
   Status s = make_qkv_tensor_maps(fwd, kBlockM, kBlockN, kName, &maps);
   CUtensorMap dout_map;
@@ -332,7 +335,7 @@ Status backward_wgmma(const BackwardProblem& problem, cudaStream_t stream) {
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     if constexpr (D > 128) {
-      return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused above
+      return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
     } else {
       constexpr int kSmem = smem_bytes<T, D>();
       static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
@@ -340,6 +343,13 @@ Status backward_wgmma(const BackwardProblem& problem, cudaStream_t stream) {
                                   maps.v, dout_map, p);
     }
   });
+}
+
+}  // namespace
+
+const BackwardKernel& backward_wgmma() {
+  static const BackwardKernel kernel{kName, supports, launch};
+  return kernel;
 }
 
 }  // namespace hattn
