@@ -13,7 +13,8 @@
 // where the operand is stored the other way round). P and dS go through shared memory in the
 // input dtype, because the warps that make a row of P are not the ones that use its column.
 // Rows are padded by 16 bytes so that ldmatrix's eight rows fall in distinct bank groups.
-// The next query block's Q and dO load (cp.async) while this one computes.
+// The next query block's Q and dO load (cp.async) while this one computes, except at D = 128,
+// where one buffer of each lets two CTAs share an SM (ctas_per_sm below).
 //
 // Work of the 8 warps (w = 0..7; a = w % 4, c = w / 4):
 //   S, dP:   queries 16a .. 16a + 15, keys 32c .. 32c + 31
