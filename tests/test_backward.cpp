@@ -131,24 +131,6 @@ std::string describe(const Case& c) {
 
 class BackwardTest : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
 
-// Host values of one tensor, rounded to the dtype, and their bits.
-struct HostTensor {
-  std::vector<float> values;
-  std::vector<uint16_t> bits;
-};
-
-HostTensor random_tensor(size_t n, DType dtype, std::mt19937* rng) {
-  std::normal_distribution<float> normal(0.f, 1.f);
-  HostTensor t;
-  t.values.resize(n);
-  t.bits.resize(n);
-  for (size_t e = 0; e < n; ++e) {
-    t.bits[e] = ref::float_to_bits(normal(*rng), dtype);
-    t.values[e] = ref::bits_to_float(t.bits[e], dtype);
-  }
-  return t;
-}
-
 TEST_P(BackwardTest, MatchesFp64Reference) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
@@ -158,8 +140,9 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   const size_t q_elems = size_t(c.batch) * c.seqlen_q * c.heads_q * D;
   const size_t k_elems = size_t(c.batch) * c.seqlen_k * c.heads_kv * D;
   std::mt19937 rng(uint32_t(c.seqlen_q * 7919 + c.seqlen_k * 31 + D));
-  const HostTensor q = random_tensor(q_elems, c.dtype, &rng), k = random_tensor(k_elems, c.dtype, &rng),
-                   v = random_tensor(k_elems, c.dtype, &rng), dout = random_tensor(q_elems, c.dtype, &rng);
+  using harness::random_normal;
+  const harness::HostTensor q = random_normal(q_elems, c.dtype, &rng), k = random_normal(k_elems, c.dtype, &rng),
+                            v = random_normal(k_elems, c.dtype, &rng), dout = random_normal(q_elems, c.dtype, &rng);
 
   ref::HostProblem h;
   h.batch = c.batch;
@@ -247,7 +230,6 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 
-  const double eps = c.dtype == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
   auto check = [&](const char* name, const harness::DeviceBuffer& got, const Strides& strides, int seqlen, int heads,
                    const std::vector<double>& want) {
     std::vector<uint16_t> bits(got.bytes() / 2);
@@ -269,7 +251,7 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
             worst = std::max(worst, std::abs(double(g) - w));
           }
     EXPECT_EQ(bad, 0) << name << ": elements not finite (unwritten or NaN)";
-    EXPECT_LE(worst, 3 * eps * largest + 1e-6) << name << ": max error " << worst << ", largest |grad| " << largest;
+    EXPECT_LE(worst, harness::backward_error_budget(c.dtype, largest)) << name << ": max error " << worst << ", largest |grad| " << largest;
   };
   check("dq", d_dq, dq_strides, c.seqlen_q, c.heads_q, dq_ref);
   check("dk", d_dk, dk_strides, c.seqlen_k, c.heads_kv, dk_ref);

@@ -209,7 +209,7 @@ int parse(int argc, char** argv, Config* c) {
       return 2;
     }
   }
-  if (c->backward) {  // --kernels names backward kernels here; by default the last one
+  if (c->backward) {  // --kernels names backward kernels here; by default "auto"
     const std::vector<std::string> known = backward_kernel_names();
     if (c->kernels.empty()) c->kernels = {"auto"};
     for (const auto& name : c->kernels)
@@ -363,19 +363,13 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   if (!forward(p).ok() || cudaDeviceSynchronize() != cudaSuccess) return false;
   const size_t q_elems = size_t(p.batch) * p.seqlen_q * p.heads_q * p.head_dim;
   const size_t k_elems = size_t(p.batch) * p.seqlen_k * p.heads_kv * p.head_dim;
-  std::vector<float> dout_host(q_elems);
-  std::vector<uint16_t> dout_bits(q_elems);
   std::mt19937 rng{uint32_t(seed)};
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (size_t e = 0; e < q_elems; ++e) {
-    dout_bits[e] = ref::float_to_bits(normal(rng), shape.dtype);
-    dout_host[e] = ref::bits_to_float(dout_bits[e], shape.dtype);
-  }
+  const harness::HostTensor dout_host = harness::random_normal(q_elems, shape.dtype, &rng);
   harness::DeviceBuffer dout, dq, dk, dv;
   if (!dout.allocate(q_elems * 2).ok() || !dq.allocate(q_elems * 2).ok() || !dk.allocate(k_elems * 2).ok() ||
       !dv.allocate(k_elems * 2).ok())
     return false;
-  CHECK_CUDA(cudaMemcpy(dout.get(), dout_bits.data(), q_elems * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dout.get(), dout_host.bits.data(), q_elems * 2, cudaMemcpyHostToDevice));
   BackwardProblem b;
   b.forward = p;
   const Strides q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, p.head_dim);
@@ -396,6 +390,8 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   CHECK_CUDA(cudaEventRecord(e));
   if (s.code() == StatusCode::not_supported) {
     row->check = "unsupported";
+    cudaEventDestroy(a);
+    cudaEventDestroy(e);
     return true;
   }
   if (!s.ok() || cudaDeviceSynchronize() != cudaSuccess) {
@@ -411,7 +407,7 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   double largest = 0, worst = 0;
   bool finite = true;
   for (const harness::RowId& r : sample) {
-    ref::attention_backward_dq_row_fp64(w.host, dout_host.data(), q_strides, r.b, r.h, r.i, want.data());
+    ref::attention_backward_dq_row_fp64(w.host, dout_host.values.data(), q_strides, r.b, r.h, r.i, want.data());
     for (int d = 0; d < p.head_dim; ++d) {
       const float got = ref::bits_to_float(
           dq_bits[((size_t(r.b) * p.seqlen_q + r.i) * p.heads_q + r.h) * p.head_dim + d], shape.dtype);
@@ -420,9 +416,8 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
       worst = std::max(worst, std::abs(double(got) - want[d]));
     }
   }
-  const double eps = shape.dtype == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
   row->max_err = worst;
-  row->budget = 3 * eps * largest + 1e-6;
+  row->budget = harness::backward_error_budget(shape.dtype, largest);
   row->check = finite && worst <= row->budget ? "PASS" : "FAIL";
   // Timed calls.
   std::vector<double> ms;

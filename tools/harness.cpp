@@ -552,4 +552,21 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
   return r;
 }
 
+HostTensor random_normal(size_t count, DType dtype, std::mt19937* rng) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  HostTensor t;
+  t.values.resize(count);
+  t.bits.resize(count);
+  for (size_t e = 0; e < count; ++e) {
+    t.bits[e] = ref::float_to_bits(normal(*rng), dtype);
+    t.values[e] = ref::bits_to_float(t.bits[e], dtype);
+  }
+  return t;
+}
+
+double backward_error_budget(DType dtype, double largest) {
+  const double eps = dtype == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+  return 3 * eps * largest + 1e-6;
+}
+
 }  // namespace hattn::harness

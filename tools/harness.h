@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -126,5 +127,17 @@ std::vector<RowId> sample_rows(const Shape& shape, int count, uint64_t seed);
 
 // Copies the outputs back and checks `rows` (gaps and NaN are checked over the whole output).
 CheckResult check_outputs(const Workload& workload, const std::vector<RowId>& rows);
+
+// For the backward: `count` unit-normal values drawn from `rng`, rounded to `dtype`; their
+// bits go to the GPU and their values to the fp64 reference.
+struct HostTensor {
+  std::vector<float> values;
+  std::vector<uint16_t> bits;
+};
+HostTensor random_normal(size_t count, DType dtype, std::mt19937* rng);
+
+// The backward's error budget: 3 units of the dtype's precision (bf16 2^-7, fp16 2^-10) at the
+// largest reference element, plus 1e-6.
+double backward_error_budget(DType dtype, double largest);
 
 }  // namespace hattn::harness

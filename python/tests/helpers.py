@@ -146,8 +146,9 @@ def gradients(fn, q, k, v, dout) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def check_gradients(got, want, dtype: torch.dtype, label: str = "") -> None:
-    """got (dq, dk, dv) against want, the fp64 reference's: test_backward.py's rule, max error at
-    most 3 eps(dtype) max|want| + 1e-6 for each, in dtype and want's shape, no NaN or inf."""
+    """got (dq, dk, dv) against want, the fp64 reference's: max error at most 3 eps(dtype)
+    max|want| + 1e-6 for each (the C++ tests' harness::backward_error_budget), in dtype and
+    want's shape, no NaN or inf."""
     eps = torch.finfo(dtype).eps
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
         assert g.dtype == dtype and g.shape == w.shape, f"{label} {name}: {g.dtype} {tuple(g.shape)}"

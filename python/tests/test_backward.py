@@ -4,7 +4,13 @@ autograd gradients (GPU), and the op's schema, fake and refusals (CPU)."""
 import hattn
 import pytest
 import torch
-from helpers import INPUT_MEAN, attention_ref, requires_hopper
+from helpers import (
+    INPUT_MEAN,
+    attention_ref,
+    check_gradients,
+    gradients,
+    requires_hopper,
+)
 
 
 def test_backward_op_schema():
@@ -21,13 +27,6 @@ def test_backward_fake_shapes():
     lse = torch.empty(2, 4, 5, device="meta")
     dq, dk, dv = torch.ops.hattn.attention_bwd(q, q, k, k, q, lse, False, None)
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
-
-
-def grads(q, k, v, dout, fn):
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = fn(q, k, v)
-    out.backward(dout)
-    return out, q.grad, k.grad, v.grad
 
 
 @requires_hopper
@@ -49,17 +48,12 @@ def test_backward_matches_reference(shape, causal, window, dtype):
         return torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype, generator=gen) + INPUT_MEAN
 
     q, k, v, dout = rand(seqlen_q, heads_q), rand(seqlen_k, heads_kv), rand(seqlen_k, heads_kv), rand(seqlen_q, heads_q)
-    _, dq, dk, dv = grads(q, k, v, dout, lambda q, k, v: hattn.attention(q, k, v, causal=causal, window_size=window))
-    _, dq_ref, dk_ref, dv_ref = grads(
-        q.double(), k.double(), v.double(), dout.double(),
+    got = gradients(lambda q, k, v: hattn.attention(q, k, v, causal=causal, window_size=window), q, k, v, dout)
+    want = gradients(
         lambda q, k, v: attention_ref(q, k, v, causal=causal, window=window)[0],
+        q.double(), k.double(), v.double(), dout.double(),
     )  # fmt: skip
-    eps = torch.finfo(dtype).eps
-    for name, got, want in (("dq", dq, dq_ref), ("dk", dk, dk_ref), ("dv", dv, dv_ref)):
-        assert got.dtype == dtype and got.shape == want.shape, name
-        assert torch.isfinite(got).all(), f"{name}: not finite"
-        err = (got.double() - want).abs().max().item()
-        assert err <= 3 * eps * want.abs().max().item() + 1e-6, f"{name}: max error {err:.3g}"
+    check_gradients(got, want, dtype)
 
 
 @requires_hopper
