@@ -125,19 +125,29 @@ void no_grads(const std::optional<GradArgs>& grads) {
   throw nb::python_error();
 }
 
-void forward(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads, const std::string& kernel,
-             uintptr_t stream) {
-  no_grads(grads);
+hattn::Options make_options(const std::string& kernel, uintptr_t stream) {
   hattn::Options options;
   options.kernel = kernel;
   options.stream = reinterpret_cast<cudaStream_t>(stream);
+  return options;
+}
+
+// Runs `call` with the GIL released, so that other Python threads run (validation, size
+// queries and launches touch no Python object), and raises the status it returns if not ok.
+template <typename Call>
+void without_gil(Call&& call) {
   hattn::Status status;
   {
-    // Validation and launch touch no Python object; let other Python threads run.
     nb::gil_scoped_release release;
-    status = hattn::forward(problem, options);
+    status = call();
   }
   if (!status.ok()) raise_status(status);
+}
+
+void forward(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads, const std::string& kernel,
+             uintptr_t stream) {
+  no_grads(grads);
+  without_gil([&] { return hattn::forward(problem, make_options(kernel, stream)); });
 }
 
 std::string resolve_kernel(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads,
@@ -153,12 +163,7 @@ size_t workspace_size(const hattn::AttentionProblem& problem, const std::optiona
                       const std::string& kernel, uintptr_t /*stream*/) {
   no_grads(grads);
   size_t bytes = 0;
-  hattn::Status status;
-  {
-    nb::gil_scoped_release release;
-    status = hattn::workspace_size(problem, &bytes, kernel);
-  }
-  if (!status.ok()) raise_status(status);
+  without_gil([&] { return hattn::workspace_size(problem, &bytes, kernel); });
   return bytes;
 }
 
@@ -180,15 +185,7 @@ void backward(const hattn::AttentionProblem& problem, const std::optional<GradAr
   b.dk_strides = to_strides(dk_strides);
   b.dv = reinterpret_cast<void*>(dv);
   b.dv_strides = to_strides(dv_strides);
-  hattn::Options options;
-  options.kernel = kernel;
-  options.stream = reinterpret_cast<cudaStream_t>(stream);
-  hattn::Status status;
-  {
-    nb::gil_scoped_release release;
-    status = hattn::backward(b, options);
-  }
-  if (!status.ok()) raise_status(status);
+  without_gil([&] { return hattn::backward(b, make_options(kernel, stream)); });
 }
 
 std::vector<std::pair<std::string, std::string>> kernels() {
