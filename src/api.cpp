@@ -378,13 +378,13 @@ Status backward(const BackwardProblem& problem, const Options& options) {
   // autograd (results/evidence/backward_wgmma/README.md).
   const std::string name = options.kernel == "auto" ? std::string(backward_mma_sync().name) : options.kernel;
   const BackwardKernel* kernel = nullptr;
-  std::string known = "auto";
-  for (const BackwardKernel* k : backward_kernels()) {
-    known += std::string(", ") + k->name;
+  for (const BackwardKernel* k : backward_kernels())
     if (name == k->name) kernel = k;
-  }
-  if (kernel == nullptr)
+  if (kernel == nullptr) {
+    std::string known = "auto";
+    for (const BackwardKernel* k : backward_kernels()) known += std::string(", ") + k->name;
     return invalid("kernel: unknown backward kernel '" + options.kernel + "' (known: " + known + ")");
+  }
   const AttentionProblem& p = problem.forward;
   if (p.has_sequence_bounds())
     return {StatusCode::not_supported, "backward: dense batches only so far (no cu_seqlens, seqlens_k or block_table)"};
