@@ -24,7 +24,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .ops import _PAGED_NAMES, _check_inputs, _check_seqlens_k, _window, attention, attention_paged, attention_varlen
+from .ops import (
+    _PAGED_NAMES, _check_inputs, _check_seqlens_k, _needs_grad, _window, attention, attention_paged, attention_varlen,
+)  # fmt: skip
 
 
 def _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str) -> List[str]:
@@ -39,11 +41,6 @@ def _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: 
     if return_attn_probs:
         unsupported.append(f"return_attn_probs=True (use hattn.{lse_from}(..., return_lse=True) for the LSE)")
     return unsupported
-
-
-def _needs_grad(*tensors) -> bool:
-    """True when autograd records a call on these tensors (grad mode on and one requires grad)."""
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
 def _flash_window(window_size, causal) -> Tuple[int, int]:

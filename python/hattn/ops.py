@@ -485,6 +485,11 @@ def _attention_fwd_backward(ctx, dout, dlse):
 attention_fwd.register_autograd(_attention_fwd_backward, setup_context=_attention_fwd_setup_context)
 
 
+def _needs_grad(*tensors) -> bool:
+    """True when autograd records a call on these tensors (grad mode on and one requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -541,7 +546,7 @@ def attention(
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    needs_grad = _needs_grad(q, k, v)
     out, lse = _call(
         attention_fwd, _attention_fwd,
         q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, seqlens_k,

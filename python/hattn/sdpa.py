@@ -34,7 +34,7 @@ from typing import Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-from .ops import _DTYPE_NAMES, attention
+from .ops import _DTYPE_NAMES, _needs_grad, attention
 
 # torch's function, taken before anything can patch it: the fallback, and what patch_sdpa restores.
 _torch_sdpa = F.scaled_dot_product_attention
@@ -97,8 +97,7 @@ def sdpa_fallback_reason(
     if is_causal and seqlen_q != seqlen_k:
         return (f"is_causal with L = {seqlen_q} != S = {seqlen_k}: SDPA's mask is top-left aligned, "
                 "hattn's bottom-right")
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values())
-    if needs_grad and torch.are_deterministic_algorithms_enabled():
+    if _needs_grad(*tensors.values()) and torch.are_deterministic_algorithms_enabled():
         return "an input requires grad under torch.use_deterministic_algorithms; hattn's backward uses atomic adds"
     return None
 
