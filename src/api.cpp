@@ -374,9 +374,11 @@ std::vector<std::string> backward_kernel_names() {
 Status backward(const BackwardProblem& problem, const Options& options) {
   Status s = validate_backward_arguments(problem);
   if (!s.ok()) return s;
-  // "auto" stays on bwd_02 until bwd_03 has passed the Python benchmark's check through
-  // autograd (results/evidence/backward_wgmma/README.md).
-  const std::string name = options.kernel == "auto" ? std::string(backward_mma_sync().name) : options.kernel;
+  // "auto": bwd_03 at D = 128, where it was 1.02-1.19x bwd_02; bwd_02 elsewhere (bwd_03 was
+  // 0.89-0.95x at D = 64 and refuses D = 256). results/evidence/backward_bulk_dq/README.md.
+  const std::string name = options.kernel != "auto"            ? options.kernel
+                           : problem.forward.head_dim == 128 ? std::string(backward_wgmma().name)
+                                                             : std::string(backward_mma_sync().name);
   const BackwardKernel* kernel = nullptr;
   for (const BackwardKernel* k : backward_kernels())
     if (name == k->name) kernel = k;

@@ -207,7 +207,7 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (bwd_02_mma_sync, which runs every head dim) or one of backward_kernel_names(); a kernel
+// (bwd_03_wgmma at D = 128, bwd_02_mma_sync at the other head dims) or one of backward_kernel_names(); a kernel
 // that cannot run the problem returns not_supported and says why (bwd_03_wgmma: D <= 128). Takes fp32 scratch memory with cudaMallocAsync on the stream.
 // Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
