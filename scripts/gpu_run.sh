@@ -16,6 +16,8 @@
 #   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
 #   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
 #   PYTHON=1         also build the Python package and run its tests and benchmark
+#   PYTEST_ARGS      with PYTHON=1: what pytest runs (default: python/tests; e.g.
+#                    "python/tests/test_backward.py python/tests/test_bench.py -k backward")
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
 #   PY_VARLEN        equal|mixed: also python -m hattn.bench --varlen MODE (flags: PY_VARLEN_ARGS)
 #   PY_BACKWARD_ARGS when set (may be empty): also python -m hattn.bench_backward with these flags
@@ -117,7 +119,8 @@ if [ "${PYTHON:-0}" = 1 ]; then
     python3 -m pip install --no-index --find-links .whl -q 'diffusers==0.42.1' >"$out/pip_diffusers.log" 2>&1
     note "pip install diffusers from .whl: rc=$?"
   fi
-  timeout "${TEST_TIMEOUT:-1200}" python3 -m pytest -q python/tests >"$out/pytest.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-1200}" python3 -m pytest -q ${PYTEST_ARGS:-python/tests} >"$out/pytest.log" 2>&1
   note "pytest: rc=$? $(tail -1 "$out/pytest.log")"
   if [ -n "${PY_BENCH_ARGS+x}" ]; then
     # shellcheck disable=SC2086

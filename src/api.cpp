@@ -360,7 +360,8 @@ Status validate_backward_arguments(const BackwardProblem& problem) {
 namespace {
 // The backward kernels in lineage order.
 const std::vector<const BackwardKernel*>& backward_kernels() {
-  static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma()};
+  static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma(),
+                                                      &backward_decoupled()};
   return all;
 }
 }  // namespace

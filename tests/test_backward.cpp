@@ -274,7 +274,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 150, 90, 2, 2, 256, false, -1, bf, false},   // Sq > Sk, partial blocks
                       Case{1, 192, 256, 2, 1, 64, false, 70, fp, false},    // a window across key blocks
                       Case{2, 256, 256, 8, 8, 64, true, -1, bf, false},    // whole blocks, causal
-                      Case{1, 256, 256, 4, 4, 128, true, -1, bf, false})),  // the same at D = 128
+                      Case{1, 256, 256, 4, 4, 128, true, -1, bf, false},    // the same at D = 128
+                      Case{1, 700, 650, 2, 1, 128, false, -1, fp, false},   // 11 query blocks: stage ring wraps
+                      Case{1, 640, 640, 2, 2, 64, true, -1, bf, false})),   // 10 query blocks, causal
     [](const ::testing::TestParamInfo<std::tuple<std::string, Case>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });
