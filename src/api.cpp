@@ -361,7 +361,7 @@ namespace {
 // The backward kernels in lineage order.
 const std::vector<const BackwardKernel*>& backward_kernels() {
   static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma(),
-                                                      &backward_decoupled()};
+                                                      &backward_dq_per_cta()};
   return all;
 }
 }  // namespace

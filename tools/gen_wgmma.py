@@ -7,8 +7,9 @@ Usage: tools/gen_wgmma.py   (rewrites the file; commit the result)
 """
 import pathlib
 
-# N of the S = Q K^T product (keys per tile) and of O += P V (head dim).
-SIZES = [64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256]
+# N of the S = Q K^T product (keys per tile) and of O += P V (head dim); 32 for the backward's dQ
+# at D = 64, where each warpgroup computes half of the columns.
+SIZES = [32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256]
 TYPES = {"__nv_bfloat16": "bf16", "__half": "f16"}
 
 

@@ -23,7 +23,7 @@ const BackwardKernel& backward_cuda_core();
 const BackwardKernel& backward_mma_sync();
 // bwd_03_wgmma.cu: the same on TMA and wgmma, a CTA per 128 keys; D <= 128.
 const BackwardKernel& backward_wgmma();
-// bwd_04_decoupled.cu: B03 with its warpgroups apart (stages released through mbarriers).
-const BackwardKernel& backward_decoupled();
+// bwd_04_dq_per_cta.cu: B03 with one dQ sum per CTA (the warpgroups split D, not the keys).
+const BackwardKernel& backward_dq_per_cta();
 
 }  // namespace hattn

@@ -1,35 +1,26 @@
-// Backward step 4: B03 with warpgroups that do not wait for each other.
+// Backward step 4: B03 with one dQ sum per CTA instead of one per warpgroup.
 //
-// In B03 every step begins with __syncthreads: before thread 0 refills the Q/dO stage that the
-// block before read, both warpgroups must be done with it. So the two warpgroups run in
-// lockstep, and while both compute exponentials, or both wait for their dQ atomics, the tensor
-// cores idle. Here the stage is handed back through an mbarrier instead:
-//   - each warp arrives on qdo_empty[stage] once its dV/dK wgmmas (the last readers of Q and dO)
-//     have completed;
-//   - only thread 0, the producer, waits on it, before it refills the stage.
-// The rest of the warpgroup joins thread 0 only at its next wgmma (a warpgroup-wide
-// instruction). So a warpgroup can run up to a block ahead of the other, and one's
-// exponentials and atomics overlap the other's products.
+// Timing B03 without its dQ atomics made it 1.6x as fast at D = 128 and 1.3x at D = 64
+// (results/evidence/backward_dq_per_cta/): adding dQ into the fp32 sum in L2 is what limits
+// it, and adding the same bytes with one bulk reduction was no faster. So this step adds fewer
+// bytes. In B03 each warpgroup adds its own 64 x D partial, dS K_wg over its 64 keys, so a CTA
+// adds 2 x 64 x D floats per query block. Here the warpgroups split D instead of the keys:
+//   dQ[:, cols of wg] = dS K[:, cols of wg]      (wgmma m64n(D/2), over all 128 keys)
+// with dS read from both warpgroups' dS^T tiles, so a CTA adds 64 x D floats per query block:
+// half the atomics, for one more CTA-wide barrier per block (a warpgroup needs the other's
+// dS^T).
 //
-// The LSE and delta of a block, which all 256 threads used to read from one copy after the
-// __syncthreads, are now loaded by each warpgroup into its own copy, ordered by that
-// warpgroup's named barrier.
-//
-// The products are B03's:
+// The rest is B03:
 //   S^T = K Q^T,  dP^T = V dO^T   (wgmma m64n64, both operands in shared memory)
 //   dV += P^T dO, dK += dS^T Q    (A from registers)
-//   dQ_partial = dS K_wg          (dS^T stored swizzled, read back M-major)
 //
 // Barriers (who arrives -> who waits):
 //   kv_full          thread 0's expect_tx + TMA bytes -> all threads, once
 //   qdo_full[s]      thread 0's expect_tx + TMA bytes -> all threads, per use of stage s
-//   qdo_empty[s]     lane 0 of each of the 8 warps, after its dV/dK wgmmas -> thread 0,
-//                    before it refills stage s
-//   named 1 + wg     the warpgroup's 128 threads: dS^T written (and fenced to the async
-//                    proxy) before its wgmma reads it
-//   named 3 + wg     the warpgroup's 128 threads, once per block: its copy of this block's
-//                    LSE and delta is written (RAW); the copy it will overwrite, and its dS^T
-//                    tile, have been read (WAR)
+//   __syncthreads    all threads -> thread 0, before it refills the stage the last block read;
+//                    also: every dQ wgmma of the last block has read both dS^T tiles
+//   named 1          all 256 threads: both dS^T tiles written (and fenced to the async proxy)
+//                    before either warpgroup's dQ wgmma reads them
 #include <cuda.h>
 
 #include <cmath>
@@ -48,7 +39,7 @@
 namespace hattn {
 namespace {
 
-constexpr const char* kName = "bwd_04_decoupled";
+constexpr const char* kName = "bwd_04_dq_per_cta";
 constexpr int kWarpgroups = 2;
 constexpr int kThreads = 128 * kWarpgroups;
 constexpr int kBlockN = 64 * kWarpgroups;  // keys per CTA: 64 per warpgroup
@@ -57,8 +48,7 @@ constexpr int kStages = 2;                 // Q/dO blocks in flight
 constexpr int kSwizzleBytes = 128;         // one row of a 64-column block
 constexpr int kAtomBytes = 1024;           // 8 rows x 128 bytes: the swizzle pattern's period
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kDsBarrier = 1;              // named barriers 1 and 2, one per warpgroup
-constexpr int kRowStatsBarrier = 3;        // named barriers 3 and 4, one per warpgroup
+constexpr int kDsBarrier = 1;              // named barrier 1: both dS^T tiles are written
 
 // Every tile is [D / 64][rows][64]: TMA writes one 64-column box per block, 128B-swizzled.
 template <typename T, int D>
@@ -69,11 +59,10 @@ struct SharedStorage {
   alignas(kAtomBytes) T q[kStages][kColBlocks][kBlockM * 64];
   alignas(kAtomBytes) T dout[kStages][kColBlocks][kBlockM * 64];
   alignas(kAtomBytes) T ds[kWarpgroups][64 * kBlockM];  // dS^T of each warpgroup: [key][query], swizzled
-  float lse_log2[kWarpgroups][kStages][kBlockM];  // each block's LSE (log2 units) and delta, per
-  float delta[kWarpgroups][kStages][kBlockM];     // query: one copy per warpgroup
+  float lse_log2[kStages][kBlockM];  // each block's LSE (log2 units) and delta, per query
+  float delta[kStages][kBlockM];
   uint64_t kv_full;
   uint64_t qdo_full[kStages];
-  uint64_t qdo_empty[kStages];
 };
 
 template <typename T, int D>
@@ -130,10 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::prefetch_tensormap(&dout_map);
     ptx::mbarrier_init(&smem.kv_full, 1);
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&smem.qdo_full[s], 1);
-      ptx::mbarrier_init(&smem.qdo_empty[s], kThreads / 32);  // every warp's lane 0
-    }
+    for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(&smem.qdo_full[s], 1);
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
@@ -149,16 +135,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     load_queries<T, D>(smem, &q_map, &dout_map, 0, m_begin, head, batch);
   }
 
-  // A block's LSE and delta go to the warpgroup's copy in shared memory a step ahead (64 of its
-  // threads each): in registers, 16 of each a thread made ptxas spill at D = 128.
+  // A block's LSE and delta go to shared memory a step ahead (64 threads each): in registers,
+  // 16 of each a thread made ptxas spill at D = 128.
   const int64_t row_base = (int64_t(batch) * f.heads_q + head) * f.seqlen_q;
   auto load_row_stats = [&](int stage, int m0) {
-    const int thread_in_wg = int(threadIdx.x) % 128;
-    const int t = thread_in_wg % kBlockM, i = m0 + t;
-    if (thread_in_wg < kBlockM)
-      smem.lse_log2[warpgroup][stage][t] = i < f.seqlen_q ? f.lse[row_base + i] * kLog2e : 0.f;
-    else
-      smem.delta[warpgroup][stage][t] = i < f.seqlen_q ? p.delta[row_base + i] : 0.f;
+    const int t = int(threadIdx.x) % kBlockM, i = m0 + t;
+    if (threadIdx.x < kBlockM)
+      smem.lse_log2[stage][t] = i < f.seqlen_q ? f.lse[row_base + i] * kLog2e : 0.f;
+    else if (threadIdx.x < 2 * kBlockM)
+      smem.delta[stage][t] = i < f.seqlen_q ? p.delta[row_base + i] : 0.f;
   };
   load_row_stats(0, m_begin);
 
@@ -167,18 +152,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int step = 0; step < steps; ++step) {
     const int m0 = m_begin + step * kBlockM, stage = step % kStages;
-    // RAW: this block's LSE and delta, written a step ago by the warpgroup, are visible. WAR:
-    // the warpgroup has read the copy of the block before, which the next block's takes, and
-    // its dQ wgmmas of the block before (every warp's) have read dS^T, rewritten below.
-    ptx::bar_sync(kRowStatsBarrier + warpgroup, 128);
+    // WAR: every thread is done with the block before (its wgmmas completed, its reads of
+    // the LSE and delta done), so that block's stage may take the next one. RAW: this
+    // block's LSE and delta, written a step ago, are visible.
+    __syncthreads();
     if (step + 1 < steps) {
-      if (threadIdx.x == 0) {
-        // The next block takes the stage of the block before: every warp must have released
-        // it (its dV/dK wgmmas, the last to read it, completed). Release number r of stage s
-        // completes phase r, so block b's release has parity (b / kStages) % 2.
-        if (step >= 1) ptx::mbarrier_wait(&smem.qdo_empty[(step - 1) % kStages], ((step - 1) / kStages) % 2);
+      if (threadIdx.x == 0)
         load_queries<T, D>(smem, &q_map, &dout_map, (step + 1) % kStages, m0 + kBlockM, head, batch);
-      }
       load_row_stats((step + 1) % kStages, m0 + kBlockM);
     }
 
@@ -228,9 +208,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         // Under the select: a query that sees no key has LSE -inf, and exp2 of +inf is unused.
         const int col = 8 * nt + 2 * tig + e % 2;
-        const float pv = visible ? exp2f(s[nt * 4 + e] * scale_log2 - smem.lse_log2[warpgroup][stage][col]) : 0.f;
+        const float pv = visible ? exp2f(s[nt * 4 + e] * scale_log2 - smem.lse_log2[stage][col]) : 0.f;
         s[nt * 4 + e] = pv;
-        dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - smem.delta[warpgroup][stage][col]);
+        dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - smem.delta[stage][col]);
       }
 
     // P^T and dS^T as wgmma A fragments, one per 16 queries (n8 tiles 2kk and 2kk + 1).
@@ -277,11 +257,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     ptx::wgmma_commit_group();
 
-    ptx::bar_sync(kDsBarrier + warpgroup, 128);  // all 128 threads have stored and fenced their part of dS^T
+    ptx::bar_sync(kDsBarrier, kThreads);  // both warpgroups have stored and fenced their dS^T tiles
     ptx::wgmma_wait_group<0>();  // dV, dK done: the fragments' registers are free
-    // This warp's reads of the stage's Q and dO are over (dQ reads only dS^T and K).
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(&smem.qdo_empty[stage]);
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]);
 #pragma unroll
@@ -289,37 +266,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 4; ++r) ptx::fence_operand(p_frag[kk][r]), ptx::fence_operand(ds_frag[kk][r]);
 
-    // dQ_partial = dS K_wg over this warpgroup's 64 keys, 64 columns of D at a time: A is dS^T
-    // read M-major (16 keys = 2048 bytes down), B is K read N-major (rows of this warpgroup).
+    // dQ[:, c0 : c0 + D/2] = dS K[:, c0 : c0 + D/2] over all 128 keys, 16 at a time: A is the
+    // dS^T tile of the warpgroup that owns those keys, read M-major (16 keys = 2048 bytes
+    // down); B is K read N-major, D/2 columns from column c0 (at D = 64, from the middle of
+    // the 128-byte swizzled rows: 64 bytes in, the same swizzle).
+    constexpr int kCols = D / 2;
+    const int c0 = warpgroup * kCols;
+    float dq[kCols / 2];
 #pragma unroll
-    for (int cb = 0; cb < D / 64; ++cb) {
-      float dq[32];
+    for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
+    ptx::wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < 32; ++i) ptx::fence_operand(dq[i]);
-      ptx::wgmma_fence();
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const T* a_tile = smem.ds[kk / 4] + kk % 4 * 16 * 64;
+      const T* k_tile = smem.k[c0 / 64] + kk * 16 * 64 + c0 % 64;
+      ptx::WgmmaM64K16<T, kCols>::template ss<1, 1>(dq, ptx::make_smem_desc_sw128(a_tile, 64 * kSwizzleBytes, kAtomBytes),
+                                                    ptx::make_smem_desc_sw128(k_tile, kBlockN * kSwizzleBytes, kAtomBytes),
+                                                    kk > 0);
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const T* a_tile = ds_tile + kk * 16 * 64;
-        const T* k_tile = smem.k[cb] + (warpgroup * 64 + kk * 16) * 64;
-        ptx::WgmmaM64K16<T, 64>::template ss<1, 1>(dq, ptx::make_smem_desc_sw128(a_tile, 64 * kSwizzleBytes, kAtomBytes),
-                                                   ptx::make_smem_desc_sw128(k_tile, kBlockN * kSwizzleBytes, kAtomBytes),
-                                                   kk > 0);
-      }
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<0>();
+    for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
+    // Accumulator rows are queries m0 + 16 warp + g (+ 8), columns c0 + 8 nt + 2 t.
 #pragma unroll
-      for (int i = 0; i < 32; ++i) ptx::fence_operand(dq[i]);
-      // Accumulator rows are queries m0 + 16 warp + g (+ 8), columns 64 cb + 8 nt + 2 t.
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + 16 * warp_in_wg + group + 8 * r;
+      if (i >= f.seqlen_q) continue;
+      float* row = p.dq_accum + ((int64_t(batch) * f.seqlen_q + i) * f.heads_q + head) * D + c0 + 2 * tig;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = m0 + 16 * warp_in_wg + group + 8 * r;
-        if (i >= f.seqlen_q) continue;
-        float* row = p.dq_accum + ((int64_t(batch) * f.seqlen_q + i) * f.heads_q + head) * D + 64 * cb + 2 * tig;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          atomicAdd(reinterpret_cast<float2*>(row + 8 * nt),
-                    make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]));
-      }
+      for (int nt = 0; nt < kCols / 8; ++nt)
+        atomicAdd(reinterpret_cast<float2*>(row + 8 * nt),
+                  make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]));
     }
   }
 
@@ -370,7 +348,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 
 }  // namespace
 
-const BackwardKernel& backward_decoupled() {
+const BackwardKernel& backward_dq_per_cta() {
   static const BackwardKernel kernel{kName, supports, launch};
   return kernel;
 }
