@@ -375,14 +375,16 @@ std::vector<std::string> backward_kernel_names() {
 Status backward(const BackwardProblem& problem, const Options& options) {
   Status s = validate_backward_arguments(problem);
   if (!s.ok()) return s;
-  // "auto": bwd_03 at D = 128, where it was 1.02-1.19x bwd_02; bwd_02 elsewhere (bwd_03 was
-  // 0.89-0.95x at D = 64 and refuses D = 256). results/evidence/backward_bulk_dq/README.md.
-  const std::string name = options.kernel != "auto"            ? options.kernel
-                           : problem.forward.head_dim == 128 ? std::string(backward_wgmma().name)
-                                                             : std::string(backward_mma_sync().name);
+  // "auto", as for the forward: the newest kernel that supports the problem (bwd_04 up to
+  // D = 128, bwd_02 at D = 256; results/evidence/backward_dq_per_cta/README.md).
   const BackwardKernel* kernel = nullptr;
-  for (const BackwardKernel* k : backward_kernels())
-    if (name == k->name) kernel = k;
+  if (options.kernel == "auto") {
+    for (const BackwardKernel* k : backward_kernels())
+      if (k->supports(problem).ok()) kernel = k;
+  } else {
+    for (const BackwardKernel* k : backward_kernels())
+      if (options.kernel == k->name) kernel = k;
+  }
   if (kernel == nullptr) {
     std::string known = "auto";
     for (const BackwardKernel* k : backward_kernels()) known += std::string(", ") + k->name;

@@ -207,7 +207,8 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (bwd_03_wgmma at D = 128, bwd_02_mma_sync at the other head dims) or one of backward_kernel_names(); a kernel
+// (the newest kernel that supports the problem: bwd_04_dq_per_cta up to D = 128,
+// bwd_02_mma_sync at D = 256) or one of backward_kernel_names(); a kernel
 // that cannot run the problem returns not_supported and says why (bwd_03_wgmma: D <= 128). Takes fp32 scratch memory with cudaMallocAsync on the stream.
 // Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
