@@ -1,8 +1,8 @@
 """Does a backward kernel give the same gradients through autograd as when called directly?
 
-At da02153, python -m hattn.bench_backward found bwd_03_wgmma's dv far off through autograd at
-B = 2, S = 256, H = 32, D = 64, while the same kernel called through hattn._C on the main thread
-matched bwd_02 to the bit (results/evidence/backward_wgmma/README.md). This runs, per shape:
+Written when python -m hattn.bench_backward seemed to find bwd_03_wgmma's dv far off through
+autograd. The benchmark had freed out and lse under a named kernel
+(results/evidence/backward_wgmma/README.md). This runs, per shape:
 
   1. the kernel through autograd (hattn.attention, with _C.backward forced to --kernel)
   2. the kernel through hattn._C directly (hattn.bench_backward.kernel_backward_fn)
@@ -10,7 +10,9 @@ matched bwd_02 to the bit (results/evidence/backward_wgmma/README.md). This runs
 
 and prints max |difference| of dq, dk and dv against 3's bwd_02 and against cuDNN.
 
-    python3 tools/backward_autograd_check.py [--kernel bwd_03_wgmma]
+    cd /tmp && python3 /path/to/tools/backward_autograd_check.py [--kernel bwd_04_dq_per_cta]
+
+(from outside python/, so that `import hattn` finds the installed package with its _C).
 """
 
 import argparse
@@ -23,7 +25,7 @@ def main() -> None:
     from hattn.bench_backward import backward_fn, kernel_backward_fn
 
     p = argparse.ArgumentParser()
-    p.add_argument("--kernel", default="bwd_03_wgmma")
+    p.add_argument("--kernel", default="bwd_04_dq_per_cta")
     args = p.parse_args()
 
     direct_backward = _C.backward
