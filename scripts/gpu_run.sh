@@ -12,7 +12,9 @@
 #                    when set, more hattn-bench runs with these flags (bench2.csv, bench3.csv):
 #                    e.g. the same kernel with split-KV on and off
 #   GTEST_FILTER     restrict the GPU tests (default: all)
-#   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip the benchmark
+#   BACKWARD_BENCH_ARGS
+#                    extra flags for the backward lineage's hattn-bench run (after the forward's)
+#   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip both benchmarks
 #   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
 #   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
 #   PYTHON=1         also build the Python package and run its tests and benchmark
@@ -101,6 +103,12 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # shellcheck disable=SC2086
   "$build/hattn-bench" --csv "$out/bench.csv" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
   note "bench: rc=${PIPESTATUS[0]} -> $out/bench.csv"
+  # The backward lineage from B02 (B01, on CUDA cores, takes minutes a shape).
+  # shellcheck disable=SC2086
+  "$build/hattn-bench" --backward --kernels bwd_02_mma_sync,bwd_03_wgmma,bwd_04_dq_per_cta --dims 64,128,256 \
+    --seqlens 1024,4096,16384 --no-gemm --csv "$out/bench_backward.csv" ${BACKWARD_BENCH_ARGS:-} 2>&1 |
+    tee "$out/bench_backward.log"
+  note "backward bench: rc=${PIPESTATUS[0]} -> $out/bench_backward.csv"
 fi
 for n in 2 3; do
   args_var="BENCH${n}_ARGS"
@@ -153,6 +161,7 @@ fi
 echo
 echo "================ summary (commit $HATTN_COMMIT) ================"
 [ -f "$out/bench.log" ] && sed -n '/^# TFLOP\/s/,$p' "$out/bench.log"
+[ -f "$out/bench_backward.log" ] && sed -n '/^# TFLOP\/s/,$p' "$out/bench_backward.log"
 printf '%s\n' "${summary[@]}"
 if [ "${PACK:-0}" = 1 ]; then  # after the summary, which reads bench.log
   tar czf "${out%/}.tgz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out" && echo "packed into ${out%/}.tgz"
