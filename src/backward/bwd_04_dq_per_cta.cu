@@ -7,8 +7,8 @@
 // adds 2 x 64 x D floats per query block. Here the warpgroups split D instead of the keys:
 //   dQ[:, cols of wg] = dS K[:, cols of wg]      (wgmma m64n(D/2), over all 128 keys)
 // with dS read from both warpgroups' dS^T tiles, so a CTA adds 64 x D floats per query block:
-// half the atomics, for one more CTA-wide barrier per block (a warpgroup needs the other's
-// dS^T).
+// half the atomics. The price: the barrier before dQ is CTA-wide instead of per warpgroup (a
+// warpgroup needs the other's dS^T).
 //
 // The rest is B03:
 //   S^T = K Q^T,  dP^T = V dO^T   (wgmma m64n64, both operands in shared memory)
