@@ -387,13 +387,13 @@ Status backward(const BackwardProblem& problem, const Options& options) {
   }
   if (kernel == nullptr) {
     std::string known = "auto";
-    for (const BackwardKernel* k : backward_kernels()) known += std::string(", ") + k->name;
+    for (const std::string& name : backward_kernel_names()) known += ", " + name;
     return invalid("kernel: unknown backward kernel '" + options.kernel + "' (known: " + known + ")");
   }
   const AttentionProblem& p = problem.forward;
   if (p.has_sequence_bounds())
     return {StatusCode::not_supported, "backward: dense batches only so far (no cu_seqlens, seqlens_k or block_table)"};
-  if (!(s = kernel->supports(problem)).ok()) return s;
+  if (options.kernel != "auto" && !(s = kernel->supports(problem)).ok()) return s;  // "auto" chose by supports()
   if (!(s = check_device()).ok()) return s;
   const std::pair<const char*, const void*> pointers[] = {{"q", p.q},     {"k", p.k},   {"v", p.v},
                                                           {"out", p.out}, {"lse", p.lse}, {"dout", problem.dout},
