@@ -341,18 +341,21 @@ class Timer:
         return [(statistics.median(times), reps) for times in self._timed(fns, reps)]
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):
+def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0, with_dout: bool = False):
+    """BSHD q, k, v (randn + INPUT_MEAN) from one generator seeded by `seed`; with_dout: and a
+    dout shaped like q, drawn next (the backward benchmark's)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
     def rand(seqlen, heads):
         t = torch.randn(shape.batch, seqlen, heads, shape.head_dim, device="cuda", dtype=dtype, generator=gen)
         return t.add_(INPUT_MEAN)
 
-    return (
+    tensors = (
         rand(shape.seqlen_q, shape.heads_q),
         rand(shape.seqlen_k, shape.heads_kv),
         rand(shape.seqlen_k, shape.heads_kv),
     )
+    return tensors + (rand(shape.seqlen_q, shape.heads_q),) if with_dout else tensors
 
 
 def make_varlen_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):

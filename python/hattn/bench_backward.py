@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .bench import GRID_TOKENS, Timer, commit, environment, grid_shapes, parse_int_list
+from .bench import GRID_TOKENS, Timer, commit, environment, grid_shapes, make_inputs, parse_int_list
 
 ANCHORS = ("sdpa_cudnn", "sdpa_flash")
 
@@ -74,17 +74,6 @@ def backward_fn(name: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
         return grads if name == "hattn" else tuple(g.transpose(1, 2) for g in grads)
 
     return call
-
-
-def make_tensors(shape, dtype: torch.dtype):
-    """BSHD q, k, v and dout of `shape`: randn + 0.5, seeded by the shape."""
-    gen = torch.Generator(device="cuda").manual_seed(shape.seqlen_q * 131 + shape.head_dim)
-
-    def rand(seqlen, heads):
-        return torch.randn(shape.batch, seqlen, heads, shape.head_dim, device="cuda", dtype=dtype, generator=gen) + 0.5
-
-    return (rand(shape.seqlen_q, shape.heads_q), rand(shape.seqlen_k, shape.heads_kv),
-            rand(shape.seqlen_k, shape.heads_kv), rand(shape.seqlen_q, shape.heads_q))  # fmt: skip
 
 
 def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
@@ -133,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# backward on {env['gpu']}, torch {env['torch']}, cuDNN {env['cudnn']}, commit {commit()}")
     print(f"{'D':>4} {'mask':6} {'S':>6} {'BxH':>6} " + " ".join(f"{n[-12:]:>12}" for n in names) + "   hattn/best   check")
     for shape in shapes:
-        q, k, v, dout = make_tensors(shape, dtype)
+        q, k, v, dout = make_inputs(shape, dtype, seed=shape.seqlen_q * 131 + shape.head_dim, with_dout=True)
         fns = {
             name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal) if name.startswith("hattn:")
             else backward_fn(name, q, k, v, dout, shape.causal)
