@@ -64,6 +64,12 @@ std::vector<Shape> test_shapes() {
       make(2, 130, 130, 80, 20, 64, false, bf, Layout::contiguous),    // 320 items, GQA 4
       make(2, 300, 100, 48, 8, 128, true, fp, Layout::padded),         // 288 items, a third without keys
       make(2, 140, 140, 64, 64, 256, true, bf, Layout::contiguous),    // 256 items
+      // Without a mask, a few items past whole rounds of 132 CTAs: the final kernel cuts the
+      // last round's items into parts along the keys (its tail split) and combines them.
+      make(1, 1000, 3000, 17, 17, 128, false, bf, Layout::contiguous),  // 136 items, 6 parts each
+      make(1, 1000, 2000, 23, 23, 64, false, fp, Layout::padded),       // 138 items of 192 rows
+      make(1, 500, 1000, 34, 17, 256, false, bf, Layout::contiguous),   // 136 items, GQA 2
+      make(1, 300, 9000, 45, 9, 128, false, bf, Layout::padded),        // 135 items, wide tiles
   };
   // Softmax scales other than 1/sqrt(D): a larger positive one, and a negative one, which a
   // kernel that takes the max on unscaled scores must refuse (12 does; "auto" falls back).
@@ -387,6 +393,58 @@ TEST(SplitKv, UsesTheCallersWorkspace) {
     for (uint8_t b : host) written += b != 0xFF;
     EXPECT_GT(written, bytes / 4) << "the parts' partial results did not land in the caller's workspace";
     p.num_splits = 1;  // unsplit: no workspace
+    ASSERT_TRUE(workspace_size(p, &bytes).ok());
+    EXPECT_EQ(bytes, 0u);
+  }
+}
+
+// Without a mask, when the items overshoot whole rounds of the persistent grid by a few, the
+// final kernel cuts each item of the last round into parts along the keys: workspace_size()
+// counts their partial results, the parts write them into the caller's buffer, and the
+// combined output matches the reference. num_splits = 1 turns it off.
+TEST(SplitKv, CutsTheLastRound) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  for (int d : {64, 128, 256}) {
+    SCOPED_TRACE("D=" + std::to_string(d));
+    // One query block per sequence, sms + 4 sequences: one round and 4 items more.
+    const Shape shape = make(sms + 4, 128, 3000, 1, 1, d, false, DType::bf16, Layout::contiguous);
+    harness::Workload w;
+    ASSERT_TRUE(harness::make_workload(shape, 13, &w).ok());
+    size_t bytes = 0;
+    Status s = workspace_size(w.problem, &bytes);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_GT(bytes, 0u) << "4 items past a whole round should be cut";
+    harness::DeviceBuffer workspace;
+    ASSERT_TRUE(workspace.allocate(bytes).ok());
+    ASSERT_EQ(cudaMemset(workspace.get(), 0xFF, bytes), cudaSuccess);
+    AttentionProblem p = w.problem;
+    p.workspace = workspace.get();
+    p.workspace_bytes = bytes;
+    ASSERT_TRUE(harness::poison_outputs(&w).ok());
+    s = forward(p);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+    // The last 4 sequences hold the cut items: check their rows beside a sample of the rest
+    // (NaN, which the poisoned output holds until written, is checked over all of it).
+    std::vector<harness::RowId> rows = harness::sample_rows(shape, 8, 3);
+    for (int b = sms; b < sms + 4; ++b)
+      for (int i : {0, 1, 8, 63, 64, 100, 127}) rows.push_back({b, 0, i});
+    const harness::CheckResult r = harness::check_outputs(w, rows);
+    EXPECT_TRUE(r.passed) << r.summary();
+    std::vector<uint8_t> host(bytes);
+    ASSERT_EQ(cudaMemcpy(host.data(), workspace.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t written = 0;
+    for (uint8_t b : host) written += b != 0xFF;
+    EXPECT_GT(written, bytes / 4) << "the parts' partial results did not land in the caller's workspace";
+    p.num_splits = 1;  // off: no workspace
+    ASSERT_TRUE(workspace_size(p, &bytes).ok());
+    EXPECT_EQ(bytes, 0u);
+    p.num_splits = 0;
+    p.causal = true;  // items of unequal cost: not cut
     ASSERT_TRUE(workspace_size(p, &bytes).ok());
     EXPECT_EQ(bytes, 0u);
   }

@@ -150,6 +150,37 @@ __device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int ba
   return seq;
 }
 
+// The work list with its last round cut (the final kernel's tail split). Without a mask every
+// item costs the same, so when the items are not a whole number of rounds, the last round
+// keeps a few CTAs busy for a whole item while the others idle. Items from tail_start on are
+// each cut into tail_parts parts along the keys (part i sweeps its share of the item's tiles),
+// written as fp32 partial results that a second kernel combines; the parts fill that round.
+struct PartItem : WorkItem {
+  int part = 0, parts = 1;  // parts > 1: this item is part `part` of a cut tail item
+  int tail = 0;             // which tail item (its partial results' slot)
+};
+struct WorkList {
+  TileScheduler sched;
+  int tail_start = 0;  // items [0, tail_start) run whole; with tail_parts == 1 all do
+  int tail_parts = 1;
+  __host__ __device__ int total() const { return tail_start + (sched.total() - tail_start) * tail_parts; }
+#ifdef __CUDACC__
+  __device__ int position(int round) const { return sched.position(round); }
+#endif
+  __host__ __device__ PartItem item(int w) const {
+    PartItem it;
+    if (tail_parts == 1 || w < tail_start) {
+      static_cast<WorkItem&>(it) = sched.item(w);
+      return it;
+    }
+    it.tail = (w - tail_start) / tail_parts;
+    it.part = (w - tail_start) % tail_parts;
+    it.parts = tail_parts;
+    static_cast<WorkItem&>(it) = sched.item(tail_start + it.tail);
+    return it;
+  }
+};
+
 // The final kernel's extensions, as template flags so that problems without them keep the
 // step's own tile loop (the causal mask or none, with no window or sequence arithmetic):
 //   kRuntimeBounds: each item reads its sequence's bounds at run time: a variable-length
@@ -161,7 +192,7 @@ template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds,
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
-                      const AttentionParams p, const TileScheduler sched) {
+                      const AttentionParams p, const WorkList sched) {
   using Cfg = Config<D, kWide, kNumConsumers>;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr int kNTiles = kBlockN / 8;  // n8 column tiles of S in the accumulator
@@ -198,13 +229,16 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   };
   // Split-KV numbers the parts of a query block inside the item's m_block (block * splits +
   // part), and each part sweeps its share of the block's tiles. Only the run-time bounds
-  // kernels take it; without it p.splits is 1 and these are the block and kv_tiles.
+  // kernels take it; without it p.splits is 1 and these are the block and kv_tiles. A cut
+  // tail item (the other kernels) carries its part in the item.
   auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? item.m_block / p.splits : item.m_block; };
-  auto item_tiles = [&](const WorkItem& item, const Sequence& seq) -> KvTileRange {
+  auto item_tiles = [&](const PartItem& item, const Sequence& seq) -> KvTileRange {
     const KvTileRange all = kv_tiles(block_of(item), seq);
-    if (!kRuntimeBounds || p.splits == 1) return all;
-    const int part = item.m_block % p.splits, n = all.last - all.first;
-    return {all.first + n * part / p.splits, all.first + n * (part + 1) / p.splits};
+    const bool split = kRuntimeBounds && p.splits > 1;
+    const int parts = split ? p.splits : kRuntimeBounds ? 1 : item.parts;
+    if (parts == 1) return all;
+    const int part = split ? item.m_block % p.splits : item.part, n = all.last - all.first;
+    return {all.first + n * part / parts, all.first + n * (part + 1) / parts};
   };
 
   if (threadIdx.x == 0) {
@@ -237,7 +271,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       int uses = 0;    // items loaded so far: Q's phase
       int landed = 0;  // V tiles whose tail was zeroed so far: v_landed's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
-        const WorkItem item = sched.item(w);
+        const PartItem item = sched.item(w);
         const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
         const KvTileRange range = item_tiles(item, seq);
         const int n_tiles = range.last - range.first;
@@ -361,7 +395,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   };
 
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
-    const WorkItem item = sched.item(w);
+    const PartItem item = sched.item(w);
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = block_of(item) * kBlockM;
@@ -535,6 +569,25 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
       continue;  // the combine step writes out and lse
     }
+    if (!kRuntimeBounds && item.parts > 1) {
+      // A part of a cut tail item: as split-KV's parts, at [tail item][part][row of the block]
+      // (rows past Sq are left unwritten; the combine step skips them).
+      const int64_t slot = (int64_t(item.tail) * item.parts + item.part) * kBlockM;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + r * 8;
+        if (row >= p.seqlen_q) continue;
+        const int64_t index = slot + (row - m_block);
+        if (tig == 0)
+          p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+        float* o_row = p.o_partial + index * D;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+          *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * tig) =
+              make_float2(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+      }
+      continue;  // the combine step writes out and lse
+    }
     // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum), max in raw units. [B, Hq, Sq], or
     // [Hq, total_q] in a variable-length batch.
     if (p.lse != nullptr && tig == 0) {
@@ -644,23 +697,18 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   }
 }
 
-// Split-KV's second step: one warp per output row combines the parts' fp32 results,
-// O = sum_s e^(lse_s - lse) O_s with lse = ln sum_s e^(lse_s), and writes out (in T) and lse.
-// `rows_all` rows of the partial layout [B][Hq][rows] (B = 1 for a varlen batch), which is
-// also the layout of lse. A lane holds two parts' LSEs (kMaxSplits = 64) and D / 32 columns.
+// Split-KV's second step: one warp combines the `parts` fp32 results of one row, O = sum_s
+// e^(lse_s - lse) O_s with lse = ln sum_s e^(lse_s), and writes `out` (in T) and `lse` (when
+// not null). Part s's LSE is lse_parts[s * stride], its O row o_parts + s * stride * D. A lane
+// holds two parts' LSEs (kMaxSplits = 64) and D / 32 columns.
 template <typename T, int D>
-__global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionParams p, int64_t rows_all) {
+__device__ __forceinline__ void combine_row(const float* lse_parts, const float* o_parts, int64_t stride, int parts,
+                                            T* out, float* lse) {
   static_assert(kMaxSplits <= 64, "a lane holds two parts' LSEs");
   constexpr int kPerLane = D / 32;  // 2, 4 or 8 columns
-  const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (r >= rows_all) return;  // warp-uniform
   const int lane = int(threadIdx.x) % 32;
-  const bool packed = p.cu_seqlens_q != nullptr;
-  const int rows = packed ? p.total_q : p.seqlen_q;
-  const int row = int(r % rows);
-  const int head = int(r / rows % p.heads_q), batch = int(r / rows / p.heads_q);  // batch 0 when packed
-  const float lse0 = lane < p.splits ? p.lse_partial[lane * rows_all + r] : -INFINITY;
-  const float lse1 = lane + 32 < p.splits ? p.lse_partial[(lane + 32) * rows_all + r] : -INFINITY;
+  const float lse0 = lane < parts ? lse_parts[lane * stride] : -INFINITY;
+  const float lse1 = lane + 32 < parts ? lse_parts[(lane + 32) * stride] : -INFINITY;
   float m = fmaxf(lse0, lse1);
 #pragma unroll
   for (int x = 16; x > 0; x /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
@@ -671,10 +719,10 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionPara
   for (int x = 16; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
   const float inv_sum = sum > 0.f ? 1.f / sum : 0.f;
   float acc[kPerLane] = {};
-  for (int part = 0; part < p.splits; ++part) {
+  for (int part = 0; part < parts; ++part) {
     const float w = __shfl_sync(0xffffffffu, part < 32 ? w0 : w1, part % 32) * inv_sum;
     if (w == 0.f) continue;  // warp-uniform: a part without keys
-    const float* o = p.o_partial + (part * rows_all + r) * D + lane * kPerLane;
+    const float* o = o_parts + part * stride * D + lane * kPerLane;
 #pragma unroll
     for (int i = 0; i < kPerLane; i += 2) {
       const float2 v = *reinterpret_cast<const float2*>(o + i);
@@ -682,23 +730,59 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionPara
       acc[i + 1] += w * v.y;
     }
   }
-  T* out = static_cast<T*>(p.out) + int64_t(batch) * p.out_batch_stride + int64_t(row) * p.out_seq_stride +
-           int64_t(head) * p.out_head_stride + lane * kPerLane;
 #pragma unroll
-  for (int i = 0; i < kPerLane; i += 2) *reinterpret_cast<uint32_t*>(out + i) = frag::pack2<T>(acc[i], acc[i + 1]);
-  if (lane == 0 && p.lse != nullptr) p.lse[r] = m == -INFINITY ? -INFINITY : m + logf(sum);
+  for (int i = 0; i < kPerLane; i += 2)
+    *reinterpret_cast<uint32_t*>(out + lane * kPerLane + i) = frag::pack2<T>(acc[i], acc[i + 1]);
+  if (lane == 0 && lse != nullptr) *lse = m == -INFINITY ? -INFINITY : m + logf(sum);
 }
 
-// The split-KV plan of a problem: its parts and the size of their partial results.
+// Split-KV's combine: one warp per row of the partial layout [B][Hq][rows] (`rows_all` rows;
+// B = 1 for a varlen batch), which is also the layout of lse.
+template <typename T, int D>
+__global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionParams p, int64_t rows_all) {
+  const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (r >= rows_all) return;  // warp-uniform
+  const bool packed = p.cu_seqlens_q != nullptr;
+  const int rows = packed ? p.total_q : p.seqlen_q;
+  const int row = int(r % rows);
+  const int head = int(r / rows % p.heads_q), batch = int(r / rows / p.heads_q);  // batch 0 when packed
+  T* out = static_cast<T*>(p.out) + int64_t(batch) * p.out_batch_stride + int64_t(row) * p.out_seq_stride +
+           int64_t(head) * p.out_head_stride;
+  combine_row<T, D>(p.lse_partial + r, p.o_partial + r * D, rows_all, p.splits, out,
+                    p.lse != nullptr ? p.lse + r : nullptr);
+}
+
+// The tail split's combine: one warp per row of the cut items' blocks, [tail item][row of the
+// block], combining that row's parts (slots [tail item][part][row of the block]).
+template <typename T, int D>
+__global__ void __launch_bounds__(128) combine_tail_kernel(const AttentionParams p, const WorkList list, int block_m) {
+  const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int tail = int(r / block_m), row_in_block = int(r % block_m);
+  if (tail >= list.sched.total() - list.tail_start) return;  // warp-uniform
+  const WorkItem item = list.sched.item(list.tail_start + tail);
+  const int row = item.m_block * block_m + row_in_block;
+  if (row >= p.seqlen_q) return;
+  const int64_t slot = int64_t(tail) * list.tail_parts * block_m + row_in_block;
+  T* out = static_cast<T*>(p.out) + int64_t(item.batch) * p.out_batch_stride + int64_t(row) * p.out_seq_stride +
+           int64_t(item.head_q) * p.out_head_stride;
+  float* lse = p.lse != nullptr ? p.lse + (int64_t(item.batch) * p.heads_q + item.head_q) * p.seqlen_q + row : nullptr;
+  combine_row<T, D>(p.lse_partial + slot, p.o_partial + slot * D, block_m, list.tail_parts, out, lse);
+}
+
+// The split plan of a problem: split-KV's parts (run-time bounds kernels), or the tail split
+// (the others), and the size of their partial results.
 struct SplitPlan {
-  int splits = 1;        // 1: unsplit
-  int64_t rows_all = 0;  // rows of the partial layout, [B][Hq][rows]
+  int splits = 1;        // split-KV parts; 1: unsplit
+  int64_t rows_all = 0;  // rows of split-KV's partial layout, [B][Hq][rows]
+  int tail_start = 0;    // tail split: the first cut item and the parts of each (1: none cut)
+  int tail_parts = 1;
   size_t bytes = 0;      // workspace: fp32 partial outputs, then fp32 partial LSEs
 };
 
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
-// split.splits > 1 (run-time bounds kernels only): split-KV with that many parts, in the
-// caller's workspace or, without one, in memory taken here when it can be had.
+// split.splits > 1 (run-time bounds kernels only): split-KV with that many parts; or
+// split.tail_parts > 1 (the others): the tail split. Either in the caller's workspace or,
+// without one, in memory taken here when it can be had.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, const SplitPlan& split, int sms,
                     cudaStream_t stream) {
@@ -739,9 +823,10 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   AttentionParams kernel_params = params;
   const int splits = split.splits;
   const int64_t rows_all = split.rows_all;
+  WorkList list{plan.sched};
   float* workspace = nullptr;
   bool owned = false;  // taken here, freed here
-  if (kRuntimeBounds && splits > 1) {
+  if ((kRuntimeBounds && splits > 1) || (!kRuntimeBounds && split.tail_parts > 1)) {
     if (problem.workspace != nullptr) {  // forward() checked its size
       workspace = static_cast<float*>(problem.workspace);
     } else if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), split.bytes, stream) == cudaSuccess) {
@@ -752,7 +837,14 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       cudaGetLastError();  // clear it: the unsplit launch below does not depend on it
       workspace = nullptr;
     }
-    if (workspace != nullptr) {
+    if (workspace != nullptr && !kRuntimeBounds) {
+      // The tail split: the parts of the cut items, [tail item][part][row of the block].
+      list.tail_start = split.tail_start;
+      list.tail_parts = split.tail_parts;
+      kernel_params.o_partial = workspace;
+      kernel_params.lse_partial =
+          workspace + size_t(list.total() - list.tail_start) * Cfg::kBlockM * D;  // all parts' rows
+    } else if (workspace != nullptr) {
       kernel_params.splits = splits;
       kernel_params.o_partial = workspace;
       kernel_params.lse_partial = workspace + size_t(splits) * size_t(rows_all) * D;
@@ -761,13 +853,18 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       plan.sched.m_blocks *= splits;
       plan.sched.by_rank = false;
       plan.ctas = int(std::min<int64_t>(int64_t(plan.sched.total()), sms));
+      list.sched = plan.sched;
     }
   }
   const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, plan.sched);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, list);
   s = launch_status(kName);
   if (workspace != nullptr) {
-    if (s.ok()) {
+    if (s.ok() && !kRuntimeBounds) {
+      const int64_t tail_rows = int64_t(list.sched.total() - list.tail_start) * Cfg::kBlockM;
+      combine_tail_kernel<T, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list, Cfg::kBlockM);
+      s = launch_status(kName);
+    } else if (s.ok()) {
       combine_splits_kernel<T, D><<<unsigned((rows_all + 3) / 4), 128, 0, stream>>>(kernel_params, rows_all);
       s = launch_status(kName);
     }
@@ -777,37 +874,6 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
     }
   }
   return s;
-}
-
-// K/V tiles each split-KV part sweeps at least, when the parts are chosen automatically.
-constexpr int kMinTilesPerSplit = 4;
-
-// Split-KV parts: num_splits when the caller gives it (1: off), else, when the query blocks
-// alone would leave more than half of the SMs idle, enough parts to give each SM an item, as
-// long as each part keeps kMinTilesPerSplit tiles of the mean sweep. Capped so that the work
-// list still fits an int.
-int split_parts(const AttentionProblem& problem, int pack_shift, int block_m, int block_n, double mean_keys, int sms) {
-  const int64_t items = work_items(problem.batch, pack_shift > 0 ? problem.heads_kv : problem.heads_q, problem.seqlen_q,
-                                   block_m >> pack_shift);
-  int parts = problem.num_splits;
-  if (parts == 0) {
-    if (items * 2 > sms) return 1;
-    const int64_t by_sms = (sms + items - 1) / items;
-    const int64_t by_tiles = int64_t(mean_keys / block_n) / kMinTilesPerSplit;
-    parts = int(std::min<int64_t>({by_sms, by_tiles, kMaxSplits}));
-  }
-  if (parts < 2 || items * parts > kMaxWorkItems) return 1;
-  return parts;
-}
-
-SplitPlan split_plan(const AttentionProblem& problem, int pack_shift, int block_m, int block_n, double mean_keys,
-                     int sms) {
-  SplitPlan plan;
-  plan.splits = split_parts(problem, pack_shift, block_m, block_n, mean_keys, sms);
-  if (plan.splits < 2) return plan;
-  plan.rows_all = int64_t(problem.tensor_batch()) * problem.heads_q * problem.tensor_rows_q();
-  plan.bytes = size_t(plan.splits) * size_t(plan.rows_all) * (problem.head_dim + 1) * sizeof(float);
-  return plan;
 }
 
 // Pages of a paged cache hold a whole number of the K/V tiles paged problems run with (128 keys,
@@ -886,6 +952,58 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   return Status::Ok();
 }
 
+// K/V tiles each split-KV part sweeps at least, when the parts are chosen automatically.
+constexpr int kMinTilesPerSplit = 4;
+
+// Split-KV parts: num_splits when the caller gives it (1: off), else, when the query blocks
+// alone would leave more than half of the SMs idle, enough parts to give each SM an item, as
+// long as each part keeps kMinTilesPerSplit tiles of the mean sweep. Capped so that the work
+// list still fits an int.
+int split_parts(const AttentionProblem& problem, int pack_shift, int block_m, int block_n, double mean_keys, int sms) {
+  const int64_t items = work_items(problem.batch, pack_shift > 0 ? problem.heads_kv : problem.heads_q, problem.seqlen_q,
+                                   block_m >> pack_shift);
+  int parts = problem.num_splits;
+  if (parts == 0) {
+    if (items * 2 > sms) return 1;
+    const int64_t by_sms = (sms + items - 1) / items;
+    const int64_t by_tiles = int64_t(mean_keys / block_n) / kMinTilesPerSplit;
+    parts = int(std::min<int64_t>({by_sms, by_tiles, kMaxSplits}));
+  }
+  if (parts < 2 || items * parts > kMaxWorkItems) return 1;
+  return parts;
+}
+
+// The tail split: without a mask, when the items are not a whole number of rounds of the
+// persistent grid, each item of the last round is cut into as many parts as fill the grid's
+// CTAs, as long as each part keeps kMinTilesPerSplit tiles. Automatic only (num_splits = 0),
+// and only in the kernels without run-time bounds (dense batches, no window, no GQA packing).
+void plan_tail_split(const AttentionProblem& problem, int block_m, int block_n, int sms, SplitPlan* plan) {
+  const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, block_m);
+  const int64_t ctas = std::min<int64_t>(items, sms);
+  const int64_t left = ctas > 0 ? items % ctas : 0;  // items of the last, partial round
+  if (left == 0) return;
+  const int64_t by_ctas = ctas / left;
+  const int64_t by_tiles = (int64_t(problem.seqlen_k) + block_n - 1) / block_n / kMinTilesPerSplit;
+  const int parts = int(std::min<int64_t>({by_ctas, by_tiles, kMaxSplits}));
+  if (parts < 2 || items - left + left * parts > kMaxWorkItems) return;
+  plan->tail_start = int(items - left);
+  plan->tail_parts = parts;
+  plan->bytes = size_t(left) * parts * block_m * (problem.head_dim + 1) * sizeof(float);
+}
+
+SplitPlan split_plan(const AttentionProblem& problem, const TileChoice& c, int block_m, int block_n) {
+  SplitPlan plan;
+  plan.splits = split_parts(problem, c.params.pack_shift, block_m, block_n, c.mean_keys, c.sms);
+  if (plan.splits < 2) {
+    const bool dense = !c.window && !problem.has_sequence_bounds() && c.params.pack_shift == 0;
+    if (dense && !problem.causal && problem.num_splits == 0) plan_tail_split(problem, block_m, block_n, c.sms, &plan);
+    return plan;
+  }
+  plan.rows_all = int64_t(problem.tensor_batch()) * problem.heads_q * problem.tensor_rows_q();
+  plan.bytes = size_t(plan.splits) * size_t(plan.rows_all) * (problem.head_dim + 1) * sizeof(float);
+  return plan;
+}
+
 // Calls f.template operator()<kWide, kConsumers>() with the tile shape `c` picked at head dim D.
 template <int D, typename F>
 Status with_tile_shape(const TileChoice& c, F&& f) {
@@ -908,11 +1026,11 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
     return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
       using Cfg = Config<D, kWide, kConsumers>;
       // Split-KV runs in the run-time bounds kernels (their items already read their bounds).
-      const SplitPlan split = split_plan(problem, c.params.pack_shift, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms);
+      const SplitPlan split = split_plan(problem, c, Cfg::kBlockM, Cfg::kBlockN);
       if (c.window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, c.params, split, c.sms, stream);
       if (problem.has_sequence_bounds() || split.splits > 1 || c.params.pack_shift > 0)
         return launch_typed<T, D, kWide, kConsumers, true, false>(problem, c.params, split, c.sms, stream);
-      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, c.params, SplitPlan{}, c.sms, stream);
+      return launch_typed<T, D, kWide, kConsumers, false, false>(problem, c.params, split, c.sms, stream);
     });
   });
 }
@@ -924,7 +1042,7 @@ Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {  // T: the plan does not depend on it
     return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
       using Cfg = Config<D, kWide, kConsumers>;
-      *bytes = split_plan(problem, c.params.pack_shift, Cfg::kBlockM, Cfg::kBlockN, c.mean_keys, c.sms).bytes;
+      *bytes = split_plan(problem, c, Cfg::kBlockM, Cfg::kBlockN).bytes;
       return Status::Ok();
     });
   });
