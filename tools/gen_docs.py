@@ -6,6 +6,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:lineage -->          the README's lineage summary
     <!-- results:KERNEL_NAME -->      a guide chapter's grid for one kernel
     <!-- results:anchors -->          our kernels beside cuDNN and FlashAttention-2 (python -m hattn.bench)
+    <!-- results:anchors.NAME -->     the same from results/NAME.csv and .json (a run of a few kernels)
     <!-- results:capstone -->         one Wan 2.1 transformer step per variant (python -m hattn.capstone)
     <!-- results:backward -->         the backward beside SDPA's (python -m hattn.bench_backward)
     <!-- /results -->
@@ -230,6 +231,8 @@ def main():
             return capstone_table(ROOT / "results" / "capstone")
         if name == "anchors":
             return anchors_table(pathlib.Path(args.pybench).resolve())
+        if name.startswith("anchors."):
+            return anchors_table(ROOT / "results" / (name[len("anchors."):] + ".csv"))
         if name == "backward":
             return backward_table(ROOT / "results" / "pybench_backward.csv")
         previous = None

@@ -133,7 +133,9 @@ struct AttentionProblem {
   // by different CTAs, whose partial results a second kernel combines. It fills the GPU when
   // there are few query blocks and long key sweeps (decoding: a few queries per sequence).
   // 0 lets the final kernel decide; 1 turns it off; n > 1 asks for n parts (at most 64;
-  // fewer when a block has fewer K/V tiles). The partial results live in a workspace the
+  // fewer when a block has fewer K/V tiles). With 0 the final kernel also cuts the last round
+  // of its persistent grid when it would leave most SMs idle (the tail split: dense batches
+  // without a mask); 1 turns that off too. The partial results live in a workspace the
   // library takes with cudaMallocAsync on the call's stream, unless the caller gives one below.
   // A hint: the lineage kernels ignore it.
   int num_splits = 0;

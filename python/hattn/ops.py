@@ -525,8 +525,9 @@ def attention(
             kernel zeroes their V rows in shared memory before they meet their zero weights.
             Only the final kernel has it; a lineage kernel raises NotImplementedError.
         num_splits: split-KV (flash-decoding) parts per query block: 0 lets the final kernel
-            decide, 1 turns it off, n <= 64 asks for n. A performance hint: the result is the
-            same up to rounding, and the lineage kernels ignore it.
+            decide (it may also cut the items of its last round, the tail split), 1 turns both
+            off, n <= 64 asks for n. A performance hint: the result is the same up to rounding,
+            and the lineage kernels ignore it.
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
