@@ -361,7 +361,7 @@ namespace {
 // The backward kernels in lineage order.
 const std::vector<const BackwardKernel*>& backward_kernels() {
   static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma(),
-                                                      &backward_dq_per_cta()};
+                                                      &backward_dq_per_cta(), &backward_tma_dq()};
   return all;
 }
 }  // namespace
@@ -375,8 +375,8 @@ std::vector<std::string> backward_kernel_names() {
 Status backward(const BackwardProblem& problem, const Options& options) {
   Status s = validate_backward_arguments(problem);
   if (!s.ok()) return s;
-  // "auto", as for the forward: the newest kernel that supports the problem (bwd_04 up to
-  // D = 128, bwd_02 at D = 256; results/evidence/backward_dq_per_cta/README.md).
+  // "auto", as for the forward: the newest kernel that supports the problem (bwd_05 up to
+  // D = 128, bwd_02 at D = 256; results/evidence/backward_tma_dq/README.md).
   const BackwardKernel* kernel = nullptr;
   if (options.kernel == "auto") {
     for (const BackwardKernel* k : backward_kernels())

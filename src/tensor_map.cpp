@@ -26,15 +26,15 @@ Status encode_fn(PFN_cuTensorMapEncodeTiled_v12000* out) {
   return Status::Ok();
 }
 
-// A tiled map of `rank` dimensions (innermost first) over 2-byte elements with 128-byte
-// swizzled boxes whose rows are box[0] = box_cols elements (128 bytes). `strides` are in
-// elements, rank - 1 of them (dimension 0 is contiguous); a dimension of extent 1 gets a
-// stand-in stride (never used, but TMA wants a 16-byte multiple).
-Status encode_swizzled(CUtensorMap* map, const void* base, DType dtype, int rank, const int64_t* dims,
-                       const int64_t* strides, const uint32_t* box) {
-  if (box[0] * 2 != 128)  // the kernels' swizzled tile layout assumes 128-byte box rows
-    return {StatusCode::invalid_argument,
-            "tensor map: box_cols * 2 bytes must be 128 (got " + std::to_string(box[0]) + " columns)"};
+// A tiled map of `rank` dimensions (innermost first) over `elem_bytes`-byte elements of
+// `type` with 128-byte swizzled boxes whose rows are box[0] elements (128 bytes). `strides`
+// are in elements, rank - 1 of them (dimension 0 is contiguous); a dimension of extent 1 gets
+// a stand-in stride (never used, but TMA wants a 16-byte multiple).
+Status encode_swizzled(CUtensorMap* map, const void* base, CUtensorMapDataType type, int64_t elem_bytes, int rank,
+                       const int64_t* dims, const int64_t* strides, const uint32_t* box) {
+  if (box[0] * elem_bytes != 128)  // the kernels' swizzled tile layout assumes 128-byte box rows
+    return {StatusCode::invalid_argument, "tensor map: box_cols * " + std::to_string(elem_bytes) +
+                                              " bytes must be 128 (got " + std::to_string(box[0]) + " columns)"};
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   Status s = encode_fn(&encode);
   if (!s.ok()) return s;
@@ -48,23 +48,25 @@ Status encode_swizzled(CUtensorMap* map, const void* base, DType dtype, int rank
     context_bound = true;
   }
   constexpr int kMaxRank = 5;
-  constexpr int64_t kElem = 2;
   cuuint64_t global_dims[kMaxRank], byte_strides[kMaxRank - 1];
   cuuint32_t box_dims[kMaxRank], element_strides[kMaxRank];
   for (int d = 0; d < rank; ++d) {
     global_dims[d] = cuuint64_t(dims[d]);
     box_dims[d] = box[d];
     element_strides[d] = 1;
-    if (d > 0) byte_strides[d - 1] = cuuint64_t((dims[d] == 1 ? 8 : strides[d - 1]) * kElem);
+    if (d > 0) byte_strides[d - 1] = cuuint64_t(dims[d] == 1 ? 16 : strides[d - 1] * elem_bytes);
   }
-  const CUresult r = encode(map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            cuuint32_t(rank), const_cast<void*>(base), global_dims, byte_strides, box_dims,
+  const CUresult r = encode(map, type, cuuint32_t(rank), const_cast<void*>(base), global_dims, byte_strides, box_dims,
                             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return {StatusCode::cuda_error, "cuTensorMapEncodeTiled (" + std::to_string(rank) + "-D) failed with CUresult " +
                                         std::to_string(int(r))};
   return Status::Ok();
+}
+
+CUtensorMapDataType element_type(DType dtype) {
+  return dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
 }  // namespace
@@ -74,7 +76,15 @@ Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int
   const int64_t dims[4] = {head_dim, seqlen, heads, batch};
   const int64_t element_strides[3] = {strides.seq, strides.head, strides.batch};
   const uint32_t box[4] = {uint32_t(box_cols), uint32_t(box_rows), 1, 1};
-  return encode_swizzled(map, base, dtype, 4, dims, element_strides, box);
+  return encode_swizzled(map, base, element_type(dtype), 2, 4, dims, element_strides, box);
+}
+
+Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch, int seqlen, int heads, int head_dim,
+                                 int box_rows) {
+  const int64_t dims[4] = {head_dim, seqlen, heads, batch};
+  const int64_t element_strides[3] = {int64_t(heads) * head_dim, head_dim, int64_t(seqlen) * heads * head_dim};
+  const uint32_t box[4] = {32, uint32_t(box_rows), 1, 1};
+  return encode_swizzled(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 4, dims, element_strides, box);
 }
 
 Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
@@ -86,7 +96,7 @@ Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dt
   const int64_t dims[5] = {head_dim, group, heads / group, seqlen, batch};
   const int64_t element_strides[4] = {strides.head, strides.head * group, strides.seq, strides.batch};
   const uint32_t box[5] = {uint32_t(box_cols), uint32_t(group), 1, uint32_t(box_rows / group), 1};
-  return encode_swizzled(map, base, dtype, 5, dims, element_strides, box);
+  return encode_swizzled(map, base, element_type(dtype), 2, 5, dims, element_strides, box);
 }
 
 Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_box_rows, const char* kernel,

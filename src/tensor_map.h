@@ -13,6 +13,11 @@ namespace hattn {
 Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                             int head_dim, const Strides& strides, int box_rows, int box_cols);
 
+// A 4-D tensor map over a contiguous fp32 [B, S, H, D] tensor (the backward's dQ sum): boxes
+// of {32, box_rows, 1, 1} elements (128-byte rows), 128-byte swizzle. Rows past S are skipped.
+Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch, int seqlen, int heads, int head_dim,
+                                 int box_rows);
+
 // A 5-D tensor map over the same [B, S, H, D] tensor whose boxes take `group` adjacent heads
 // (a K/V head's query heads) at box_rows / group positions: dimensions {D, group, H / group,
 // S, B} innermost first, a box of {box_cols, group, 1, box_rows / group, 1}. The box lands in

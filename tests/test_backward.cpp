@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../src/backward/backward.h"
 #include "../tools/harness.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
@@ -102,15 +103,54 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
   ASSERT_TRUE(validate_backward_arguments(b).ok());
   Options options;
-  options.kernel = "bwd_03_wgmma";
-  const Status refused = backward(b, options);  // refused before any GPU is needed
-  EXPECT_EQ(refused.code(), StatusCode::not_supported) << refused.to_string();
-  EXPECT_NE(refused.message().find("head_dim 256"), std::string::npos) << refused.message();
+  for (const char* name : {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq"}) {  // so "auto" is bwd_02 here
+    options.kernel = name;
+    const Status refused = backward(b, options);  // refused before any GPU is needed
+    EXPECT_EQ(refused.code(), StatusCode::not_supported) << name << ": " << refused.to_string();
+    EXPECT_NE(refused.message().find("head_dim 256"), std::string::npos) << refused.message();
+  }
   options.kernel = "bwd_99";
   const Status unknown = backward(b, options);
   EXPECT_EQ(unknown.code(), StatusCode::invalid_argument);
   for (const std::string& name : backward_kernel_names())
     EXPECT_NE(unknown.message().find(name), std::string::npos) << unknown.message();
+}
+
+// "auto" is the newest kernel that supports the problem: the order is the lineage's, and no
+// trial variant is registered.
+TEST(BackwardValidation, KernelNamesInLineageOrder) {
+  const std::vector<std::string> want{"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma", "bwd_04_dq_per_cta",
+                                      "bwd_05_tma_dq"};
+  EXPECT_EQ(backward_kernel_names(), want);
+}
+
+// B05 takes dense batches at D <= 128, so "auto" picks it there; what it refuses falls to an
+// older kernel. Its supports() directly: backward() refuses sequence bounds before asking it.
+TEST(BackwardValidation, TmaDqSupports) {
+  const BackwardKernel& b05 = backward_tma_dq();
+  EXPECT_STREQ(b05.name, "bwd_05_tma_dq");
+  BackwardProblem b = valid_backward();
+  EXPECT_TRUE(b05.supports(b).ok()) << b05.supports(b).to_string();
+  b.forward.head_dim = 64;
+  EXPECT_TRUE(b05.supports(b).ok()) << b05.supports(b).to_string();
+  auto expect_refused = [&](const BackwardProblem& problem, const std::string& argument) {
+    const Status s = b05.supports(problem);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+    EXPECT_EQ(s.message().rfind("bwd_05_tma_dq: ", 0), 0u) << s.message();
+    EXPECT_NE(s.message().find(argument), std::string::npos) << "should name " << argument << ": " << s.message();
+  };
+  b = valid_backward();
+  b.forward.head_dim = 256;
+  expect_refused(b, "head_dim 256");
+  b = valid_backward();
+  b.forward.cu_seqlens_q = b.forward.cu_seqlens_k = static_cast<const int32_t*>(fake(10));
+  expect_refused(b, "cu_seqlens_q");
+  b = valid_backward();
+  b.forward.seqlens_k = static_cast<const int32_t*>(fake(10));
+  expect_refused(b, "seqlens_k");
+  b = valid_backward();
+  b.forward.block_table = static_cast<const int32_t*>(fake(11));
+  expect_refused(b, "block_table");
 }
 
 struct Case {

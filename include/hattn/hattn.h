@@ -209,7 +209,7 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that supports the problem: bwd_04_dq_per_cta up to D = 128,
+// (the newest kernel that supports the problem: bwd_05_tma_dq up to D = 128,
 // bwd_02_mma_sync at D = 256) or one of backward_kernel_names(); a kernel
 // that cannot run the problem returns not_supported and says why (bwd_03_wgmma: D <= 128). Takes fp32 scratch memory with cudaMallocAsync on the stream.
 // Asynchronous, like forward().

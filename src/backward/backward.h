@@ -25,5 +25,7 @@ const BackwardKernel& backward_mma_sync();
 const BackwardKernel& backward_wgmma();
 // bwd_04_dq_per_cta.cu: B03 with one dQ sum per CTA (the warpgroups split D, not the keys).
 const BackwardKernel& backward_dq_per_cta();
+// bwd_05_tma_dq.cu: B04 with dQ added by TMA reductions from shared memory (D <= 128).
+const BackwardKernel& backward_tma_dq();
 
 }  // namespace hattn

@@ -76,6 +76,19 @@ __device__ __forceinline__ void cp_async_bulk_tensor_5d_s2g(const CUtensorMap* m
                : "memory");
 }
 
+// cp.reduce.async.bulk.tensor.4d .add shared -> global: adds the box at coordinates (c0..c3)
+// from shared memory into the global tensor, element by element and atomically (the element
+// type is the map's: fp32 for the backward's dQ sum). Out-of-bounds elements are skipped.
+// Tracked by this thread's bulk async-groups; the shared data must have been written before a
+// fence.proxy.async (generic-proxy writes, async-proxy read).
+__device__ __forceinline__ void cp_reduce_async_bulk_tensor_4d_add(const CUtensorMap* map, int c0, int c1, int c2,
+                                                                   int c3, const void* src) {
+  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(cvta_to_shared_u32(src))
+               : "memory");
+}
+
 // cp.async.bulk.commit_group: closes this thread's bulk copies issued so far into a group.
 __device__ __forceinline__ void cp_async_bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
