@@ -9,6 +9,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:anchors.NAME -->     the same from results/NAME.csv and .json (a run of a few kernels)
     <!-- results:capstone -->         one Wan 2.1 transformer step per variant (python -m hattn.capstone)
     <!-- results:backward -->         the backward beside SDPA's (python -m hattn.bench_backward)
+    <!-- results:backward.PATH -->    the same from results/PATH.csv (an earlier run kept as evidence)
     <!-- /results -->
 
 Numbers come only from results files: hattn-bench's CSV (default results/lineage.csv) and
@@ -24,7 +25,7 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MARKER = re.compile(r"(<!-- results:([\w.-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
+MARKER = re.compile(r"(<!-- results:([\w./-]+) -->\n)(.*?)(<!-- /results -->)", re.S)
 
 
 def load(path):
@@ -235,6 +236,8 @@ def main():
             return anchors_table(ROOT / "results" / (name[len("anchors."):] + ".csv"))
         if name == "backward":
             return backward_table(ROOT / "results" / "pybench_backward.csv")
+        if name.startswith("backward."):
+            return backward_table(ROOT / "results" / (name[len("backward."):] + ".csv"))
         previous = None
         names = sorted(set(kernels) | {name})
         i = names.index(name)
