@@ -823,7 +823,7 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   AttentionParams kernel_params = params;
   const int splits = split.splits;
   const int64_t rows_all = split.rows_all;
-  WorkList list{plan.sched};
+  bool tail = false;  // the tail split runs: its parts are in the work list
   float* workspace = nullptr;
   bool owned = false;  // taken here, freed here
   if ((kRuntimeBounds && splits > 1) || (!kRuntimeBounds && split.tail_parts > 1)) {
@@ -839,11 +839,10 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
     }
     if (workspace != nullptr && !kRuntimeBounds) {
       // The tail split: the parts of the cut items, [tail item][part][row of the block].
-      list.tail_start = split.tail_start;
-      list.tail_parts = split.tail_parts;
+      tail = true;
+      const int64_t parts_all = int64_t(plan.sched.total() - split.tail_start) * split.tail_parts;
       kernel_params.o_partial = workspace;
-      kernel_params.lse_partial =
-          workspace + size_t(list.total() - list.tail_start) * Cfg::kBlockM * D;  // all parts' rows
+      kernel_params.lse_partial = workspace + size_t(parts_all) * Cfg::kBlockM * D;  // after all parts' rows
     } else if (workspace != nullptr) {
       kernel_params.splits = splits;
       kernel_params.o_partial = workspace;
@@ -853,14 +852,14 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       plan.sched.m_blocks *= splits;
       plan.sched.by_rank = false;
       plan.ctas = int(std::min<int64_t>(int64_t(plan.sched.total()), sms));
-      list.sched = plan.sched;
     }
   }
+  const WorkList list{plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1};
   const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, list);
   s = launch_status(kName);
   if (workspace != nullptr) {
-    if (s.ok() && !kRuntimeBounds) {
+    if (s.ok() && tail) {
       const int64_t tail_rows = int64_t(list.sched.total() - list.tail_start) * Cfg::kBlockM;
       combine_tail_kernel<T, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list, Cfg::kBlockM);
       s = launch_status(kName);
@@ -936,6 +935,7 @@ struct TileChoice {
   double mean_keys = 0;    // keys per query block, on average
   bool wide = false;       // the wide K/V tiles (D = 128, 256)
   bool window = false;     // the window's kernels
+  bool dense = false;      // no window, sequence bounds or GQA packing: the kernels without run-time bounds
   bool three = false;      // three consumers (D = 64)
   int sms = 0;
 };
@@ -948,8 +948,8 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   c->mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c->params.pack_shift, problem.seqlen_q,
                                      problem.seqlen_k, problem.causal, c->params.window_left, c->params.window_right);
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
-  const bool dense = !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0;
-  c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim, dense);
+  c->dense = !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0;
+  c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim, c->dense);
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   c->three = !(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys;
   c->sms = sm_count();
@@ -1001,8 +1001,7 @@ SplitPlan split_plan(const AttentionProblem& problem, const TileChoice& c, int b
   SplitPlan plan;
   plan.splits = split_parts(problem, c.params.pack_shift, block_m, block_n, c.mean_keys, c.sms);
   if (plan.splits < 2) {
-    const bool dense = !c.window && !problem.has_sequence_bounds() && c.params.pack_shift == 0;
-    if (dense && !problem.causal && problem.num_splits == 0) plan_tail_split(problem, block_m, block_n, c.sms, &plan);
+    if (c.dense && !problem.causal && problem.num_splits == 0) plan_tail_split(problem, block_m, block_n, c.sms, &plan);
     return plan;
   }
   plan.rows_all = int64_t(problem.tensor_batch()) * problem.heads_q * problem.tensor_rows_q();
@@ -1034,7 +1033,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
       // Split-KV runs in the run-time bounds kernels (their items already read their bounds).
       const SplitPlan split = split_plan(problem, c, Cfg::kBlockM, Cfg::kBlockN);
       if (c.window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, c.params, split, c.sms, stream);
-      if (problem.has_sequence_bounds() || split.splits > 1 || c.params.pack_shift > 0)
+      if (!c.dense || split.splits > 1)
         return launch_typed<T, D, kWide, kConsumers, true, false>(problem, c.params, split, c.sms, stream);
       return launch_typed<T, D, kWide, kConsumers, false, false>(problem, c.params, split, c.sms, stream);
     });
