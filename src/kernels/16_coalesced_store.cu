@@ -545,10 +545,19 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
       inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
     }
+    // A part's row r of the thread (split-KV or a cut tail item): its O, normalized by its own
+    // sum, and its LSE, in fp32 at `index` of the partial layout for the combine step; -inf and
+    // zeros where the part saw no key. A quad writes 32 contiguous bytes per n8 tile.
+    auto store_partial_row = [&](int r, int64_t index) {
+      if (tig == 0) p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+      float* o_row = p.o_partial + index * D;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * tig) =
+            make_float2(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+    };
     if (kRuntimeBounds && p.splits > 1) {
-      // Split-KV: this part's O, normalized by its own sum, and its LSE, in fp32 for the
-      // combine step; -inf and zeros where the part saw no key. A quad writes 32 contiguous
-      // bytes per n8 tile.
+      // Split-KV: partials at [part][batch][head][row].
       const bool packed = p.cu_seqlens_q != nullptr;
       const int rows = packed ? p.total_q : p.seqlen_q;
       const int part = item.m_block % p.splits;
@@ -558,14 +567,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         const int row = row0 + r * 8;
         if (row >= out_seq.seqlen_q << pack_shift) continue;
         const int head = head_of(row);
-        const int64_t index = (part_heads0 + head) * rows + out_seq.q_start + (row >> pack_shift);
-        if (tig == 0)
-          p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
-        float* o_row = p.o_partial + index * D;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
-          *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * tig) =
-              make_float2(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+        store_partial_row(r, (part_heads0 + head) * rows + out_seq.q_start + (row >> pack_shift));
       }
       continue;  // the combine step writes out and lse
     }
@@ -577,14 +579,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
         if (row >= p.seqlen_q) continue;
-        const int64_t index = slot + (row - m_block);
-        if (tig == 0)
-          p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
-        float* o_row = p.o_partial + index * D;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
-          *reinterpret_cast<float2*>(o_row + dt * 8 + 2 * tig) =
-              make_float2(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+        store_partial_row(r, slot + (row - m_block));
       }
       continue;  // the combine step writes out and lse
     }
