@@ -5,6 +5,11 @@
 // A backward kernel adds dQ, dK and dV into fp32 sums (other CTAs add to the same rows), and
 // convert_kernel writes them out at the end. The sums make the result nondeterministic in its
 // last bits.
+//
+// A variable-length batch (cu_seqlens) keeps the forward's packed layout: its tensors, the
+// sums and delta are one batch entry of total rows ([total, H, D]; delta [Hq, total_q] like
+// lse), and a CTA finds its sequence's rows and lengths with sequence_of. The masks align to
+// each sequence's own bottom-right corner.
 #pragma once
 
 #include <string>
@@ -12,56 +17,84 @@
 #include "common.cuh"
 #include "hattn/hattn.h"
 #include "params.h"
+#include "sequence.cuh"
 
 namespace hattn {
 namespace {
 
 struct BackwardParams {
   AttentionParams fwd;  // q, k, v, out, lse and the mask, as in the forward call
-  const void* dout;
+  const void* dout;     // like q: [B, Sq, Hq, D], or [total_q, Hq, D] when varlen
   int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
-  float* delta;     // [B, Hq, Sq]: rowsum(dO * O)
-  float* dq_accum;  // [B, Sq, Hq, D]
-  float* dk_accum;  // [B, Sk, Hkv, D]
-  float* dv_accum;  // [B, Sk, Hkv, D]
+  float* delta;     // rowsum(dO * O), laid out like lse: [B, Hq, Sq], or [Hq, total_q] when varlen
+  float* dq_accum;  // like q, contiguous: [B, Sq, Hq, D] or [total_q, Hq, D]
+  float* dk_accum;  // like k, contiguous: [B, Sk, Hkv, D] or [total_k, Hkv, D]
+  float* dv_accum;
+  // The tensors' [batch entries, rows]: [B, Sq] and [B, Sk], or [1, total_q] and [1, total_k]
+  // when varlen (AttentionProblem::tensor_batch, tensor_rows_q, tensor_rows_k).
+  int tensor_batch, rows_q, rows_k;
 };
 
-// The keys query i sees, [first, last): the causal mask and the window, bottom-right aligned.
-__device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
-  const int64_t diagonal = int64_t(i) + p.causal_offset;
+// A dense batch's sequence b, for the kernels that refuse a variable-length batch: no reads.
+__device__ __forceinline__ Sequence dense_sequence(const AttentionParams& p, int b) {
+  return sequence_of<false>(p, b);
+}
+
+// Row i of a sequence's queries (or keys) in its tensor's rows, counted over the batch
+// entries: [b, i] of a dense batch, [0, start + i] of a packed one. The sums' row index.
+__device__ __forceinline__ int64_t query_row(const BackwardParams& p, const Sequence& seq, int i) {
+  return int64_t(seq.batch_coord) * p.rows_q + seq.q_start + i;
+}
+__device__ __forceinline__ int64_t key_row(const BackwardParams& p, const Sequence& seq, int j) {
+  return int64_t(seq.batch_coord) * p.rows_k + seq.k_start + j;
+}
+// Where query row 0 of the sequence's head h lies in lse and delta ([entries, Hq, rows_q]).
+__device__ __forceinline__ int64_t stats_row0(const BackwardParams& p, const Sequence& seq, int h) {
+  return (int64_t(seq.batch_coord) * p.fwd.heads_q + h) * p.rows_q + seq.q_start;
+}
+
+// The keys query i of `seq` sees, [first, last): the causal mask and the window, aligned to
+// the sequence's own bottom-right corner.
+__device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,
+                                             int* last) {
+  const int64_t diagonal = int64_t(i) + (seq.seqlen_k - seq.seqlen_q);
   const int right = p.causal ? 0 : p.window_right;
   int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
-  int64_t hi = right >= 0 ? diagonal + right + 1 : p.seqlen_k;
-  lo = lo < 0 ? 0 : lo > p.seqlen_k ? p.seqlen_k : lo;
-  hi = hi < lo ? lo : hi > p.seqlen_k ? p.seqlen_k : hi;
+  int64_t hi = right >= 0 ? diagonal + right + 1 : seq.seqlen_k;
+  lo = lo < 0 ? 0 : lo > seq.seqlen_k ? seq.seqlen_k : lo;
+  hi = hi < lo ? lo : hi > seq.seqlen_k ? seq.seqlen_k : hi;
   *first = int(lo);
   *last = int(hi);
 }
 
-// The queries [first, last) that see at least one of the keys [n0, n1): the inverse of
-// visible_keys over a block of keys.
-__device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first, int* last) {
+// The queries [first, last) of `seq` that see at least one of the keys [n0, n1): the inverse
+// of visible_keys over a block of keys.
+__device__ __forceinline__ void queries_seeing(const AttentionParams& p, const Sequence& seq, int n0, int n1,
+                                               int* first, int* last) {
   const int right = p.causal ? 0 : p.window_right;
+  const int64_t offset = seq.seqlen_k - seq.seqlen_q;
   // Query i sees key n1 - 1 or earlier only from i + offset + right >= n0; it sees a key
   // before n1 only while i + offset - window_left < n1.
-  int64_t lo = right >= 0 ? int64_t(n0) - p.causal_offset - right : 0;
-  int64_t hi = p.window_left >= 0 ? int64_t(n1) - p.causal_offset + p.window_left : p.seqlen_q;
-  lo = lo < 0 ? 0 : lo > p.seqlen_q ? p.seqlen_q : lo;
-  hi = hi < lo ? lo : hi > p.seqlen_q ? p.seqlen_q : hi;
+  int64_t lo = right >= 0 ? int64_t(n0) - offset - right : 0;
+  int64_t hi = p.window_left >= 0 ? int64_t(n1) - offset + p.window_left : seq.seqlen_q;
+  lo = lo < 0 ? 0 : lo > seq.seqlen_q ? seq.seqlen_q : lo;
+  hi = hi < lo ? lo : hi > seq.seqlen_q ? seq.seqlen_q : hi;
   *first = int(lo);
   *last = int(hi);
 }
 
 constexpr int kDeltaWarps = 4;
 
-// One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS.
+// One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS. Over every
+// row of the tensors (a packed batch's rows that belong to no sequence too: no kernel reads
+// their delta).
 template <typename T, int D>
 __global__ void __launch_bounds__(kDeltaWarps * 32) delta_kernel(BackwardParams p) {
-  const int64_t row = int64_t(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;  // (b, h, i), i fastest
+  const int64_t row = int64_t(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;  // (entry, h, i), i fastest
   const int lane = threadIdx.x % 32;
   const AttentionParams& f = p.fwd;
-  if (row >= int64_t(f.batch) * f.heads_q * f.seqlen_q) return;
-  const int i = int(row % f.seqlen_q), h = int(row / f.seqlen_q % f.heads_q), b = int(row / f.seqlen_q / f.heads_q);
+  if (row >= int64_t(p.tensor_batch) * f.heads_q * p.rows_q) return;
+  const int i = int(row % p.rows_q), h = int(row / p.rows_q % f.heads_q), b = int(row / p.rows_q / f.heads_q);
   const T* o = static_cast<const T*>(f.out) + b * f.out_batch_stride + int64_t(i) * f.out_seq_stride + h * f.out_head_stride;
   const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + int64_t(i) * p.dout_seq_stride +
                  h * p.dout_head_stride;
@@ -84,7 +117,8 @@ __global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, 
 }
 
 // Launches a backward's main kernel, one CTA per `block_n` keys of each query head and batch
-// element, with `smem` bytes of dynamic shared memory (raising the kernel's limit to that).
+// element (of the longest sequence's keys, when varlen: a CTA past its own sequence's keys
+// exits), with `smem` bytes of dynamic shared memory (raising the kernel's limit to that).
 template <typename Kernel, typename... Args>
 Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const AttentionParams& f,
                             cudaStream_t stream, const char* name, const Args&... args) {
@@ -108,8 +142,11 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   p.dout_batch_stride = problem.dout_strides.batch;
   p.dout_seq_stride = problem.dout_strides.seq;
   p.dout_head_stride = problem.dout_strides.head;
-  const int64_t rows_q = int64_t(fwd.batch) * fwd.seqlen_q * fwd.heads_q;
-  const int64_t rows_k = int64_t(fwd.batch) * fwd.seqlen_k * fwd.heads_kv;
+  p.tensor_batch = fwd.tensor_batch();
+  p.rows_q = fwd.tensor_rows_q();
+  p.rows_k = fwd.tensor_rows_k();
+  const int64_t rows_q = int64_t(p.tensor_batch) * p.rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
+  const int64_t rows_k = int64_t(p.tensor_batch) * p.rows_k * fwd.heads_kv;
   const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k) * 2 * fwd.head_dim;
   float* scratch = nullptr;
   Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
@@ -128,14 +165,14 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
       if (!st.ok()) return st;
       if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;
       auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {
-        const int64_t rows = int64_t(fwd.batch) * seqlen * heads;
+        const int64_t rows = int64_t(p.tensor_batch) * seqlen * heads;
         convert_kernel<T, D><<<unsigned((rows * D + 255) / 256), 256, 0, stream>>>(
             src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
         return launch_status(name);
       };
-      if (!(st = convert(p.dq_accum, problem.dq, fwd.seqlen_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
-      if (!(st = convert(p.dk_accum, problem.dk, fwd.seqlen_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
-      return convert(p.dv_accum, problem.dv, fwd.seqlen_k, fwd.heads_kv, problem.dv_strides);
+      if (!(st = convert(p.dq_accum, problem.dq, p.rows_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
+      if (!(st = convert(p.dk_accum, problem.dk, p.rows_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
+      return convert(p.dv_accum, problem.dv, p.rows_k, fwd.heads_kv, problem.dv_strides);
     });
   }
   const Status freed = cuda_status(cudaFreeAsync(scratch, stream), std::string(name) + ": cudaFreeAsync(scratch)");
