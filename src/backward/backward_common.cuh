@@ -53,6 +53,32 @@ __device__ __forceinline__ int64_t stats_row0(const BackwardParams& p, const Seq
   return (int64_t(seq.batch_coord) * p.fwd.heads_q + h) * p.rows_q + seq.q_start;
 }
 
+// The keys query i sees, [first, last): the causal mask and the window, bottom-right aligned.
+__device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
+  const int64_t diagonal = int64_t(i) + p.causal_offset;
+  const int right = p.causal ? 0 : p.window_right;
+  int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
+  int64_t hi = right >= 0 ? diagonal + right + 1 : p.seqlen_k;
+  lo = lo < 0 ? 0 : lo > p.seqlen_k ? p.seqlen_k : lo;
+  hi = hi < lo ? lo : hi > p.seqlen_k ? p.seqlen_k : hi;
+  *first = int(lo);
+  *last = int(hi);
+}
+
+// The queries [first, last) that see at least one of the keys [n0, n1): the inverse of
+// visible_keys over a block of keys.
+__device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first, int* last) {
+  const int right = p.causal ? 0 : p.window_right;
+  // Query i sees key n1 - 1 or earlier only from i + offset + right >= n0; it sees a key
+  // before n1 only while i + offset - window_left < n1.
+  int64_t lo = right >= 0 ? int64_t(n0) - p.causal_offset - right : 0;
+  int64_t hi = p.window_left >= 0 ? int64_t(n1) - p.causal_offset + p.window_left : p.seqlen_q;
+  lo = lo < 0 ? 0 : lo > p.seqlen_q ? p.seqlen_q : lo;
+  hi = hi < lo ? lo : hi > p.seqlen_q ? p.seqlen_q : hi;
+  *first = int(lo);
+  *last = int(hi);
+}
+
 // The keys query i of `seq` sees, [first, last): the causal mask and the window, aligned to
 // the sequence's own bottom-right corner.
 __device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,

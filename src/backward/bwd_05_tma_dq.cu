@@ -122,8 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float scale_log2 = f.scale * kLog2e;
 
   int q_first, q_last;
-  const Sequence dense = dense_sequence(f, batch);  // supports() refuses a variable-length batch
-  queries_seeing(f, dense, n0, n0 + kBlockN, &q_first, &q_last);
+  queries_seeing(f, n0, n0 + kBlockN, &q_first, &q_last);
   const int m_begin = q_first / kBlockM * kBlockM;
   const int steps = q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
 
@@ -221,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
     // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query).
     int first_lo, last_lo, first_hi, last_hi;
-    visible_keys(f, dense, m0, &first_lo, &last_lo);
-    visible_keys(f, dense, m0 + kBlockM - 1, &first_hi, &last_hi);
+    visible_keys(f, m0, &first_lo, &last_lo);
+    visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
     const bool need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 ||
                            first_hi > n_wg;
 #pragma unroll
@@ -233,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (need_mask) {
           const int i = m0 + 8 * nt + 2 * tig + e % 2, j = key0 + 8 * (e / 2);
           int first = 0, last = 0;
-          if (i < f.seqlen_q) visible_keys(f, dense, i, &first, &last);
+          if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
           visible = j >= first && j < last;
         }
         // Under the select: a query that sees no key has LSE -inf, and exp2 of +inf is unused.
@@ -368,7 +367,9 @@ Status supports(const BackwardProblem& problem) {
   // Rows, LSE and delta, and the masks are indexed as in a dense batch.
   if (p.is_varlen())
     return {StatusCode::not_supported,
-            std::string(kName) + ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); dense batches only"};
+            std::string(kName) +
+                ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); bwd_04_dq_per_cta and bwd_02_mma_sync run "
+                "those"};
   if (p.seqlens_k != nullptr || p.is_paged())
     return {StatusCode::not_supported,
             std::string(kName) + ": no seqlens_k or paged KV cache (block_table); dense batches only"};
