@@ -109,6 +109,69 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const S
   *last = int(hi);
 }
 
+// The kernels that run a variable-length batch take it as a template flag, kVarlen, so that
+// their dense instantiation is the code they had before (no sequence arithmetic, no reads of
+// cu_seqlens). The helpers below are that code for kVarlen = false. `seq` is
+// sequence_of<kVarlen>(p, blockIdx.z): for a dense batch {Sq, Sk, 0, 0, b}.
+//
+// The CTA's sequence b: a dense batch's entry b ({Sq, Sk, 0, 0, b}, no reads), or a packed
+// one's from cu_seqlens. The varlen instantiations run only with cu_seqlens set and without
+// seqlens_k (their supports() refuse it: refuse_kv_cache): told so, the compiler drops
+// sequence_of's other paths.
+template <bool kVarlen>
+__device__ __forceinline__ Sequence sequence_at(const AttentionParams& p, int b) {
+  if constexpr (kVarlen) {
+    __builtin_assume(p.cu_seqlens_q != nullptr);
+    __builtin_assume(p.seqlens_k == nullptr);
+  }
+  return sequence_of<kVarlen>(p, b);
+}
+// The sequence's lengths: a dense batch's read where they are used, as before.
+template <bool kVarlen>
+__device__ __forceinline__ int seqlen_q_of(const AttentionParams& p, const Sequence& seq) {
+  return kVarlen ? seq.seqlen_q : p.seqlen_q;
+}
+template <bool kVarlen>
+__device__ __forceinline__ int seqlen_k_of(const AttentionParams& p, const Sequence& seq) {
+  return kVarlen ? seq.seqlen_k : p.seqlen_k;
+}
+// Row i of the sequence's queries (keys) in the rows of the fp32 sums, counted over the batch
+// entries: [b, i] of a dense batch, [0, start + i] of a packed one.
+template <bool kVarlen>
+__device__ __forceinline__ int64_t query_row(const AttentionParams& p, const Sequence& seq, int i) {
+  if constexpr (kVarlen) return int64_t(seq.q_start) + i;
+  return int64_t(seq.batch_coord) * p.seqlen_q + i;
+}
+template <bool kVarlen>
+__device__ __forceinline__ int64_t key_row(const AttentionParams& p, const Sequence& seq, int j) {
+  if constexpr (kVarlen) return int64_t(seq.k_start) + j;
+  return int64_t(seq.batch_coord) * p.seqlen_k + j;
+}
+// Where query 0 of the sequence's head h lies in lse and delta: [B, Hq, Sq] or [Hq, total_q].
+template <bool kVarlen>
+__device__ __forceinline__ int64_t stats_row0(const AttentionParams& p, const Sequence& seq, int h) {
+  if constexpr (kVarlen) return int64_t(h) * p.total_q + seq.q_start;
+  return (int64_t(seq.batch_coord) * p.heads_q + h) * p.seqlen_q;
+}
+// visible_keys and queries_seeing of the sequence: a dense batch's from the forward's
+// causal_offset, as before.
+template <bool kVarlen>
+__device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,
+                                             int* last) {
+  if constexpr (kVarlen)
+    visible_keys(p, seq, i, first, last);
+  else
+    visible_keys(p, i, first, last);
+}
+template <bool kVarlen>
+__device__ __forceinline__ void queries_seeing(const AttentionParams& p, const Sequence& seq, int n0, int n1,
+                                               int* first, int* last) {
+  if constexpr (kVarlen)
+    queries_seeing(p, seq, n0, n1, first, last);
+  else
+    queries_seeing(p, n0, n1, first, last);
+}
+
 constexpr int kDeltaWarps = 4;
 
 // One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS. Over every
@@ -140,6 +203,16 @@ __global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, 
   const int64_t row = e / D;
   const int d = int(e % D), h = int(row % heads), s = int(row / heads % seqlen), b = int(row / heads / seqlen);
   dst[b * batch_stride + int64_t(s) * seq_stride + h * head_stride + d] = from_float<T>(src[e]);
+}
+
+// What the kernels that take a variable-length batch refuse (backward() refuses it before
+// asking them): keys in use (seqlens_k) and a paged KV cache. Their varlen instantiations
+// assume both absent (sequence_at).
+inline Status refuse_kv_cache(const BackwardProblem& problem, const char* name) {
+  const AttentionProblem& p = problem.forward;
+  if (p.seqlens_k != nullptr || p.is_paged())
+    return {StatusCode::not_supported, std::string(name) + ": no seqlens_k or paged KV cache (block_table)"};
+  return Status::Ok();
 }
 
 // Launches a backward's main kernel, one CTA per `block_n` keys of each query head and batch
