@@ -30,28 +30,7 @@ struct BackwardParams {
   float* dq_accum;  // like q, contiguous: [B, Sq, Hq, D] or [total_q, Hq, D]
   float* dk_accum;  // like k, contiguous: [B, Sk, Hkv, D] or [total_k, Hkv, D]
   float* dv_accum;
-  // The tensors' [batch entries, rows]: [B, Sq] and [B, Sk], or [1, total_q] and [1, total_k]
-  // when varlen (AttentionProblem::tensor_batch, tensor_rows_q, tensor_rows_k).
-  int tensor_batch, rows_q, rows_k;
 };
-
-// A dense batch's sequence b, for the kernels that refuse a variable-length batch: no reads.
-__device__ __forceinline__ Sequence dense_sequence(const AttentionParams& p, int b) {
-  return sequence_of<false>(p, b);
-}
-
-// Row i of a sequence's queries (or keys) in its tensor's rows, counted over the batch
-// entries: [b, i] of a dense batch, [0, start + i] of a packed one. The sums' row index.
-__device__ __forceinline__ int64_t query_row(const BackwardParams& p, const Sequence& seq, int i) {
-  return int64_t(seq.batch_coord) * p.rows_q + seq.q_start + i;
-}
-__device__ __forceinline__ int64_t key_row(const BackwardParams& p, const Sequence& seq, int j) {
-  return int64_t(seq.batch_coord) * p.rows_k + seq.k_start + j;
-}
-// Where query row 0 of the sequence's head h lies in lse and delta ([entries, Hq, rows_q]).
-__device__ __forceinline__ int64_t stats_row0(const BackwardParams& p, const Sequence& seq, int h) {
-  return (int64_t(seq.batch_coord) * p.fwd.heads_q + h) * p.rows_q + seq.q_start;
-}
 
 // The keys query i sees, [first, last): the causal mask and the window, bottom-right aligned.
 __device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
@@ -79,8 +58,8 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0,
   *last = int(hi);
 }
 
-// The keys query i of `seq` sees, [first, last): the causal mask and the window, aligned to
-// the sequence's own bottom-right corner.
+// The same two for one sequence of a variable-length batch: its own lengths, its masks
+// aligned to its own bottom-right corner.
 __device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,
                                              int* last) {
   const int64_t diagonal = int64_t(i) + (seq.seqlen_k - seq.seqlen_q);
@@ -92,15 +71,10 @@ __device__ __forceinline__ void visible_keys(const AttentionParams& p, const Seq
   *first = int(lo);
   *last = int(hi);
 }
-
-// The queries [first, last) of `seq` that see at least one of the keys [n0, n1): the inverse
-// of visible_keys over a block of keys.
 __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const Sequence& seq, int n0, int n1,
                                                int* first, int* last) {
   const int right = p.causal ? 0 : p.window_right;
   const int64_t offset = seq.seqlen_k - seq.seqlen_q;
-  // Query i sees key n1 - 1 or earlier only from i + offset + right >= n0; it sees a key
-  // before n1 only while i + offset - window_left < n1.
   int64_t lo = right >= 0 ? int64_t(n0) - offset - right : 0;
   int64_t hi = p.window_left >= 0 ? int64_t(n1) - offset + p.window_left : seq.seqlen_q;
   lo = lo < 0 ? 0 : lo > seq.seqlen_q ? seq.seqlen_q : lo;
@@ -174,16 +148,16 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const S
 
 constexpr int kDeltaWarps = 4;
 
-// One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS. Over every
-// row of the tensors (a packed batch's rows that belong to no sequence too: no kernel reads
-// their delta).
+// One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS. A packed
+// batch's rows are one batch entry of total_q rows here (run_backward sets p.fwd so), its rows
+// that belong to no sequence included: no kernel reads their delta.
 template <typename T, int D>
 __global__ void __launch_bounds__(kDeltaWarps * 32) delta_kernel(BackwardParams p) {
-  const int64_t row = int64_t(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;  // (entry, h, i), i fastest
+  const int64_t row = int64_t(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;  // (b, h, i), i fastest
   const int lane = threadIdx.x % 32;
   const AttentionParams& f = p.fwd;
-  if (row >= int64_t(p.tensor_batch) * f.heads_q * p.rows_q) return;
-  const int i = int(row % p.rows_q), h = int(row / p.rows_q % f.heads_q), b = int(row / p.rows_q / f.heads_q);
+  if (row >= int64_t(f.batch) * f.heads_q * f.seqlen_q) return;
+  const int i = int(row % f.seqlen_q), h = int(row / f.seqlen_q % f.heads_q), b = int(row / f.seqlen_q / f.heads_q);
   const T* o = static_cast<const T*>(f.out) + b * f.out_batch_stride + int64_t(i) * f.out_seq_stride + h * f.out_head_stride;
   const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + int64_t(i) * p.dout_seq_stride +
                  h * p.dout_head_stride;
@@ -241,11 +215,11 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   p.dout_batch_stride = problem.dout_strides.batch;
   p.dout_seq_stride = problem.dout_strides.seq;
   p.dout_head_stride = problem.dout_strides.head;
-  p.tensor_batch = fwd.tensor_batch();
-  p.rows_q = fwd.tensor_rows_q();
-  p.rows_k = fwd.tensor_rows_k();
-  const int64_t rows_q = int64_t(p.tensor_batch) * p.rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
-  const int64_t rows_k = int64_t(p.tensor_batch) * p.rows_k * fwd.heads_kv;
+  // The tensors' [batch entries, rows]: [B, Sq] and [B, Sk], or [1, total_q] and [1, total_k]
+  // for a variable-length batch.
+  const int entries = fwd.tensor_batch(), seq_rows_q = fwd.tensor_rows_q(), seq_rows_k = fwd.tensor_rows_k();
+  const int64_t rows_q = int64_t(entries) * seq_rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
+  const int64_t rows_k = int64_t(entries) * seq_rows_k * fwd.heads_kv;
   const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k) * 2 * fwd.head_dim;
   float* scratch = nullptr;
   Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
@@ -259,19 +233,22 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
                   std::string(name) + ": zeroing the fp32 sums");
   if (s.ok()) {
     s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
-      delta_kernel<T, D><<<unsigned((rows_q + kDeltaWarps - 1) / kDeltaWarps), kDeltaWarps * 32, 0, stream>>>(p);
+      BackwardParams rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
+      rows.fwd.batch = entries;
+      rows.fwd.seqlen_q = seq_rows_q;
+      delta_kernel<T, D><<<unsigned((rows_q + kDeltaWarps - 1) / kDeltaWarps), kDeltaWarps * 32, 0, stream>>>(rows);
       Status st = launch_status(name);
       if (!st.ok()) return st;
       if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;
       auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {
-        const int64_t rows = int64_t(p.tensor_batch) * seqlen * heads;
+        const int64_t rows = int64_t(entries) * seqlen * heads;
         convert_kernel<T, D><<<unsigned((rows * D + 255) / 256), 256, 0, stream>>>(
             src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
         return launch_status(name);
       };
-      if (!(st = convert(p.dq_accum, problem.dq, p.rows_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
-      if (!(st = convert(p.dk_accum, problem.dk, p.rows_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
-      return convert(p.dv_accum, problem.dv, p.rows_k, fwd.heads_kv, problem.dv_strides);
+      if (!(st = convert(p.dq_accum, problem.dq, seq_rows_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
+      if (!(st = convert(p.dk_accum, problem.dk, seq_rows_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
+      return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides);
     });
   }
   const Status freed = cuda_status(cudaFreeAsync(scratch, stream), std::string(name) + ": cudaFreeAsync(scratch)");
