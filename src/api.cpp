@@ -374,9 +374,9 @@ std::vector<std::string> backward_kernel_names() {
   return names;
 }
 
-Status backward(const BackwardProblem& problem, const Options& options) {
-  Status s = validate_backward_arguments(problem);
-  if (!s.ok()) return s;
+namespace {
+// The kernel that runs `problem` (validated): options.kernel by name, or "auto".
+Status resolve_backward(const BackwardProblem& problem, const std::string& name, const BackwardKernel** out) {
   const AttentionProblem& p = problem.forward;
   // A variable-length batch (cu_seqlens) is fine; keys in use and pages are not there yet.
   if (p.seqlens_k != nullptr || p.is_paged())
@@ -386,28 +386,45 @@ Status backward(const BackwardProblem& problem, const Options& options) {
   // "auto", as for the forward: the newest kernel that supports the problem (bwd_05 up to
   // D = 128, bwd_02 at D = 256; results/evidence/backward_tma_dq/README.md). bwd_05 and bwd_03
   // refuse a variable-length batch, so there it is bwd_04 up to D = 128.
-  const BackwardKernel* kernel = nullptr;
-  if (options.kernel == "auto") {
+  if (name == "auto") {
     std::string reasons;
     for (const BackwardKernel* k : backward_kernels()) {
       const Status why = k->supports(problem);
       if (why.ok())
-        kernel = k;
+        *out = k;
       else
         reasons += "\n  " + why.message();
     }
-    if (kernel == nullptr)
+    if (*out == nullptr)
       return {StatusCode::not_supported, "kernel: no backward kernel supports this problem:" + reasons};
-  } else {
-    for (const BackwardKernel* k : backward_kernels())
-      if (options.kernel == k->name) kernel = k;
-    if (kernel == nullptr) {
-      std::string known = "auto";
-      for (const std::string& name : backward_kernel_names()) known += ", " + name;
-      return invalid("kernel: unknown backward kernel '" + options.kernel + "' (known: " + known + ")");
-    }
-    if (!(s = kernel->supports(problem)).ok()) return s;  // a named kernel is asked here; "auto" chose by it
+    return Status::Ok();  // "auto" chose by supports(): not asked again
   }
+  for (const BackwardKernel* k : backward_kernels())
+    if (name == k->name) *out = k;
+  if (*out == nullptr) {
+    std::string known = "auto";
+    for (const std::string& n : backward_kernel_names()) known += ", " + n;
+    return invalid("kernel: unknown backward kernel '" + name + "' (known: " + known + ")");
+  }
+  return (*out)->supports(problem);
+}
+}  // namespace
+
+Status resolve_backward_kernel(const BackwardProblem& problem, const std::string& kernel, std::string* resolved) {
+  Status s = validate_backward_arguments(problem);
+  if (!s.ok()) return s;
+  const BackwardKernel* k = nullptr;
+  if (!(s = resolve_backward(problem, kernel, &k)).ok()) return s;
+  if (resolved) *resolved = k->name;
+  return s;
+}
+
+Status backward(const BackwardProblem& problem, const Options& options) {
+  Status s = validate_backward_arguments(problem);
+  if (!s.ok()) return s;
+  const BackwardKernel* kernel = nullptr;
+  if (!(s = resolve_backward(problem, options.kernel, &kernel)).ok()) return s;
+  const AttentionProblem& p = problem.forward;
   if (!(s = check_device()).ok()) return s;
   const std::pair<const char*, const void*> pointers[] = {
       {"q", p.q},           {"k", p.k},           {"v", p.v},

@@ -243,6 +243,64 @@ TEST(BackwardValidation, VarlenRefusals) {
   }
 }
 
+// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B05
+// for a dense batch up to D = 128; for a variable-length batch, which B05 and B03 refuse, B04
+// up to D = 128; B02 at D = 256 either way. A kernel named for what it refuses says why.
+TEST(BackwardValidation, AutoRouting) {
+  auto with_head_dim = [](BackwardProblem b, int d) {
+    AttentionProblem& p = b.forward;
+    const int rows_q = p.is_varlen() ? p.total_q : p.seqlen_q, rows_k = p.is_varlen() ? p.total_k : p.seqlen_k;
+    p.head_dim = d;
+    p.q_strides = p.out_strides = b.dout_strides = b.dq_strides = contiguous_bshd(rows_q, p.heads_q, d);
+    p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(rows_k, p.heads_kv, d);
+    return b;
+  };
+  struct Want {
+    bool varlen;
+    int head_dim;
+    const char* kernel;
+  };
+  for (const Want& w : {Want{false, 64, "bwd_05_tma_dq"}, Want{false, 128, "bwd_05_tma_dq"},
+                        Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_04_dq_per_cta"},
+                        Want{true, 128, "bwd_04_dq_per_cta"}, Want{true, 256, "bwd_02_mma_sync"}}) {
+    const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
+    std::string resolved;
+    const Status s = resolve_backward_kernel(b, "auto", &resolved);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(resolved, w.kernel) << (w.varlen ? "varlen" : "dense") << " D = " << w.head_dim;
+    for (const std::string& name : backward_kernel_names()) {  // a named kernel: itself, or why not
+      std::string named;
+      const Status t = resolve_backward_kernel(b, name, &named);
+      if (t.ok()) {
+        EXPECT_EQ(named, name);
+        continue;
+      }
+      EXPECT_EQ(t.code(), StatusCode::not_supported) << name << ": " << t.to_string();
+      EXPECT_EQ(t.message().rfind(name + ": ", 0), 0u) << t.message();
+      EXPECT_NE(name, w.kernel);
+    }
+  }
+  // The varlen refusals name the kernels that run one.
+  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq"}) {
+    std::string resolved;
+    const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+    EXPECT_NE(s.message().find("cu_seqlens"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("bwd_04_dq_per_cta"), std::string::npos) << s.message();
+  }
+  // Refused whatever the kernel: seqlens_k; an unknown name lists the known ones.
+  BackwardProblem b = valid_varlen_backward();
+  b.forward.seqlens_k = static_cast<const int32_t*>(fake(12));
+  std::string resolved;
+  Status s = resolve_backward_kernel(b, "auto", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+  EXPECT_NE(s.message().find("seqlens_k"), std::string::npos) << s.message();
+  s = resolve_backward_kernel(valid_backward(), "bwd_99", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  for (const std::string& name : backward_kernel_names())
+    EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
+}
+
 struct Case {
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   bool causal;

@@ -224,6 +224,10 @@ Status backward(const BackwardProblem& problem, const Options& options = {});
 // The backward kernels in lineage order.
 std::vector<std::string> backward_kernel_names();
 
+// Which backward kernel "auto" (or a given name) resolves to for this problem, without
+// launching: the checks of backward() before it needs a GPU. Needs no GPU.
+Status resolve_backward_kernel(const BackwardProblem& problem, const std::string& kernel, std::string* resolved);
+
 // Checks of the backward's arguments alone (the forward problem's, then the gradients'). Needs
 // no GPU.
 Status validate_backward_arguments(const BackwardProblem& problem);
