@@ -356,6 +356,40 @@ TEST(Varlen, BrokenOffsetsStayInsideTheTensors) {
     }
 }
 
+// Runs `w` in a caller's workspace of workspace_size() bytes, filled with 0xFF first (and,
+// with `refuse_smaller`, checks first that one byte less is refused by name). Then checks
+// `rows` of the output against the reference, and that the parts wrote their partial results
+// into the workspace.
+void check_in_callers_workspace(harness::Workload* w, const std::vector<harness::RowId>& rows, bool refuse_smaller) {
+  size_t bytes = 0;
+  Status s = workspace_size(w->problem, &bytes);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_GT(bytes, 0u) << "this shape should split its keys";
+  harness::DeviceBuffer workspace;
+  ASSERT_TRUE(workspace.allocate(bytes).ok());
+  ASSERT_EQ(cudaMemset(workspace.get(), 0xFF, bytes), cudaSuccess);
+  AttentionProblem p = w->problem;
+  p.workspace = workspace.get();
+  if (refuse_smaller) {
+    p.workspace_bytes = bytes - 1;
+    s = forward(p);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+    EXPECT_NE(s.message().find("workspace_bytes"), std::string::npos) << s.message();
+  }
+  p.workspace_bytes = bytes;
+  ASSERT_TRUE(harness::poison_outputs(w).ok());
+  s = forward(p);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  const harness::CheckResult r = harness::check_outputs(*w, rows);
+  EXPECT_TRUE(r.passed) << r.summary();
+  std::vector<uint8_t> host(bytes);
+  ASSERT_EQ(cudaMemcpy(host.data(), workspace.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  size_t written = 0;
+  for (uint8_t b : host) written += b != 0xFF;
+  EXPECT_GT(written, bytes / 4) << "the parts' partial results did not land in the caller's workspace";
+}
+
 // A decoding shape with few items splits its keys: workspace_size() says how much memory the
 // parts' partial results take, a caller's buffer of that size is used (the parts write into it)
 // and one byte less is refused by name.
@@ -367,32 +401,10 @@ TEST(SplitKv, UsesTheCallersWorkspace) {
     const Shape shape = make(2, 1, 5000, 8, 2, d, false, DType::bf16, Layout::contiguous);  // 16 items, GQA 4
     harness::Workload w;
     ASSERT_TRUE(harness::make_workload(shape, 11, &w).ok());
-    size_t bytes = 0;
-    Status s = workspace_size(w.problem, &bytes);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    ASSERT_GT(bytes, 0u) << "16 items on a GPU of more SMs should split";
-    harness::DeviceBuffer workspace;
-    ASSERT_TRUE(workspace.allocate(bytes).ok());
-    ASSERT_EQ(cudaMemset(workspace.get(), 0xFF, bytes), cudaSuccess);
+    check_in_callers_workspace(&w, harness::sample_rows(shape, 16, 3), /*refuse_smaller=*/true);
     AttentionProblem p = w.problem;
-    p.workspace = workspace.get();
-    p.workspace_bytes = bytes - 1;
-    s = forward(p);
-    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
-    EXPECT_NE(s.message().find("workspace_bytes"), std::string::npos) << s.message();
-    p.workspace_bytes = bytes;
-    ASSERT_TRUE(harness::poison_outputs(&w).ok());
-    s = forward(p);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
-    const harness::CheckResult r = harness::check_outputs(w, harness::sample_rows(shape, 16, 3));
-    EXPECT_TRUE(r.passed) << r.summary();
-    std::vector<uint8_t> host(bytes);
-    ASSERT_EQ(cudaMemcpy(host.data(), workspace.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    size_t written = 0;
-    for (uint8_t b : host) written += b != 0xFF;
-    EXPECT_GT(written, bytes / 4) << "the parts' partial results did not land in the caller's workspace";
     p.num_splits = 1;  // unsplit: no workspace
+    size_t bytes = 1;
     ASSERT_TRUE(workspace_size(p, &bytes).ok());
     EXPECT_EQ(bytes, 0u);
   }
@@ -401,7 +413,8 @@ TEST(SplitKv, UsesTheCallersWorkspace) {
 // Without a mask, when the items overshoot whole rounds of the persistent grid by a few, the
 // final kernel cuts each item of the last round into parts along the keys: workspace_size()
 // counts their partial results, the parts write them into the caller's buffer, and the
-// combined output matches the reference. num_splits = 1 turns it off.
+// combined output matches the reference. num_splits = 1 turns it off, and so does the causal
+// mask (items of unequal cost).
 TEST(SplitKv, CutsTheLastRound) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
@@ -414,37 +427,20 @@ TEST(SplitKv, CutsTheLastRound) {
     const Shape shape = make(sms + 4, 128, 3000, 1, 1, d, false, DType::bf16, Layout::contiguous);
     harness::Workload w;
     ASSERT_TRUE(harness::make_workload(shape, 13, &w).ok());
-    size_t bytes = 0;
-    Status s = workspace_size(w.problem, &bytes);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    ASSERT_GT(bytes, 0u) << "4 items past a whole round should be cut";
-    harness::DeviceBuffer workspace;
-    ASSERT_TRUE(workspace.allocate(bytes).ok());
-    ASSERT_EQ(cudaMemset(workspace.get(), 0xFF, bytes), cudaSuccess);
-    AttentionProblem p = w.problem;
-    p.workspace = workspace.get();
-    p.workspace_bytes = bytes;
-    ASSERT_TRUE(harness::poison_outputs(&w).ok());
-    s = forward(p);
-    ASSERT_TRUE(s.ok()) << s.to_string();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
     // The last 4 sequences hold the cut items: check their rows beside a sample of the rest
     // (NaN, which the poisoned output holds until written, is checked over all of it).
     std::vector<harness::RowId> rows = harness::sample_rows(shape, 8, 3);
     for (int b = sms; b < sms + 4; ++b)
       for (int i : {0, 1, 8, 63, 64, 100, 127}) rows.push_back({b, 0, i});
-    const harness::CheckResult r = harness::check_outputs(w, rows);
-    EXPECT_TRUE(r.passed) << r.summary();
-    std::vector<uint8_t> host(bytes);
-    ASSERT_EQ(cudaMemcpy(host.data(), workspace.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    size_t written = 0;
-    for (uint8_t b : host) written += b != 0xFF;
-    EXPECT_GT(written, bytes / 4) << "the parts' partial results did not land in the caller's workspace";
-    p.num_splits = 1;  // off: no workspace
+    check_in_callers_workspace(&w, rows, /*refuse_smaller=*/false);
+    AttentionProblem p = w.problem;
+    size_t bytes = 1;
+    p.num_splits = 1;
     ASSERT_TRUE(workspace_size(p, &bytes).ok());
     EXPECT_EQ(bytes, 0u);
     p.num_splits = 0;
-    p.causal = true;  // items of unequal cost: not cut
+    p.causal = true;
+    bytes = 1;
     ASSERT_TRUE(workspace_size(p, &bytes).ok());
     EXPECT_EQ(bytes, 0u);
   }

@@ -875,8 +875,13 @@ Status supports(const AttentionProblem& problem) {
 }
 
 // Sweeps at least this long (mean keys per query block) take the wide tiles at D = 128 and
-// 256, as in 13 (chapter 13 has the measurements).
-constexpr double wide_tile_min_keys(int head_dim) { return head_dim == 256 ? 1024 : 8192; }
+// 256, as in 13 (chapter 13 has the measurements). At D = 128 the dense problems take them
+// from 4096 keys: with this step's 16-byte O stores they gained 2.5% without a mask at S = 4k
+// and 3% causal at S = 8k (results/evidence/tail_rounds_wide_a71743b/). Problems with a
+// window, sequence bounds or GQA packing keep 13's 8192, where they were measured.
+constexpr double wide_tile_min_keys(int head_dim, bool dense) {
+  return head_dim == 256 ? 1024 : head_dim == 128 && dense ? 4096 : 8192;
+}
 
 // At D = 64 three consumers run unless the sweep is causal and short: measured on the H200
 // (results/evidence/bench_x16_three_consumers_d64.log), they win by 2-23% without a mask at
@@ -917,7 +922,8 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   c->mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c->params.pack_shift, problem.seqlen_q,
                                      problem.seqlen_k, problem.causal, c->params.window_left, c->params.window_right);
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
-  c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim);
+  const bool dense = !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0;
+  c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim, dense);
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   c->three = !(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys;
   c->sms = sm_count();
