@@ -343,7 +343,9 @@ Status validate_backward_arguments(const BackwardProblem& problem) {
   const AttentionProblem& p = problem.forward;
   Status s = validate_arguments(p);
   if (!s.ok()) return s;
-  if (p.lse == nullptr) return invalid("lse: the backward needs the forward's log-sum-exp (fp32 [B, Hq, Sq])");
+  if (p.lse == nullptr)
+    return invalid("lse: the backward needs the forward's log-sum-exp (fp32 [B, Hq, Sq], or [Hq, total_q] for a "
+                   "variable-length batch)");
   if (!(s = check_tensor("dout", problem.dout, problem.dout_strides, p.tensor_batch(), p.tensor_rows_q(), p.heads_q,
                          p.head_dim, false)).ok())
     return s;
@@ -372,32 +374,63 @@ std::vector<std::string> backward_kernel_names() {
   return names;
 }
 
+namespace {
+// The kernel that runs `problem` (validated): options.kernel by name, or "auto".
+Status resolve_backward(const BackwardProblem& problem, const std::string& name, const BackwardKernel** out) {
+  const AttentionProblem& p = problem.forward;
+  // A variable-length batch (cu_seqlens) is fine; keys in use and pages are not there yet.
+  if (p.seqlens_k != nullptr || p.is_paged())
+    return {StatusCode::not_supported,
+            "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
+            "batches only"};
+  // "auto", as for the forward: the newest kernel that supports the problem (bwd_05 up to
+  // D = 128, bwd_02 at D = 256; results/evidence/backward_tma_dq/README.md). bwd_05 and bwd_03
+  // refuse a variable-length batch, so there it is bwd_04 up to D = 128.
+  if (name == "auto") {
+    std::string reasons;
+    for (const BackwardKernel* k : backward_kernels()) {
+      const Status why = k->supports(problem);
+      if (why.ok())
+        *out = k;
+      else
+        reasons += "\n  " + why.message();
+    }
+    if (*out == nullptr)
+      return {StatusCode::not_supported, "kernel: no backward kernel supports this problem:" + reasons};
+    return Status::Ok();  // "auto" chose by supports(): not asked again
+  }
+  for (const BackwardKernel* k : backward_kernels())
+    if (name == k->name) *out = k;
+  if (*out == nullptr) {
+    std::string known = "auto";
+    for (const std::string& n : backward_kernel_names()) known += ", " + n;
+    return invalid("kernel: unknown backward kernel '" + name + "' (known: " + known + ")");
+  }
+  return (*out)->supports(problem);
+}
+}  // namespace
+
+Status resolve_backward_kernel(const BackwardProblem& problem, const std::string& kernel, std::string* resolved) {
+  Status s = validate_backward_arguments(problem);
+  if (!s.ok()) return s;
+  const BackwardKernel* k = nullptr;
+  if (!(s = resolve_backward(problem, kernel, &k)).ok()) return s;
+  if (resolved) *resolved = k->name;
+  return s;
+}
+
 Status backward(const BackwardProblem& problem, const Options& options) {
   Status s = validate_backward_arguments(problem);
   if (!s.ok()) return s;
-  // "auto", as for the forward: the newest kernel that supports the problem (bwd_05 up to
-  // D = 128, bwd_02 at D = 256; results/evidence/backward_tma_dq/README.md).
   const BackwardKernel* kernel = nullptr;
-  if (options.kernel == "auto") {
-    for (const BackwardKernel* k : backward_kernels())
-      if (k->supports(problem).ok()) kernel = k;
-  } else {
-    for (const BackwardKernel* k : backward_kernels())
-      if (options.kernel == k->name) kernel = k;
-  }
-  if (kernel == nullptr) {
-    std::string known = "auto";
-    for (const std::string& name : backward_kernel_names()) known += ", " + name;
-    return invalid("kernel: unknown backward kernel '" + options.kernel + "' (known: " + known + ")");
-  }
+  if (!(s = resolve_backward(problem, options.kernel, &kernel)).ok()) return s;
   const AttentionProblem& p = problem.forward;
-  if (p.has_sequence_bounds())
-    return {StatusCode::not_supported, "backward: dense batches only so far (no cu_seqlens, seqlens_k or block_table)"};
-  if (options.kernel != "auto" && !(s = kernel->supports(problem)).ok()) return s;  // "auto" chose by supports()
   if (!(s = check_device()).ok()) return s;
-  const std::pair<const char*, const void*> pointers[] = {{"q", p.q},     {"k", p.k},   {"v", p.v},
-                                                          {"out", p.out}, {"lse", p.lse}, {"dout", problem.dout},
-                                                          {"dq", problem.dq}, {"dk", problem.dk}, {"dv", problem.dv}};
+  const std::pair<const char*, const void*> pointers[] = {
+      {"q", p.q},           {"k", p.k},           {"v", p.v},
+      {"out", p.out},       {"lse", p.lse},       {"cu_seqlens_q", p.cu_seqlens_q},
+      {"cu_seqlens_k", p.cu_seqlens_k}, {"dout", problem.dout}, {"dq", problem.dq},
+      {"dk", problem.dk},   {"dv", problem.dv}};
   for (const auto& [name, ptr] : pointers)
     if (!(s = check_device_pointer(name, ptr)).ok()) return s;
   return kernel->launch(problem, options.stream);

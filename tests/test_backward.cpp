@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -125,7 +126,8 @@ TEST(BackwardValidation, KernelNamesInLineageOrder) {
 }
 
 // B05 takes dense batches at D <= 128, so "auto" picks it there; what it refuses falls to an
-// older kernel. Its supports() directly: backward() refuses sequence bounds before asking it.
+// older kernel (a variable-length batch to bwd_04). Its supports() directly: backward() refuses
+// seqlens_k and block_table before asking it.
 TEST(BackwardValidation, TmaDqSupports) {
   const BackwardKernel& b05 = backward_tma_dq();
   EXPECT_STREQ(b05.name, "bwd_05_tma_dq");
@@ -153,6 +155,152 @@ TEST(BackwardValidation, TmaDqSupports) {
   expect_refused(b, "block_table");
 }
 
+// A variable-length batch of 3 sequences, 100 + 20 + 7 queries and 120 + 1 + 9 keys, packed
+// along the rows of contiguous [total, H, D] tensors.
+BackwardProblem valid_varlen_backward() {
+  BackwardProblem b = valid_backward();
+  AttentionProblem& p = b.forward;
+  p.batch = 3;
+  p.cu_seqlens_q = static_cast<const int32_t*>(fake(10));
+  p.cu_seqlens_k = static_cast<const int32_t*>(fake(11));
+  p.total_q = 127;
+  p.total_k = 130;
+  p.q_strides = p.out_strides = b.dout_strides = b.dq_strides = contiguous_bshd(127, 4, 128);
+  p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(130, 2, 128);
+  return b;
+}
+
+TEST(BackwardValidation, VarlenArguments) {
+  EXPECT_TRUE(validate_backward_arguments(valid_varlen_backward()).ok());
+  BackwardProblem b = valid_varlen_backward();
+  b.forward.cu_seqlens_k = nullptr;
+  expect_invalid(b, "cu_seqlens_k");
+  b = valid_varlen_backward();
+  b.forward.total_q = 0;
+  expect_invalid(b, "total_q");
+  b = valid_varlen_backward();
+  b.forward.cu_seqlens_q = reinterpret_cast<const int32_t*>(reinterpret_cast<uintptr_t>(b.forward.cu_seqlens_q) + 2);
+  expect_invalid(b, "cu_seqlens_q");
+  // Packed gradients: strides over [total, H, D]; their batch stride is not used.
+  b = valid_varlen_backward();
+  b.dq_strides.batch = 0;
+  b.dk_strides.batch = 0;
+  b.dv_strides.batch = 0;
+  b.dout_strides.batch = 0;
+  EXPECT_TRUE(validate_backward_arguments(b).ok()) << validate_backward_arguments(b).to_string();
+  b.dq_strides.seq = 4 * 128 + 4;  // not a multiple of 8 elements
+  expect_invalid(b, "dq");
+  b = valid_varlen_backward();
+  b.dout_strides.seq = 100;
+  expect_invalid(b, "dout");
+  b = valid_varlen_backward();
+  b.dk_strides.seq = 128;  // the 2 heads of a row overlap the next row
+  expect_invalid(b, "dk");
+  b = valid_varlen_backward();
+  b.dv = static_cast<char*>(b.dv) + 8;
+  expect_invalid(b, "dv");
+}
+
+TEST(BackwardValidation, VarlenRefusals) {
+  // seqlens_k and a paged cache are refused whatever the kernel, before any GPU is needed.
+  BackwardProblem b = valid_varlen_backward();
+  b.forward.seqlens_k = static_cast<const int32_t*>(fake(12));
+  for (const std::string kernel : {"auto", "bwd_04_dq_per_cta", "bwd_02_mma_sync"}) {
+    Options options;
+    options.kernel = kernel;
+    const Status s = backward(b, options);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << kernel << ": " << s.to_string();
+    EXPECT_NE(s.message().find("seqlens_k"), std::string::npos) << s.message();
+  }
+  b = valid_backward();  // a dense paged cache
+  AttentionProblem& p = b.forward;
+  p.seqlens_k = static_cast<const int32_t*>(fake(12));
+  p.block_table = static_cast<const int32_t*>(fake(13));
+  p.page_size = 128;
+  p.num_pages = 4;
+  p.max_pages_per_seq = 1;
+  p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(128, 2, 128);
+  ASSERT_TRUE(validate_backward_arguments(b).ok()) << validate_backward_arguments(b).to_string();
+  Status s = backward(b);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+  EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
+
+  // bwd_03 refuses a variable-length batch and names the kernels that run it.
+  b = valid_varlen_backward();
+  Options options;
+  options.kernel = "bwd_03_wgmma";
+  s = backward(b, options);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+  EXPECT_NE(s.message().find("variable-length"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("bwd_04_dq_per_cta"), std::string::npos) << s.message();
+  // The others accept it: they get as far as the device check (no GPU) or the pointer checks
+  // (these pointers are not GPU memory).
+  for (const std::string kernel : {"auto", "bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_04_dq_per_cta"}) {
+    options.kernel = kernel;
+    s = backward(b, options);
+    EXPECT_NE(s.code(), StatusCode::not_supported) << kernel << ": " << s.to_string();
+    EXPECT_FALSE(s.ok()) << kernel;
+  }
+}
+
+// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B05
+// for a dense batch up to D = 128; for a variable-length batch, which B05 and B03 refuse, B04
+// up to D = 128; B02 at D = 256 either way. A kernel named for what it refuses says why.
+TEST(BackwardValidation, AutoRouting) {
+  auto with_head_dim = [](BackwardProblem b, int d) {
+    AttentionProblem& p = b.forward;
+    const int rows_q = p.is_varlen() ? p.total_q : p.seqlen_q, rows_k = p.is_varlen() ? p.total_k : p.seqlen_k;
+    p.head_dim = d;
+    p.q_strides = p.out_strides = b.dout_strides = b.dq_strides = contiguous_bshd(rows_q, p.heads_q, d);
+    p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(rows_k, p.heads_kv, d);
+    return b;
+  };
+  struct Want {
+    bool varlen;
+    int head_dim;
+    const char* kernel;
+  };
+  for (const Want& w : {Want{false, 64, "bwd_05_tma_dq"}, Want{false, 128, "bwd_05_tma_dq"},
+                        Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_04_dq_per_cta"},
+                        Want{true, 128, "bwd_04_dq_per_cta"}, Want{true, 256, "bwd_02_mma_sync"}}) {
+    const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
+    std::string resolved;
+    const Status s = resolve_backward_kernel(b, "auto", &resolved);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(resolved, w.kernel) << (w.varlen ? "varlen" : "dense") << " D = " << w.head_dim;
+    for (const std::string& name : backward_kernel_names()) {  // a named kernel: itself, or why not
+      std::string named;
+      const Status t = resolve_backward_kernel(b, name, &named);
+      if (t.ok()) {
+        EXPECT_EQ(named, name);
+        continue;
+      }
+      EXPECT_EQ(t.code(), StatusCode::not_supported) << name << ": " << t.to_string();
+      EXPECT_EQ(t.message().rfind(name + ": ", 0), 0u) << t.message();
+      EXPECT_NE(name, w.kernel);
+    }
+  }
+  // The varlen refusals name the kernels that run one.
+  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq"}) {
+    std::string resolved;
+    const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+    EXPECT_NE(s.message().find("cu_seqlens"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("bwd_04_dq_per_cta"), std::string::npos) << s.message();
+  }
+  // Refused whatever the kernel: seqlens_k; an unknown name lists the known ones.
+  BackwardProblem b = valid_varlen_backward();
+  b.forward.seqlens_k = static_cast<const int32_t*>(fake(12));
+  std::string resolved;
+  Status s = resolve_backward_kernel(b, "auto", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+  EXPECT_NE(s.message().find("seqlens_k"), std::string::npos) << s.message();
+  s = resolve_backward_kernel(valid_backward(), "bwd_99", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+  for (const std::string& name : backward_kernel_names())
+    EXPECT_NE(s.message().find(name), std::string::npos) << s.message();
+}
+
 struct Case {
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   bool causal;
@@ -167,6 +315,34 @@ std::string describe(const Case& c) {
          std::to_string(c.head_dim) + (c.causal ? " causal" : "") +
          (c.window_left >= 0 ? " window_left=" + std::to_string(c.window_left) : "") +
          (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "");
+}
+
+// Compares a gradient on the GPU ([entries, rows, heads, D] at `strides`, in `dtype`) with the
+// fp64 reference (contiguous, same shape): every element finite, the largest error within
+// backward_error_budget.
+void check_gradient(const char* name, const harness::DeviceBuffer& got, const Strides& strides, int entries, int rows,
+                    int heads, int head_dim, DType dtype, const std::vector<double>& want) {
+  std::vector<uint16_t> bits(got.bytes() / 2);
+  ASSERT_EQ(cudaMemcpy(bits.data(), got.get(), got.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  double largest = 0, worst = 0;
+  int64_t bad = 0;
+  for (double w : want) largest = std::max(largest, std::abs(w));
+  for (int bb = 0; bb < entries; ++bb)
+    for (int t = 0; t < rows; ++t)
+      for (int hh = 0; hh < heads; ++hh)
+        for (int d = 0; d < head_dim; ++d) {
+          const float g =
+              ref::bits_to_float(bits[bb * strides.batch + int64_t(t) * strides.seq + hh * strides.head + d], dtype);
+          const double w = want[((size_t(bb) * rows + t) * heads + hh) * head_dim + d];
+          if (!std::isfinite(g)) {
+            ++bad;
+            continue;
+          }
+          worst = std::max(worst, std::abs(double(g) - w));
+        }
+  EXPECT_EQ(bad, 0) << name << ": elements not finite (unwritten or NaN)";
+  EXPECT_LE(worst, harness::backward_error_budget(dtype, largest))
+      << name << ": max error " << worst << ", largest |grad| " << largest;
 }
 
 class BackwardTest : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
@@ -270,32 +446,9 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 
-  auto check = [&](const char* name, const harness::DeviceBuffer& got, const Strides& strides, int seqlen, int heads,
-                   const std::vector<double>& want) {
-    std::vector<uint16_t> bits(got.bytes() / 2);
-    ASSERT_EQ(cudaMemcpy(bits.data(), got.get(), got.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-    double largest = 0, worst = 0;
-    int64_t bad = 0;
-    for (double w : want) largest = std::max(largest, std::abs(w));
-    for (int bb = 0; bb < c.batch; ++bb)
-      for (int t = 0; t < seqlen; ++t)
-        for (int hh = 0; hh < heads; ++hh)
-          for (int d = 0; d < D; ++d) {
-            const float g = ref::bits_to_float(bits[bb * strides.batch + int64_t(t) * strides.seq + hh * strides.head + d],
-                                               c.dtype);
-            const double w = want[((size_t(bb) * seqlen + t) * heads + hh) * D + d];
-            if (!std::isfinite(g)) {
-              ++bad;
-              continue;
-            }
-            worst = std::max(worst, std::abs(double(g) - w));
-          }
-    EXPECT_EQ(bad, 0) << name << ": elements not finite (unwritten or NaN)";
-    EXPECT_LE(worst, harness::backward_error_budget(c.dtype, largest)) << name << ": max error " << worst << ", largest |grad| " << largest;
-  };
-  check("dq", d_dq, dq_strides, c.seqlen_q, c.heads_q, dq_ref);
-  check("dk", d_dk, dk_strides, c.seqlen_k, c.heads_kv, dk_ref);
-  check("dv", d_dv, dk_strides, c.seqlen_k, c.heads_kv, dv_ref);
+  check_gradient("dq", d_dq, dq_strides, c.batch, c.seqlen_q, c.heads_q, D, c.dtype, dq_ref);
+  check_gradient("dk", d_dk, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dk_ref);
+  check_gradient("dv", d_dv, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dv_ref);
 }
 
 const DType bf = DType::bf16, fp = DType::fp16;
@@ -318,6 +471,203 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 700, 650, 2, 1, 128, false, -1, fp, false},   // 11 query blocks: stage ring wraps
                       Case{1, 640, 640, 2, 2, 64, true, -1, bf, false})),   // 10 query blocks, causal
     [](const ::testing::TestParamInfo<std::tuple<std::string, Case>>& info) {
+      return std::get<0>(info.param) + "_" + std::to_string(info.index);
+    });
+
+
+// Variable-length batches: sequences packed along the rows of [total, H, D] tensors, the
+// reference run per sequence. A sequence without keys gets NaN queries and dO (its rows see no
+// key: its dq is 0 whatever they hold) and one without queries NaN keys and values (its dk and
+// dv are 0): a kernel whose boxes run past a neighbour's last row must keep them out of the
+// neighbour's gradients.
+struct VarlenCase {
+  std::vector<int> lens_q, lens_k;
+  int heads_q, heads_kv, head_dim;
+  bool causal;
+  int window_left;
+  DType dtype;
+  bool padded;  // dq, dk and dv with gaps between rows and heads
+};
+
+std::string describe(const VarlenCase& c) {
+  std::string lens;
+  for (size_t b = 0; b < c.lens_q.size(); ++b)
+    lens += (b ? "," : "") + std::to_string(c.lens_q[b]) + "/" + std::to_string(c.lens_k[b]);
+  return "varlen q/k=" + lens + " Hq=" + std::to_string(c.heads_q) + " Hkv=" + std::to_string(c.heads_kv) +
+         " D=" + std::to_string(c.head_dim) + (c.causal ? " causal" : "") +
+         (c.window_left >= 0 ? " window_left=" + std::to_string(c.window_left) : "") +
+         (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "");
+}
+
+class BackwardVarlenTest : public ::testing::TestWithParam<std::tuple<std::string, VarlenCase>> {};
+
+TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const auto& [kernel, c] = GetParam();
+  SCOPED_TRACE(kernel + ": " + describe(c));
+  const int D = c.head_dim, Hq = c.heads_q, Hkv = c.heads_kv, batch = int(c.lens_q.size());
+  std::vector<int> cu_q{0}, cu_k{0};
+  for (int b = 0; b < batch; ++b) {
+    cu_q.push_back(cu_q.back() + c.lens_q[b]);
+    cu_k.push_back(cu_k.back() + c.lens_k[b]);
+  }
+  const int total_q = cu_q.back(), total_k = cu_k.back();
+  const size_t q_elems = size_t(total_q) * Hq * D, k_elems = size_t(total_k) * Hkv * D;
+  std::mt19937 rng(uint32_t(total_q * 7919 + total_k * 31 + D));
+  using harness::random_normal;
+  harness::HostTensor q = random_normal(q_elems, c.dtype, &rng), k = random_normal(k_elems, c.dtype, &rng),
+                      v = random_normal(k_elems, c.dtype, &rng), dout = random_normal(q_elems, c.dtype, &rng);
+  auto poison = [&](harness::HostTensor* t, int row0, int rows, int heads) {
+    const uint16_t nan_bits = c.dtype == DType::bf16 ? 0x7fc0 : 0x7e00;
+    for (size_t e = size_t(row0) * heads * D; e < size_t(row0 + rows) * heads * D; ++e) {
+      t->bits[e] = nan_bits;
+      t->values[e] = std::numeric_limits<float>::quiet_NaN();
+    }
+  };
+  for (int b = 0; b < batch; ++b) {
+    if (c.lens_k[b] == 0) poison(&q, cu_q[b], c.lens_q[b], Hq), poison(&dout, cu_q[b], c.lens_q[b], Hq);
+    if (c.lens_q[b] == 0) poison(&k, cu_k[b], c.lens_k[b], Hkv), poison(&v, cu_k[b], c.lens_k[b], Hkv);
+  }
+
+  // The reference, one sequence at a time (a one-entry batch over its rows), into the packed
+  // layout: out and the gradients [total, H, D], lse [Hq, total_q].
+  const Strides q_strides = contiguous_bshd(total_q, Hq, D), k_strides = contiguous_bshd(total_k, Hkv, D);
+  std::vector<uint16_t> out_bits(q_elems, 0);
+  std::vector<float> lse_host(size_t(Hq) * total_q, 0.f);
+  std::vector<double> dq_ref(q_elems, 0.0), dk_ref(k_elems, 0.0), dv_ref(k_elems, 0.0);
+  for (int b = 0; b < batch; ++b) {
+    const int sq = c.lens_q[b], sk = c.lens_k[b];
+    if (sq == 0) continue;  // no queries: no gradient (its dk, dv rows stay 0)
+    ref::HostProblem h;
+    h.batch = 1;
+    h.seqlen_q = sq;
+    h.seqlen_k = sk;
+    h.heads_q = Hq;
+    h.heads_kv = Hkv;
+    h.head_dim = D;
+    h.q = q.values.data() + size_t(cu_q[b]) * Hq * D;
+    h.q_strides = q_strides;
+    h.k = k.values.data() + size_t(cu_k[b]) * Hkv * D;
+    h.k_strides = k_strides;
+    h.v = v.values.data() + size_t(cu_k[b]) * Hkv * D;
+    h.v_strides = k_strides;
+    h.scale = 1.f / std::sqrt(float(D));
+    h.causal = c.causal;
+    h.window_left = c.window_left;
+    std::vector<double> out, lse, dq, dk, dv;
+    ref::attention_fp64(h, &out, &lse);  // [1, sq, Hq, D], [1, Hq, sq]
+    ref::attention_backward_fp64(h, dout.values.data() + size_t(cu_q[b]) * Hq * D, q_strides, &dq, &dk, &dv);
+    for (size_t e = 0; e < out.size(); ++e) {
+      out_bits[size_t(cu_q[b]) * Hq * D + e] = ref::float_to_bits(float(out[e]), c.dtype);
+      dq_ref[size_t(cu_q[b]) * Hq * D + e] = dq[e];
+    }
+    for (int hh = 0; hh < Hq; ++hh)
+      for (int i = 0; i < sq; ++i) lse_host[size_t(hh) * total_q + cu_q[b] + i] = float(lse[size_t(hh) * sq + i]);
+    for (size_t e = 0; e < dk.size(); ++e) {
+      dk_ref[size_t(cu_k[b]) * Hkv * D + e] = dk[e];
+      dv_ref[size_t(cu_k[b]) * Hkv * D + e] = dv[e];
+    }
+  }
+
+  // Gradients with gaps when padded: one spare head and 8 spare elements per row.
+  auto grad_strides = [&](int heads) {
+    Strides s;
+    s.head = D + (c.padded ? 8 : 0);
+    s.seq = s.head * (heads + (c.padded ? 1 : 0));
+    s.batch = 0;  // one packed entry: not used
+    return s;
+  };
+  const Strides dq_strides = grad_strides(Hq), dk_strides = grad_strides(Hkv);
+  const size_t dq_span = size_t(dq_strides.seq) * total_q, dk_span = size_t(dk_strides.seq) * total_k;
+
+  harness::DeviceBuffer d_q, d_k, d_v, d_out, d_lse, d_dout, d_dq, d_dk, d_dv, d_cu_q, d_cu_k;
+  for (auto [buf, bytes] : {std::pair{&d_q, q_elems * 2}, {&d_k, k_elems * 2}, {&d_v, k_elems * 2},
+                            {&d_out, q_elems * 2}, {&d_lse, lse_host.size() * 4}, {&d_dout, q_elems * 2},
+                            {&d_dq, dq_span * 2}, {&d_dk, dk_span * 2}, {&d_dv, dk_span * 2},
+                            {&d_cu_q, cu_q.size() * 4}, {&d_cu_k, cu_k.size() * 4}})
+    ASSERT_TRUE(buf->allocate(bytes).ok());
+  auto upload = [](harness::DeviceBuffer& dst, const void* src, size_t bytes) {
+    ASSERT_EQ(cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  };
+  upload(d_q, q.bits.data(), q_elems * 2);
+  upload(d_k, k.bits.data(), k_elems * 2);
+  upload(d_v, v.bits.data(), k_elems * 2);
+  upload(d_out, out_bits.data(), q_elems * 2);
+  upload(d_lse, lse_host.data(), lse_host.size() * 4);
+  upload(d_dout, dout.bits.data(), q_elems * 2);
+  upload(d_cu_q, cu_q.data(), cu_q.size() * 4);
+  upload(d_cu_k, cu_k.data(), cu_k.size() * 4);
+  for (auto* buf : {&d_dq, &d_dk, &d_dv}) ASSERT_EQ(cudaMemset(buf->get(), 0xFF, buf->bytes()), cudaSuccess);  // NaN
+
+  BackwardProblem b;
+  AttentionProblem& p = b.forward;
+  p.dtype = c.dtype;
+  p.batch = batch;
+  p.seqlen_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
+  p.seqlen_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
+  p.heads_q = Hq;
+  p.heads_kv = Hkv;
+  p.head_dim = D;
+  p.q = d_q.get();
+  p.q_strides = q_strides;
+  p.k = d_k.get();
+  p.k_strides = k_strides;
+  p.v = d_v.get();
+  p.v_strides = k_strides;
+  p.out = d_out.get();
+  p.out_strides = q_strides;
+  p.lse = static_cast<float*>(d_lse.get());
+  p.causal = c.causal;
+  p.window_left = c.window_left;
+  p.cu_seqlens_q = static_cast<const int32_t*>(d_cu_q.get());
+  p.cu_seqlens_k = static_cast<const int32_t*>(d_cu_k.get());
+  p.total_q = total_q;
+  p.total_k = total_k;
+  b.dout = d_dout.get();
+  b.dout_strides = q_strides;
+  b.dq = d_dq.get();
+  b.dq_strides = dq_strides;
+  b.dk = d_dk.get();
+  b.dk_strides = dk_strides;
+  b.dv = d_dv.get();
+  b.dv_strides = dk_strides;
+  Options options;
+  options.kernel = kernel;
+  const Status s = backward(b, options);
+  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05; bwd_04 at D = 256
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+
+  check_gradient("dq", d_dq, dq_strides, 1, total_q, Hq, D, c.dtype, dq_ref);
+  check_gradient("dk", d_dk, dk_strides, 1, total_k, Hkv, D, c.dtype, dk_ref);
+  check_gradient("dv", d_dv, dk_strides, 1, total_k, Hkv, D, c.dtype, dv_ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Varlen, BackwardVarlenTest,
+    ::testing::Combine(
+        ::testing::ValuesIn(backward_kernel_names()),
+        ::testing::Values(
+            // GQA 2, tails of 100 and 257 rows, a one-row sequence, a whole 128-row one.
+            VarlenCase{{100, 257, 1, 128}, {100, 257, 1, 128}, 4, 2, 128, false, -1, bf, false},
+            // Causal; a sequence without queries (NaN keys and values after the first one's
+            // last key block, which ends at key 300 mid-box); Sq < Sk; padded gradients.
+            VarlenCase{{300, 0, 77, 130}, {300, 5, 77, 200}, 2, 1, 64, true, -1, fp, true},
+            // D = 256 (bwd_01 and bwd_02), causal, a one-row sequence.
+            VarlenCase{{190, 64, 1}, {190, 64, 1}, 2, 2, 256, true, -1, bf, false},
+            // A sequence without keys (NaN queries and dO right after the first one's 60
+            // rows, inside its query box), causal, GQA 2.
+            VarlenCase{{60, 50, 40}, {60, 0, 45}, 4, 2, 64, true, -1, bf, false},
+            // A window; Sq > Sk and Sq < Sk in one batch.
+            VarlenCase{{130, 8, 500}, {200, 700, 9}, 2, 1, 128, false, 40, fp, false},
+            // Whole blocks, causal, MQA.
+            VarlenCase{{256, 320, 64}, {256, 320, 64}, 4, 1, 128, true, -1, fp, false},
+            // 11 query blocks in one sequence: the stage ring wraps.
+            VarlenCase{{33, 700}, {40, 650}, 2, 2, 64, false, -1, bf, true},
+            // D = 256, Sq much shorter than Sk, partial blocks, padded.
+            VarlenCase{{150, 40}, {1100, 300}, 2, 2, 256, false, -1, fp, true})),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, VarlenCase>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });
 

@@ -106,7 +106,8 @@ struct AttentionProblem {
   // non-decreasing values from 0 to the totals, read only by the kernel: the host cannot check
   // them without a synchronization, so they are the caller's promise. The kernel clamps them
   // to [0, total] so that it never touches memory outside the tensors.
-  // Only the final kernel supports a variable-length batch; the others refuse it.
+  // Only the final kernel supports a variable-length batch in the forward; the others refuse it.
+  // In the backward, bwd_01, bwd_02 and bwd_04 support it (see BackwardProblem).
   const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
   const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]
   int total_q = 0;  // rows of q and out
@@ -193,30 +194,39 @@ Status validate_arguments(const AttentionProblem& problem);
 
 // The gradients of a forward call (training): given dL/d out, dq, dk and dv. `forward` is the
 // problem of that call, with its out and lse (lse is required here: the backward recomputes
-// P = exp(scale S - lse) instead of storing it). A dense batch: no varlen, seqlens_k or paged
-// cache; causal masks and sliding windows are fine, and GQA (dk, dv sum over a K/V head's
-// query heads). dq, dk and dv are written whole, so they need no zeroing.
+// P = exp(scale S - lse) instead of storing it). A dense or a variable-length batch
+// (cu_seqlens: dout, dq, dk and dv are then packed like q and k, [total, H, D], and lse is
+// [Hq, total_q]); no seqlens_k or paged cache. Causal masks and sliding windows are fine (per
+// sequence, bottom-right aligned), and GQA (dk, dv sum over a K/V head's query heads). dq, dk
+// and dv are written whole, so they need no zeroing; rows of a packed tensor that belong to no
+// sequence get 0.
 struct BackwardProblem {
   AttentionProblem forward;
-  const void* dout = nullptr;  // [B, Sq, Hq, D], forward.dtype
+  const void* dout = nullptr;  // [B, Sq, Hq, D] ([total_q, Hq, D] when varlen), forward.dtype
   Strides dout_strides;
-  void* dq = nullptr;  // [B, Sq, Hq, D]
+  void* dq = nullptr;  // [B, Sq, Hq, D] ([total_q, Hq, D] when varlen)
   Strides dq_strides;
-  void* dk = nullptr;  // [B, Sk, Hkv, D]
+  void* dk = nullptr;  // [B, Sk, Hkv, D] ([total_k, Hkv, D] when varlen)
   Strides dk_strides;
-  void* dv = nullptr;  // [B, Sk, Hkv, D]
+  void* dv = nullptr;  // [B, Sk, Hkv, D] ([total_k, Hkv, D] when varlen)
   Strides dv_strides;
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that supports the problem: bwd_05_tma_dq up to D = 128,
-// bwd_02_mma_sync at D = 256) or one of backward_kernel_names(); a kernel
-// that cannot run the problem returns not_supported and says why (bwd_03_wgmma: D <= 128). Takes fp32 scratch memory with cudaMallocAsync on the stream.
+// (the newest kernel that supports the problem: bwd_05_tma_dq up to D = 128, bwd_04_dq_per_cta
+// for a variable-length batch up to D = 128, bwd_02_mma_sync at D = 256) or one of
+// backward_kernel_names(); a kernel that cannot run the problem returns not_supported and says
+// why (bwd_03_wgmma: D <= 128 and no variable-length batch; bwd_05_tma_dq: D <= 128 and no
+// variable-length batch). Takes fp32 scratch memory with cudaMallocAsync on the stream.
 // Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
 // The backward kernels in lineage order.
 std::vector<std::string> backward_kernel_names();
+
+// Which backward kernel "auto" (or a given name) resolves to for this problem, without
+// launching: the checks of backward() before it needs a GPU. Needs no GPU.
+Status resolve_backward_kernel(const BackwardProblem& problem, const std::string& kernel, std::string* resolved);
 
 // Checks of the backward's arguments alone (the forward problem's, then the gradients'). Needs
 // no GPU.

@@ -11,11 +11,12 @@ flash_attn.flash_attn_with_kvcache (FlashAttention-2's Python entry points).
 The signatures and layouts are FlashAttention-2's, and so are its conventions: the causal
 mask is aligned to the bottom-right corner (of each sequence, for varlen), GQA comes from
 fewer K/V heads, window_size=(left, right) is a sliding window aligned the same way, and the
-default scale is 1/sqrt(D). flash_attn_func is differentiable (hattn.attention's backward:
-dq, dk and dv); the varlen and KV-cache functions are not yet. What hattn does not have
-(dropout, softcapping, ALiBi, the attention probabilities, a deterministic backward, gradients
-through the varlen and KV-cache functions, paged KV with varlen, appending to or rotating the
-KV cache) raises NotImplementedError naming the argument. Nothing falls back to another library.
+default scale is 1/sqrt(D). flash_attn_func and flash_attn_varlen_func are differentiable
+(hattn.attention's and hattn.attention_varlen's backward: dq, dk and dv); the KV-cache function
+is not yet. What hattn does not have (dropout, softcapping, ALiBi, the attention probabilities,
+a deterministic backward, gradients through the KV-cache function, paged KV with varlen,
+appending to or rotating the KV cache) raises NotImplementedError naming the argument. Nothing
+falls back to another library.
 """
 
 from __future__ import annotations
@@ -104,15 +105,16 @@ def flash_attn_varlen_func(
 
     q [total_q, Hq, D], k and v [total_k, Hkv, D], cu_seqlens_q/k int32 [batch + 1] on q's
     device, max_seqlen_q/k the longest lengths; returns out [total_q, Hq, D]. The offsets are
-    not read on the host: they are the caller's promise, as in FlashAttention. deterministic
-    is accepted either way; everything else beyond those and softmax_scale, causal and
-    window_size must keep its default. As in FlashAttention, causal sets the window's right
-    side to 0. Forward only: inputs that require grad raise NotImplementedError.
+    not read on the host: they are the caller's promise, as in FlashAttention. Differentiable
+    like hattn.attention_varlen: with q, k or v requiring grad, backward gives dq, dk and dv;
+    deterministic=True is accepted without gradients and refused with them (the backward sums
+    with atomic adds). Everything else beyond those and softmax_scale, causal and window_size
+    must keep its default. As in FlashAttention, causal sets the window's right side to 0.
     """
     unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen")
-    if _needs_grad(q, k, v):
+    if deterministic and _needs_grad(q, k, v):
         unsupported.append(
-            "inputs that require grad (hattn has no backward for varlen batches yet; use torch.no_grad())"
+            "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
         )
     if block_table is not None:
         unsupported.append("block_table (no paged KV with a variable-length batch; flash_attn_with_kvcache has it)")

@@ -1,5 +1,6 @@
 """The PyTorch ops: hattn::attention_fwd, hattn::attention_varlen_fwd and
-hattn::attention_paged_fwd over the raw-pointer binding hattn._C.forward.
+hattn::attention_paged_fwd over the raw-pointer binding hattn._C.forward, and the backward ops
+hattn::attention_bwd and hattn::attention_varlen_bwd (hattn._C.backward) behind the first two.
 
 Layout rules (BSHD, [batch, seqlen, heads, head_dim]):
   * A q/k/v tensor is passed to the kernel as it is, without a copy, when its last dim is
@@ -607,6 +608,83 @@ def _attention_varlen_fwd_fake(
     return out, lse
 
 
+@torch.library.custom_op("hattn::attention_varlen_bwd", mutates_args=())
+def attention_varlen_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: Optional[float],
+    window_left: int = -1,
+    window_right: int = -1,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hattn::attention_varlen_bwd: (dq [total_q, Hq, D], dk, dv [total_k, Hkv, D]) of
+    hattn::attention_varlen_fwd's q, k, v given dL/d out, from the forward's out and lse [Hq, total_q]
+    (dk and dv sum over a K/V head's query heads; rows in no sequence get 0)."""
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, "auto")
+    _check_device(q, k, v, out=out, lse=lse, dout=dout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    q, k, v, out, dout = (_as_kernel_input(t) for t in (q, k, v, out, dout))
+    lse = lse.contiguous()
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    with torch.cuda.device(q.device):
+        kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, "auto", (window_left, window_right), varlen)
+        grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
+        _C.backward(**kwargs, grads=grads, stream=torch.cuda.current_stream(q.device).cuda_stream)
+    return dq, dk, dv
+
+
+@attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(
+    dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+    window_left=-1, window_right=-1,
+):  # fmt: skip
+    _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, "auto")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_varlen_fwd_setup_context(ctx, inputs, output) -> None:
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, _kernel, return_lse,
+     window_left, window_right) = inputs  # fmt: skip
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
+    ctx.causal, ctx.softmax_scale, ctx.window = causal, softmax_scale, (window_left, window_right)
+    ctx.has_lse = return_lse
+    ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
+
+
+def _attention_varlen_fwd_backward(ctx, dout, dlse):
+    if dlse is not None:
+        raise NotImplementedError("hattn: no gradient through the LSE output; use only out in the loss")
+    if dout is None:
+        return (None,) * 13
+    if not ctx.has_lse:
+        raise RuntimeError(
+            "hattn: the backward needs the forward's LSE: call hattn.attention_varlen (it keeps the LSE when a "
+            "gradient is needed), or the op with return_lse=True"
+        )
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.hattn.attention_varlen_bwd(
+        dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlen, ctx.causal, ctx.softmax_scale,
+        *ctx.window,
+    )  # fmt: skip
+    return (dq, dk, dv) + (None,) * 10
+
+
+attention_varlen_fwd.register_autograd(
+    _attention_varlen_fwd_backward, setup_context=_attention_varlen_fwd_setup_context
+)
+
+
 def attention_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -656,7 +734,8 @@ def attention_varlen(
     max_seqlen_q/k. Offsets that break it give wrong results, but the kernel clamps them to
     the tensors' rows, so it touches no memory outside them. Runs on
     torch.cuda.current_stream(); works under torch.compile(fullgraph=True) and CUDA-graph
-    capture. Forward only (no autograd).
+    capture. With autograd (q, k or v requiring grad) the backward computes dq, dk and dv per
+    sequence (no gradient through the LSE output); the forward then keeps the LSE it needs.
     """
     _check_types(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     _check_max_seqlen("max_seqlen_q", max_seqlen_q)
@@ -664,10 +743,11 @@ def attention_varlen(
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
+    needs_grad = _needs_grad(q, k, v)
     out, lse = _call(
         attention_varlen_fwd, _attention_varlen_fwd,
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        bool(causal), softmax_scale, kernel, bool(return_lse), left, right,
+        bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

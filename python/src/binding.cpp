@@ -220,7 +220,9 @@ NB_MODULE(_C, m) {
       m, "backward", &backward,
       "The gradients of the forward problem given (its out and lse are inputs here): grads = (dout,\n"
       "dout_strides, dq, dq_strides, dk, dk_strides, dv, dv_strides), device pointers as ints and\n"
-      "(batch, seq, head) element strides; kernel 'auto'. Launches on `stream`; asynchronous.");
+      "(batch, seq, head) element strides; kernel 'auto'. A variable-length batch takes forward's\n"
+      "cu_seqlens_q/cu_seqlens_k/total_q/total_k, the gradients packed like q and k ([total, H, D], batch\n"
+      "stride unused) and lse [Hq, total_q]. Launches on `stream`; asynchronous.");
   def_problem_function(
       m, "resolve_kernel", &resolve_kernel,
       "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");

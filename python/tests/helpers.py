@@ -138,6 +138,29 @@ def check_sequence(o, lse_b, q, k, v, causal, softmax_scale, window, label):
         assert lerr <= lbound, f"{label}: lse max error {lerr:.3e} > bound {lbound:.3e}"
 
 
+def varlen_attention_ref(q, k, v, lens_q, lens_k, causal=False, softmax_scale=None, window=(-1, -1)) -> torch.Tensor:
+    """out [total_q, Hq, D] of packed q [total_q, Hq, D], k and v [total_k, Hkv, D] whose sequences
+    have these lengths (Python ints): attention_ref (fp64) on each sequence alone; a sequence
+    without keys gives 0. Differentiable, for the reference gradients."""
+    pieces, q0, k0 = [], 0, 0
+    for sq, sk in zip(lens_q, lens_k):
+        qb, kb, vb = q[q0 : q0 + sq], k[k0 : k0 + sk], v[k0 : k0 + sk]
+        if sq > 0 and sk > 0:
+            pieces.append(attention_ref(qb[None], kb[None], vb[None], causal, softmax_scale, window=window)[0][0])
+        else:
+            pieces.append(torch.zeros_like(qb, dtype=torch.float64))
+        q0, k0 = q0 + sq, k0 + sk
+    return torch.cat(pieces)
+
+
+def cu_seqlens_of(lens, device="cuda") -> torch.Tensor:
+    """int32 [batch + 1] offsets of these sequence lengths."""
+    offsets = [0]
+    for n in lens:
+        offsets.append(offsets[-1] + n)
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
 def gradients(fn, q, k, v, dout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of fn(q, k, v) given dL/d out = dout, on new leaves (detach) of q, k and v."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))

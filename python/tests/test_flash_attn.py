@@ -1,8 +1,8 @@
 """hattn.flash_attn_func, hattn.flash_attn_varlen_func and hattn.flash_attn_with_kvcache, the
 drop-ins for FlashAttention-2's functions of those names: what they refuse (CPU; gradients only
-for the varlen and KV-cache functions), and that they are hattn.attention, hattn.attention_varlen
-and hattn.attention_paged under FlashAttention's argument order (GPU), gradients of
-flash_attn_func included."""
+for the KV-cache function), and that they are hattn.attention, hattn.attention_varlen and
+hattn.attention_paged under FlashAttention's argument order (GPU), gradients of flash_attn_func
+and flash_attn_varlen_func included."""
 
 import hattn
 import pytest
@@ -14,6 +14,7 @@ from helpers import (
     gradients,
     make_qkv,
     requires_hopper,
+    varlen_attention_ref,
 )
 
 
@@ -106,14 +107,33 @@ def test_varlen_unsupported_arguments_are_named(kwargs, words):
 
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["q", "k", "v"])
-def test_varlen_inputs_that_need_grad_are_refused(which):
+def test_varlen_inputs_that_need_grad_reach_the_op(which):
+    # flash_attn_varlen_func is differentiable: a call with gradients goes on to hattn.attention_varlen.
     args = list(cpu_varlen())
     args[which].requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"require grad \(hattn has no backward for varlen batches yet"):
-        hattn.flash_attn_varlen_func(*args)
-    # Under no_grad the call goes on to the op, as a plain one does.
+    with pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
+        hattn.flash_attn_varlen_func(*args, causal=True)
+
+
+def test_varlen_deterministic_is_refused_only_with_grad():
+    args = list(cpu_varlen())
+    args[0].requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"deterministic=True with inputs that require grad"):
+        hattn.flash_attn_varlen_func(*args, deterministic=True)
     with torch.no_grad(), pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
-        hattn.flash_attn_varlen_func(*args)
+        hattn.flash_attn_varlen_func(*args, deterministic=True)
+
+
+def test_varlen_meta_gradients_have_the_inputs_shapes():
+    """On meta tensors: flash_attn_varlen_func's output has hattn's varlen backward as grad_fn, and
+    backward gives dq [total_q, Hq, D], dk and dv [total_k, Hkv, D] (GQA 2)."""
+    q = torch.empty(16, 4, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.empty(20, 2, 64, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    cu_q, cu_k = (torch.empty(3, device="meta", dtype=torch.int32) for _ in range(2))
+    out = hattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 10, 12, causal=True)
+    assert "hattn_attention_varlen_fwd" in type(out.grad_fn).__name__
+    out.backward(torch.empty_like(out))
+    assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
 
 
 def test_varlen_positional_order_is_flash_attn_s():
@@ -174,6 +194,27 @@ def test_gradients_match_reference(shape, causal, window, scale, dtype):
         q.double(), k.double(), v.double(), dout.double(),
     )  # fmt: skip
     check_gradients(got, want, dtype, f"{shape} causal={causal} window={window}")
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_gradients_match_reference(causal):
+    """dq, dk, dv through flash_attn_varlen_func against the fp64 reference per sequence."""
+    lens_q, lens_k = [300, 0, 129, 17], [200, 50, 0, 400]
+    q, k, v, cu_q, cu_k, max_q, max_k = gpu_varlen(lens_q, lens_k)
+    dout = torch.randn_like(q) + 0.5
+    got = gradients(
+        lambda q, k, v: hattn.flash_attn_varlen_func(
+            q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window_size=(90, -1)
+        ),
+        q, k, v, dout,
+    )  # fmt: skip
+    window = (90, 0 if causal else -1)
+    want = gradients(
+        lambda q, k, v: varlen_attention_ref(q, k, v, lens_q, lens_k, causal=causal, window=window),
+        q.double(), k.double(), v.double(), dout.double(),
+    )  # fmt: skip
+    check_gradients(got, want, torch.bfloat16, f"varlen causal={causal}")
 
 
 def gpu_varlen(lens_q, lens_k, heads_q=8, heads_kv=2, head_dim=128):

@@ -5,6 +5,11 @@
 // A backward kernel adds dQ, dK and dV into fp32 sums (other CTAs add to the same rows), and
 // convert_kernel writes them out at the end. The sums make the result nondeterministic in its
 // last bits.
+//
+// A variable-length batch (cu_seqlens) keeps the forward's packed layout: its tensors, the
+// sums and delta are one batch entry of total rows ([total, H, D]; delta [Hq, total_q] like
+// lse), and a CTA finds its sequence's rows and lengths with sequence_of. The masks align to
+// each sequence's own bottom-right corner.
 #pragma once
 
 #include <string>
@@ -12,18 +17,19 @@
 #include "common.cuh"
 #include "hattn/hattn.h"
 #include "params.h"
+#include "sequence.cuh"
 
 namespace hattn {
 namespace {
 
 struct BackwardParams {
   AttentionParams fwd;  // q, k, v, out, lse and the mask, as in the forward call
-  const void* dout;
+  const void* dout;     // like q: [B, Sq, Hq, D], or [total_q, Hq, D] when varlen
   int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
-  float* delta;     // [B, Hq, Sq]: rowsum(dO * O)
-  float* dq_accum;  // [B, Sq, Hq, D]
-  float* dk_accum;  // [B, Sk, Hkv, D]
-  float* dv_accum;  // [B, Sk, Hkv, D]
+  float* delta;     // rowsum(dO * O), laid out like lse: [B, Hq, Sq], or [Hq, total_q] when varlen
+  float* dq_accum;  // like q, contiguous: [B, Sq, Hq, D] or [total_q, Hq, D]
+  float* dk_accum;  // like k, contiguous: [B, Sk, Hkv, D] or [total_k, Hkv, D]
+  float* dv_accum;
 };
 
 // The keys query i sees, [first, last): the causal mask and the window, bottom-right aligned.
@@ -52,9 +58,99 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0,
   *last = int(hi);
 }
 
+// The same two for one sequence of a variable-length batch: its own lengths, its masks
+// aligned to its own bottom-right corner.
+__device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,
+                                             int* last) {
+  const int64_t diagonal = int64_t(i) + (seq.seqlen_k - seq.seqlen_q);
+  const int right = p.causal ? 0 : p.window_right;
+  int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
+  int64_t hi = right >= 0 ? diagonal + right + 1 : seq.seqlen_k;
+  lo = lo < 0 ? 0 : lo > seq.seqlen_k ? seq.seqlen_k : lo;
+  hi = hi < lo ? lo : hi > seq.seqlen_k ? seq.seqlen_k : hi;
+  *first = int(lo);
+  *last = int(hi);
+}
+__device__ __forceinline__ void queries_seeing(const AttentionParams& p, const Sequence& seq, int n0, int n1,
+                                               int* first, int* last) {
+  const int right = p.causal ? 0 : p.window_right;
+  const int64_t offset = seq.seqlen_k - seq.seqlen_q;
+  int64_t lo = right >= 0 ? int64_t(n0) - offset - right : 0;
+  int64_t hi = p.window_left >= 0 ? int64_t(n1) - offset + p.window_left : seq.seqlen_q;
+  lo = lo < 0 ? 0 : lo > seq.seqlen_q ? seq.seqlen_q : lo;
+  hi = hi < lo ? lo : hi > seq.seqlen_q ? seq.seqlen_q : hi;
+  *first = int(lo);
+  *last = int(hi);
+}
+
+// The kernels that run a variable-length batch take it as a template flag, kVarlen, so that
+// their dense instantiation is the code they had before (no sequence arithmetic, no reads of
+// cu_seqlens). The helpers below are that code for kVarlen = false. `seq` is
+// sequence_of<kVarlen>(p, blockIdx.z): for a dense batch {Sq, Sk, 0, 0, b}.
+//
+// The CTA's sequence b: a dense batch's entry b ({Sq, Sk, 0, 0, b}, no reads), or a packed
+// one's from cu_seqlens. The varlen instantiations run only with cu_seqlens set and without
+// seqlens_k (their supports() refuse it: refuse_kv_cache): told so, the compiler drops
+// sequence_of's other paths.
+template <bool kVarlen>
+__device__ __forceinline__ Sequence sequence_at(const AttentionParams& p, int b) {
+  if constexpr (kVarlen) {
+    __builtin_assume(p.cu_seqlens_q != nullptr);
+    __builtin_assume(p.seqlens_k == nullptr);
+  }
+  return sequence_of<kVarlen>(p, b);
+}
+// The sequence's lengths: a dense batch's read where they are used, as before.
+template <bool kVarlen>
+__device__ __forceinline__ int seqlen_q_of(const AttentionParams& p, const Sequence& seq) {
+  return kVarlen ? seq.seqlen_q : p.seqlen_q;
+}
+template <bool kVarlen>
+__device__ __forceinline__ int seqlen_k_of(const AttentionParams& p, const Sequence& seq) {
+  return kVarlen ? seq.seqlen_k : p.seqlen_k;
+}
+// Row i of the sequence's queries (keys) in the rows of the fp32 sums, counted over the batch
+// entries: [b, i] of a dense batch, [0, start + i] of a packed one.
+template <bool kVarlen>
+__device__ __forceinline__ int64_t query_row(const AttentionParams& p, const Sequence& seq, int i) {
+  if constexpr (kVarlen) return int64_t(seq.q_start) + i;
+  return int64_t(seq.batch_coord) * p.seqlen_q + i;
+}
+template <bool kVarlen>
+__device__ __forceinline__ int64_t key_row(const AttentionParams& p, const Sequence& seq, int j) {
+  if constexpr (kVarlen) return int64_t(seq.k_start) + j;
+  return int64_t(seq.batch_coord) * p.seqlen_k + j;
+}
+// Where query 0 of the sequence's head h lies in lse and delta: [B, Hq, Sq] or [Hq, total_q].
+template <bool kVarlen>
+__device__ __forceinline__ int64_t stats_row0(const AttentionParams& p, const Sequence& seq, int h) {
+  if constexpr (kVarlen) return int64_t(h) * p.total_q + seq.q_start;
+  return (int64_t(seq.batch_coord) * p.heads_q + h) * p.seqlen_q;
+}
+// visible_keys and queries_seeing of the sequence: a dense batch's from the forward's
+// causal_offset, as before.
+template <bool kVarlen>
+__device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,
+                                             int* last) {
+  if constexpr (kVarlen)
+    visible_keys(p, seq, i, first, last);
+  else
+    visible_keys(p, i, first, last);
+}
+template <bool kVarlen>
+__device__ __forceinline__ void queries_seeing(const AttentionParams& p, const Sequence& seq, int n0, int n1,
+                                               int* first, int* last) {
+  if constexpr (kVarlen)
+    queries_seeing(p, seq, n0, n1, first, last);
+  else
+    queries_seeing(p, n0, n1, first, last);
+}
+
 constexpr int kDeltaWarps = 4;
 
-// One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS.
+// One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS. A packed
+// batch's rows are one batch entry of total_q rows here (run_backward sets p.fwd so), its rows
+// that belong to no sequence included: no kernel reads their delta.
 template <typename T, int D>
 __global__ void __launch_bounds__(kDeltaWarps * 32) delta_kernel(BackwardParams p) {
   const int64_t row = int64_t(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;  // (b, h, i), i fastest
@@ -83,8 +179,19 @@ __global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, 
   dst[b * batch_stride + int64_t(s) * seq_stride + h * head_stride + d] = from_float<T>(src[e]);
 }
 
+// What the kernels that take a variable-length batch refuse (backward() refuses it before
+// asking them): keys in use (seqlens_k) and a paged KV cache. Their varlen instantiations
+// assume both absent (sequence_at).
+inline Status refuse_kv_cache(const BackwardProblem& problem, const char* name) {
+  const AttentionProblem& p = problem.forward;
+  if (p.seqlens_k != nullptr || p.is_paged())
+    return {StatusCode::not_supported, std::string(name) + ": no seqlens_k or paged KV cache (block_table)"};
+  return Status::Ok();
+}
+
 // Launches a backward's main kernel, one CTA per `block_n` keys of each query head and batch
-// element, with `smem` bytes of dynamic shared memory (raising the kernel's limit to that).
+// element (of the longest sequence's keys, when varlen: a CTA past its own sequence's keys
+// exits), with `smem` bytes of dynamic shared memory (raising the kernel's limit to that).
 template <typename Kernel, typename... Args>
 Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const AttentionParams& f,
                             cudaStream_t stream, const char* name, const Args&... args) {
@@ -108,8 +215,11 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   p.dout_batch_stride = problem.dout_strides.batch;
   p.dout_seq_stride = problem.dout_strides.seq;
   p.dout_head_stride = problem.dout_strides.head;
-  const int64_t rows_q = int64_t(fwd.batch) * fwd.seqlen_q * fwd.heads_q;
-  const int64_t rows_k = int64_t(fwd.batch) * fwd.seqlen_k * fwd.heads_kv;
+  // The tensors' [batch entries, rows]: [B, Sq] and [B, Sk], or [1, total_q] and [1, total_k]
+  // for a variable-length batch.
+  const int entries = fwd.tensor_batch(), seq_rows_q = fwd.tensor_rows_q(), seq_rows_k = fwd.tensor_rows_k();
+  const int64_t rows_q = int64_t(entries) * seq_rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
+  const int64_t rows_k = int64_t(entries) * seq_rows_k * fwd.heads_kv;
   const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k) * 2 * fwd.head_dim;
   float* scratch = nullptr;
   Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
@@ -123,19 +233,22 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
                   std::string(name) + ": zeroing the fp32 sums");
   if (s.ok()) {
     s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
-      delta_kernel<T, D><<<unsigned((rows_q + kDeltaWarps - 1) / kDeltaWarps), kDeltaWarps * 32, 0, stream>>>(p);
+      BackwardParams rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
+      rows.fwd.batch = entries;
+      rows.fwd.seqlen_q = seq_rows_q;
+      delta_kernel<T, D><<<unsigned((rows_q + kDeltaWarps - 1) / kDeltaWarps), kDeltaWarps * 32, 0, stream>>>(rows);
       Status st = launch_status(name);
       if (!st.ok()) return st;
       if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;
       auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {
-        const int64_t rows = int64_t(fwd.batch) * seqlen * heads;
+        const int64_t rows = int64_t(entries) * seqlen * heads;
         convert_kernel<T, D><<<unsigned((rows * D + 255) / 256), 256, 0, stream>>>(
             src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
         return launch_status(name);
       };
-      if (!(st = convert(p.dq_accum, problem.dq, fwd.seqlen_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
-      if (!(st = convert(p.dk_accum, problem.dk, fwd.seqlen_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
-      return convert(p.dv_accum, problem.dv, fwd.seqlen_k, fwd.heads_kv, problem.dv_strides);
+      if (!(st = convert(p.dq_accum, problem.dq, seq_rows_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
+      if (!(st = convert(p.dk_accum, problem.dk, seq_rows_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
+      return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides);
     });
   }
   const Status freed = cuda_status(cudaFreeAsync(scratch, stream), std::string(name) + ": cudaFreeAsync(scratch)");

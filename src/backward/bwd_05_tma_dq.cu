@@ -367,7 +367,9 @@ Status supports(const BackwardProblem& problem) {
   // Rows, LSE and delta, and the masks are indexed as in a dense batch.
   if (p.is_varlen())
     return {StatusCode::not_supported,
-            std::string(kName) + ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); dense batches only"};
+            std::string(kName) +
+                ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); bwd_04_dq_per_cta and bwd_02_mma_sync run "
+                "those"};
   if (p.seqlens_k != nullptr || p.is_paged())
     return {StatusCode::not_supported,
             std::string(kName) + ": no seqlens_k or paged KV cache (block_table); dense batches only"};

@@ -32,6 +32,7 @@
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "registry.h"
+#include "sequence.cuh"
 #include "tensor_map.h"
 #include "tile_scheduler.cuh"
 
@@ -121,33 +122,6 @@ __device__ __forceinline__ void load_tile(T (&dst)[Config<D, kWide, kNumConsumer
 #pragma unroll
   for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
     ptx::cp_async_bulk_tensor_4d_g2s(dst[cb], map, cb * 64, first_key, head_kv, batch, full);
-}
-
-// One item's sequence: its lengths, the rows before its first query and key, and the batch
-// coordinate of its boxes. A variable-length batch packs its sequences along the rows of one
-// [1, total, H, D] tensor; otherwise sequence b is batch entry b. With seqlens_k it uses only
-// its first seqlens_k[b] keys (a paged cache always has seqlens_k; its pages are found per
-// tile, from the block table).
-struct Sequence {
-  int seqlen_q, seqlen_k;
-  int q_start, k_start;
-  int batch_coord;
-};
-
-template <bool kRuntimeBounds>
-__device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int batch) {
-  Sequence seq = {p.seqlen_q, p.seqlen_k, 0, 0, batch};
-  if (kRuntimeBounds && p.cu_seqlens_q != nullptr) {
-    // Clamped to the tensors: offsets that break the caller's promise cannot send a load or a
-    // store outside them.
-    const int q_start = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
-    const int q_end = min(max(__ldg(p.cu_seqlens_q + batch + 1), q_start), p.total_q);
-    const int k_start = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
-    const int k_end = min(max(__ldg(p.cu_seqlens_k + batch + 1), k_start), p.total_k);
-    seq = {q_end - q_start, k_end - k_start, q_start, k_start, 0};
-  }
-  if (kRuntimeBounds && p.seqlens_k != nullptr) seq.seqlen_k = min(max(__ldg(p.seqlens_k + batch), 0), seq.seqlen_k);
-  return seq;
 }
 
 // The work list with its last round cut (the final kernel's tail split). Without a mask every

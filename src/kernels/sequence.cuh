@@ -1,0 +1,37 @@
+// One sequence of a batch as a kernel sees it: its lengths and where its rows lie. Shared by
+// the final forward kernel and the backward kernels.
+#pragma once
+
+#include "params.h"
+
+namespace hattn {
+
+// A sequence's lengths, the rows before its first query and key, and the batch coordinate of
+// its rows. A variable-length batch packs its sequences along the rows of one [1, total, H, D]
+// tensor; otherwise sequence b is batch entry b. With seqlens_k it uses only its first
+// seqlens_k[b] keys (a paged cache always has seqlens_k; its pages are found per tile, from
+// the block table).
+struct Sequence {
+  int seqlen_q, seqlen_k;
+  int q_start, k_start;
+  int batch_coord;
+};
+
+// Sequence `batch` of `p`; with kRuntimeBounds false, the dense batch entry (no reads).
+template <bool kRuntimeBounds>
+__device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int batch) {
+  Sequence seq = {p.seqlen_q, p.seqlen_k, 0, 0, batch};
+  if (kRuntimeBounds && p.cu_seqlens_q != nullptr) {
+    // Clamped to the tensors: offsets that break the caller's promise cannot send a load or a
+    // store outside them.
+    const int q_start = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
+    const int q_end = min(max(__ldg(p.cu_seqlens_q + batch + 1), q_start), p.total_q);
+    const int k_start = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
+    const int k_end = min(max(__ldg(p.cu_seqlens_k + batch + 1), k_start), p.total_k);
+    seq = {q_end - q_start, k_end - k_start, q_start, k_start, 0};
+  }
+  if (kRuntimeBounds && p.seqlens_k != nullptr) seq.seqlen_k = min(max(__ldg(p.seqlens_k + batch), 0), seq.seqlen_k);
+  return seq;
+}
+
+}  // namespace hattn
