@@ -345,6 +345,52 @@ void check_gradient(const char* name, const harness::DeviceBuffer& got, const St
       << name << ": max error " << worst << ", largest |grad| " << largest;
 }
 
+// The device side of a backward test: the inputs uploaded, the gradients filled with NaN (so
+// that an element the kernel leaves unwritten fails), and the problem's pointers and strides.
+// Call load() under ASSERT_NO_FATAL_FAILURE.
+struct BackwardBuffers {
+  harness::DeviceBuffer q, k, v, out, lse, dout, dq, dk, dv;
+
+  void load(const harness::HostTensor& q_host, const harness::HostTensor& k_host, const harness::HostTensor& v_host,
+            const std::vector<uint16_t>& out_bits, const std::vector<float>& lse_host,
+            const harness::HostTensor& dout_host, size_t dq_elems, size_t dk_elems) {
+    const size_t q_elems = q_host.bits.size(), k_elems = k_host.bits.size();
+    for (auto [buf, bytes] : {std::pair{&q, q_elems * 2}, {&k, k_elems * 2}, {&v, k_elems * 2}, {&out, q_elems * 2},
+                              {&lse, lse_host.size() * 4}, {&dout, q_elems * 2}, {&dq, dq_elems * 2},
+                              {&dk, dk_elems * 2}, {&dv, dk_elems * 2}})
+      ASSERT_TRUE(buf->allocate(bytes).ok());
+    for (auto [dst, src, bytes] : {std::tuple{&q, static_cast<const void*>(q_host.bits.data()), q_elems * 2},
+                                   {&k, k_host.bits.data(), k_elems * 2}, {&v, v_host.bits.data(), k_elems * 2},
+                                   {&out, out_bits.data(), q_elems * 2}, {&lse, lse_host.data(), lse_host.size() * 4},
+                                   {&dout, dout_host.bits.data(), q_elems * 2}})
+      ASSERT_EQ(cudaMemcpy(dst->get(), src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    for (auto* buf : {&dq, &dk, &dv}) ASSERT_EQ(cudaMemset(buf->get(), 0xFF, buf->bytes()), cudaSuccess);  // NaN
+  }
+
+  // Points `b` at the buffers: out and dO are laid out like Q, V like K.
+  void point(BackwardProblem* b, const Strides& q_strides, const Strides& k_strides, const Strides& dq_strides,
+             const Strides& dk_strides) const {
+    AttentionProblem& p = b->forward;
+    p.q = q.get();
+    p.q_strides = q_strides;
+    p.k = k.get();
+    p.k_strides = k_strides;
+    p.v = v.get();
+    p.v_strides = k_strides;
+    p.out = out.get();
+    p.out_strides = q_strides;
+    p.lse = static_cast<float*>(lse.get());
+    b->dout = dout.get();
+    b->dout_strides = q_strides;
+    b->dq = dq.get();
+    b->dq_strides = dq_strides;
+    b->dk = dk.get();
+    b->dk_strides = dk_strides;
+    b->dv = dv.get();
+    b->dv_strides = dk_strides;
+  }
+};
+
 class BackwardTest : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
 
 TEST_P(BackwardTest, MatchesFp64Reference) {
@@ -395,21 +441,8 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   const Strides dq_strides = grad_strides(c.seqlen_q, c.heads_q), dk_strides = grad_strides(c.seqlen_k, c.heads_kv);
   const size_t dq_span = size_t(dq_strides.batch) * c.batch, dk_span = size_t(dk_strides.batch) * c.batch;
 
-  harness::DeviceBuffer d_q, d_k, d_v, d_out, d_lse, d_dout, d_dq, d_dk, d_dv;
-  for (auto [buf, bytes] : {std::pair{&d_q, q_elems * 2}, {&d_k, k_elems * 2}, {&d_v, k_elems * 2},
-                            {&d_out, q_elems * 2}, {&d_lse, lse_host.size() * 4}, {&d_dout, q_elems * 2},
-                            {&d_dq, dq_span * 2}, {&d_dk, dk_span * 2}, {&d_dv, dk_span * 2}})
-    ASSERT_TRUE(buf->allocate(bytes).ok());
-  auto upload = [](harness::DeviceBuffer& dst, const void* src, size_t bytes) {
-    ASSERT_EQ(cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  };
-  upload(d_q, q.bits.data(), q_elems * 2);
-  upload(d_k, k.bits.data(), k_elems * 2);
-  upload(d_v, v.bits.data(), k_elems * 2);
-  upload(d_out, out_bits.data(), q_elems * 2);
-  upload(d_lse, lse_host.data(), lse_host.size() * 4);
-  upload(d_dout, dout.bits.data(), q_elems * 2);
-  for (auto* buf : {&d_dq, &d_dk, &d_dv}) ASSERT_EQ(cudaMemset(buf->get(), 0xFF, buf->bytes()), cudaSuccess);  // NaN
+  BackwardBuffers d;
+  ASSERT_NO_FATAL_FAILURE(d.load(q, k, v, out_bits, lse_host, dout, dq_span, dk_span));
 
   BackwardProblem b;
   AttentionProblem& p = b.forward;
@@ -420,25 +453,9 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   p.heads_q = c.heads_q;
   p.heads_kv = c.heads_kv;
   p.head_dim = D;
-  p.q = d_q.get();
-  p.q_strides = h.q_strides;
-  p.k = d_k.get();
-  p.k_strides = h.k_strides;
-  p.v = d_v.get();
-  p.v_strides = h.k_strides;
-  p.out = d_out.get();
-  p.out_strides = h.q_strides;
-  p.lse = static_cast<float*>(d_lse.get());
   p.causal = c.causal;
   p.window_left = c.window_left;
-  b.dout = d_dout.get();
-  b.dout_strides = h.q_strides;
-  b.dq = d_dq.get();
-  b.dq_strides = dq_strides;
-  b.dk = d_dk.get();
-  b.dk_strides = dk_strides;
-  b.dv = d_dv.get();
-  b.dv_strides = dk_strides;
+  d.point(&b, h.q_strides, h.k_strides, dq_strides, dk_strides);
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
@@ -446,9 +463,9 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 
-  check_gradient("dq", d_dq, dq_strides, c.batch, c.seqlen_q, c.heads_q, D, c.dtype, dq_ref);
-  check_gradient("dk", d_dk, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dk_ref);
-  check_gradient("dv", d_dv, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dv_ref);
+  check_gradient("dq", d.dq, dq_strides, c.batch, c.seqlen_q, c.heads_q, D, c.dtype, dq_ref);
+  check_gradient("dk", d.dk, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dk_ref);
+  check_gradient("dv", d.dv, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dv_ref);
 }
 
 const DType bf = DType::bf16, fp = DType::fp16;
@@ -581,24 +598,13 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   const Strides dq_strides = grad_strides(Hq), dk_strides = grad_strides(Hkv);
   const size_t dq_span = size_t(dq_strides.seq) * total_q, dk_span = size_t(dk_strides.seq) * total_k;
 
-  harness::DeviceBuffer d_q, d_k, d_v, d_out, d_lse, d_dout, d_dq, d_dk, d_dv, d_cu_q, d_cu_k;
-  for (auto [buf, bytes] : {std::pair{&d_q, q_elems * 2}, {&d_k, k_elems * 2}, {&d_v, k_elems * 2},
-                            {&d_out, q_elems * 2}, {&d_lse, lse_host.size() * 4}, {&d_dout, q_elems * 2},
-                            {&d_dq, dq_span * 2}, {&d_dk, dk_span * 2}, {&d_dv, dk_span * 2},
-                            {&d_cu_q, cu_q.size() * 4}, {&d_cu_k, cu_k.size() * 4}})
-    ASSERT_TRUE(buf->allocate(bytes).ok());
-  auto upload = [](harness::DeviceBuffer& dst, const void* src, size_t bytes) {
-    ASSERT_EQ(cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  };
-  upload(d_q, q.bits.data(), q_elems * 2);
-  upload(d_k, k.bits.data(), k_elems * 2);
-  upload(d_v, v.bits.data(), k_elems * 2);
-  upload(d_out, out_bits.data(), q_elems * 2);
-  upload(d_lse, lse_host.data(), lse_host.size() * 4);
-  upload(d_dout, dout.bits.data(), q_elems * 2);
-  upload(d_cu_q, cu_q.data(), cu_q.size() * 4);
-  upload(d_cu_k, cu_k.data(), cu_k.size() * 4);
-  for (auto* buf : {&d_dq, &d_dk, &d_dv}) ASSERT_EQ(cudaMemset(buf->get(), 0xFF, buf->bytes()), cudaSuccess);  // NaN
+  BackwardBuffers d;
+  ASSERT_NO_FATAL_FAILURE(d.load(q, k, v, out_bits, lse_host, dout, dq_span, dk_span));
+  harness::DeviceBuffer d_cu_q, d_cu_k;
+  for (auto [buf, offsets] : {std::pair{&d_cu_q, &cu_q}, {&d_cu_k, &cu_k}}) {
+    ASSERT_TRUE(buf->allocate(offsets->size() * 4).ok());
+    ASSERT_EQ(cudaMemcpy(buf->get(), offsets->data(), offsets->size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  }
 
   BackwardProblem b;
   AttentionProblem& p = b.forward;
@@ -609,29 +615,13 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   p.heads_q = Hq;
   p.heads_kv = Hkv;
   p.head_dim = D;
-  p.q = d_q.get();
-  p.q_strides = q_strides;
-  p.k = d_k.get();
-  p.k_strides = k_strides;
-  p.v = d_v.get();
-  p.v_strides = k_strides;
-  p.out = d_out.get();
-  p.out_strides = q_strides;
-  p.lse = static_cast<float*>(d_lse.get());
   p.causal = c.causal;
   p.window_left = c.window_left;
   p.cu_seqlens_q = static_cast<const int32_t*>(d_cu_q.get());
   p.cu_seqlens_k = static_cast<const int32_t*>(d_cu_k.get());
   p.total_q = total_q;
   p.total_k = total_k;
-  b.dout = d_dout.get();
-  b.dout_strides = q_strides;
-  b.dq = d_dq.get();
-  b.dq_strides = dq_strides;
-  b.dk = d_dk.get();
-  b.dk_strides = dk_strides;
-  b.dv = d_dv.get();
-  b.dv_strides = dk_strides;
+  d.point(&b, q_strides, k_strides, dq_strides, dk_strides);
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
@@ -639,9 +629,9 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 
-  check_gradient("dq", d_dq, dq_strides, 1, total_q, Hq, D, c.dtype, dq_ref);
-  check_gradient("dk", d_dk, dk_strides, 1, total_k, Hkv, D, c.dtype, dk_ref);
-  check_gradient("dv", d_dv, dk_strides, 1, total_k, Hkv, D, c.dtype, dv_ref);
+  check_gradient("dq", d.dq, dq_strides, 1, total_q, Hq, D, c.dtype, dq_ref);
+  check_gradient("dk", d.dk, dk_strides, 1, total_k, Hkv, D, c.dtype, dk_ref);
+  check_gradient("dv", d.dv, dk_strides, 1, total_k, Hkv, D, c.dtype, dv_ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(
