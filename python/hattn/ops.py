@@ -466,16 +466,23 @@ def _attention_fwd_setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
 
 
-def _attention_fwd_backward(ctx, dout, dlse):
+def _backward_needed(ctx, dout, dlse, entry: str) -> bool:
+    """The checks both autograd backwards make first; False when out gets no gradient."""
     if dlse is not None:
         raise NotImplementedError("hattn: no gradient through the LSE output; use only out in the loss")
     if dout is None:
-        return (None,) * 11
+        return False
     if not ctx.has_lse:
         raise RuntimeError(
-            "hattn: the backward needs the forward's LSE: call hattn.attention (it keeps the LSE when a gradient "
+            f"hattn: the backward needs the forward's LSE: call hattn.{entry} (it keeps the LSE when a gradient "
             "is needed), or the op with return_lse=True"
         )
+    return True
+
+
+def _attention_fwd_backward(ctx, dout, dlse):
+    if not _backward_needed(ctx, dout, dlse, "attention"):
+        return (None,) * 11
     if ctx.has_seqlens_k:
         raise NotImplementedError("hattn: no backward with seqlens_k (a KV cache) yet")
     q, k, v, out, lse = ctx.saved_tensors
@@ -663,15 +670,8 @@ def _attention_varlen_fwd_setup_context(ctx, inputs, output) -> None:
 
 
 def _attention_varlen_fwd_backward(ctx, dout, dlse):
-    if dlse is not None:
-        raise NotImplementedError("hattn: no gradient through the LSE output; use only out in the loss")
-    if dout is None:
+    if not _backward_needed(ctx, dout, dlse, "attention_varlen"):
         return (None,) * 13
-    if not ctx.has_lse:
-        raise RuntimeError(
-            "hattn: the backward needs the forward's LSE: call hattn.attention_varlen (it keeps the LSE when a "
-            "gradient is needed), or the op with return_lse=True"
-        )
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = torch.ops.hattn.attention_varlen_bwd(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlen, ctx.causal, ctx.softmax_scale,
