@@ -11,6 +11,7 @@ from helpers import (
     INPUT_MEAN,
     attention_ref,
     check_gradients,
+    cu_seqlens_of,
     gradients,
     make_qkv,
     requires_hopper,
@@ -218,12 +219,9 @@ def test_varlen_gradients_match_reference(causal):
 
 
 def gpu_varlen(lens_q, lens_k, heads_q=8, heads_kv=2, head_dim=128):
-    def cu(lens):
-        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-
     q = torch.randn(sum(lens_q), heads_q, head_dim, device="cuda", dtype=torch.bfloat16) + 0.5
     k = torch.randn(sum(lens_k), heads_kv, head_dim, device="cuda", dtype=torch.bfloat16) + 0.5
-    return q, k, torch.randn_like(k) + 0.5, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
+    return q, k, torch.randn_like(k) + 0.5, cu_seqlens_of(lens_q), cu_seqlens_of(lens_k), max(lens_q), max(lens_k)
 
 
 @requires_hopper

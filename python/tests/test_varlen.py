@@ -11,18 +11,10 @@ import pytest
 import torch
 from hattn import _C
 from hattn.ops import _as_kernel_input, _kernel_layout_ok, _problem_kwargs, _strides
-from helpers import INPUT_MEAN, check_sequence, requires_hopper
+from helpers import INPUT_MEAN, check_sequence, cu_seqlens_of, requires_hopper
 
 HQ, HKV, D = 8, 2, 64
 LENS_Q, LENS_K = [100, 0, 37], [120, 5, 0]  # an empty query side and an empty key side
-
-
-def cu_seqlens(lengths, device="cpu"):
-    """int32 [batch + 1] offsets of these sequence lengths."""
-    offsets = [0]
-    for n in lengths:
-        offsets.append(offsets[-1] + n)
-    return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
 def varlen_args(lens_q=LENS_Q, lens_k=LENS_K, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=torch.bfloat16, device="cpu"):
@@ -30,7 +22,7 @@ def varlen_args(lens_q=LENS_Q, lens_k=LENS_K, heads_q=HQ, heads_kv=HKV, head_dim
     q = torch.randn(sum(lens_q), heads_q, head_dim, dtype=dtype, device=device)
     k = torch.randn(sum(lens_k), heads_kv, head_dim, dtype=dtype, device=device)
     return (
-        q, k, torch.randn_like(k), cu_seqlens(lens_q, device), cu_seqlens(lens_k, device),
+        q, k, torch.randn_like(k), cu_seqlens_of(lens_q, device), cu_seqlens_of(lens_k, device),
         max(max(lens_q), 1), max(max(lens_k), 1),
     )  # fmt: skip
 
@@ -276,7 +268,7 @@ def make_varlen(lens_q, lens_k, heads_q, heads_kv, head_dim, dtype, seed=0):
         return torch.randn(total, heads, head_dim, device="cuda", dtype=dtype, generator=gen) + INPUT_MEAN
 
     q, k, v = rand(sum(lens_q), heads_q), rand(sum(lens_k), heads_kv), rand(sum(lens_k), heads_kv)
-    return q, k, v, cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda")
+    return q, k, v, cu_seqlens_of(lens_q, "cuda"), cu_seqlens_of(lens_k, "cuda")
 
 
 def check_varlen(q, k, v, lens_q, lens_k, out, lse, causal=False, softmax_scale=None, window=(-1, -1)):
@@ -373,7 +365,7 @@ def test_equal_lengths_match_the_dense_op():
     """A batch of equal lengths packed along the rows is the dense problem."""
     B, S, H, D = 3, 333, 8, 128
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) + INPUT_MEAN for _ in range(3))
-    cu = cu_seqlens([S] * B, "cuda")
+    cu = cu_seqlens_of([S] * B, "cuda")
     out, lse = hattn.attention_varlen(*(t.flatten(0, 1) for t in (q, k, v)), cu, cu, S, S, causal=True, return_lse=True)
     dense, dense_lse = hattn.attention(q, k, v, causal=True, return_lse=True)
     torch.testing.assert_close(out.view(B, S, H, D), dense, rtol=0, atol=2e-2)
@@ -408,7 +400,7 @@ def test_strided_views_and_offsets():
     qkv = torch.randn(T, 3, H, D, device="cuda", dtype=torch.bfloat16) + INPUT_MEAN
     q, k, v = qkv.unbind(1)
     assert all(_kernel_layout_ok(t) for t in (q, k, v))
-    cu = cu_seqlens(lens, "cuda")
+    cu = cu_seqlens_of(lens, "cuda")
     out, lse = hattn.attention_varlen(q, k, v, cu, cu, 300, 300, causal=True, return_lse=True)
     check_varlen(q, k, v, lens, lens, out, lse, causal=True)
 
@@ -454,7 +446,7 @@ def test_compile_fullgraph(dynamic):
     wkv = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16) / 32
     for lens in ([256, 100, 31], [384, 7, 0, 200]):
         x = torch.randn(sum(lens), 1024, device="cuda", dtype=torch.bfloat16)
-        cu = cu_seqlens(lens, "cuda")
+        cu = cu_seqlens_of(lens, "cuda")
         out, total = compiled(x, wq, wkv, cu, max(lens))
         expected, expected_total = block(x, wq, wkv, cu, max(lens))
         torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)  # inductor may fuse the projections differently
