@@ -178,7 +178,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   auto& smem = *reinterpret_cast<SharedStorage<T, D, kWide, kNumConsumers>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) / kAtomBytes * kAtomBytes);
 
-  const int warpgroup = int(threadIdx.x) / 128 - 1;  // consumer index; -1 is the producer
+  // The consumer index; -1 is the producer. Read from lane 0 so that the compiler knows it is
+  // the same in the whole warp and keeps what derives from it (Q's descriptor) in uniform
+  // registers.
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   // GQA packing: a row is query position row >> pack_shift of query head (item head <<
@@ -314,6 +317,14 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegisters>();
 
+  // Descriptors built once: this consumer's Q rows, and the first stage's K and V (column block
+  // 0). A GEMM's k16 step then adds a byte offset to them (advance_smem_desc): the stage's and
+  // the step's, instead of building each descriptor from its address again.
+  const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q[0] + warpgroup * 64 * 64, 16, kAtomBytes);
+  const uint64_t k_desc = ptx::make_smem_desc_sw128(smem.k[0][0], 16, kAtomBytes);
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0][0], kBlockN * kSwizzleBytes, kAtomBytes);
+  constexpr uint32_t kKStageBytes = sizeof(smem.k[0]), kVStageBytes = sizeof(smem.v[0]);
+
   const int warp_row = warpgroup * 64 + warp_in_wg * 16;  // first row of this warp inside the CTA tile
   const float scale_log2 = p.scale * kLog2e;  // c: 2^(s c) = e^(scale s)
   // The turn goes round the consumers: 0 -> 1 (-> 2) -> 0.
@@ -351,9 +362,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // the 64-column blocks are kBlockN * 128 bytes apart (LBO).
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const T* v_tile = smem.v[ring % Cfg::kStages][0] + kk * 16 * 64;
-      ptx::WgmmaM64K16<T, D>::template rs<1>(
-          o, p_frag[kk], ptx::make_smem_desc_sw128(v_tile, kBlockN * kSwizzleBytes, kAtomBytes), 1);
+      const uint32_t v_bytes = ring % Cfg::kStages * kVStageBytes + kk * 16 * 64 * sizeof(T);
+      ptx::WgmmaM64K16<T, D>::template rs<1>(o, p_frag[kk], ptx::advance_smem_desc(v_desc, v_bytes), 1);
     }
     ptx::wgmma_commit_group();
   };
@@ -405,10 +415,11 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        const T* q_tile = smem.q[kk / 4] + warpgroup * 64 * 64 + kk % 4 * 16;
-        const T* k_tile = smem.k[stage][kk / 4] + kk % 4 * 16;
-        ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::make_smem_desc_sw128(q_tile, 16, kAtomBytes),
-                                                     ptx::make_smem_desc_sw128(k_tile, 16, kAtomBytes), kk > 0);
+        // Q's block kk / 4 and K's, k16 step kk % 4 inside it (32 bytes per step).
+        const uint32_t q_bytes = kk / 4 * sizeof(smem.q[0]) + kk % 4 * 16 * sizeof(T);
+        const uint32_t k_bytes = stage * kKStageBytes + kk / 4 * sizeof(smem.k[0][0]) + kk % 4 * 16 * sizeof(T);
+        ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, q_bytes),
+                                                     ptx::advance_smem_desc(k_desc, k_bytes), kk > 0);
       }
       ptx::wgmma_commit_group();
       if constexpr (kHasPrevious) issue_pv(ring - 1);

@@ -53,6 +53,14 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* tile, uint3
          (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptor of the same layout `bytes` further on (a multiple of 16): only the start
+// address field (address / 16, bits 0-13) moves. Shared memory ends below 256 KB, so the 32-bit
+// add never carries out of that field, and the upper word (SBO, swizzle mode) is kept as is.
+// A k16 step's descriptor is then one add of a constant to a descriptor built once.
+__device__ __forceinline__ uint64_t advance_smem_desc(uint64_t desc, uint32_t bytes) {
+  return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
+}
+
 // wgmma.mma_async m64nNk16, fp32 accumulators: WgmmaM64K16<T, N>::ss / ::rs.
 template <typename T, int N>
 struct WgmmaM64K16;
