@@ -56,8 +56,9 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* tile, uint3
 // The descriptor of the same layout `bytes` further on (a multiple of 16): only the start
 // address field (address / 16, bits 0-13) moves. Shared memory ends below 256 KB, so the 32-bit
 // add never carries out of that field, and the upper word (SBO, swizzle mode) is kept as is.
-// A k16 step's descriptor is then one add of a constant to a descriptor built once.
-__device__ __forceinline__ uint64_t advance_smem_desc(uint64_t desc, uint32_t bytes) {
+// A k16 step's descriptor is then one add of a constant to a descriptor built once. Host too:
+// tests/test_descriptors.cu checks it against the PTX ISA's field layout.
+__host__ __device__ __forceinline__ uint64_t advance_smem_desc(uint64_t desc, uint32_t bytes) {
   return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
 }
 
