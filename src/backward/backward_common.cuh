@@ -32,55 +32,53 @@ struct BackwardParams {
   float* dv_accum;
 };
 
-// The keys query i sees, [first, last): the causal mask and the window, bottom-right aligned.
-__device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
-  const int64_t diagonal = int64_t(i) + p.causal_offset;
+// The keys query i sees, [first, last), among seqlen_k keys whose causal diagonal runs through
+// key i + offset (bottom-right aligned: offset = seqlen_k - seqlen_q): the causal mask and
+// the window.
+__device__ __forceinline__ void keys_seen_by(const AttentionParams& p, int64_t offset, int seqlen_k, int i, int* first,
+                                             int* last) {
+  const int64_t diagonal = int64_t(i) + offset;
   const int right = p.causal ? 0 : p.window_right;
   int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
-  int64_t hi = right >= 0 ? diagonal + right + 1 : p.seqlen_k;
-  lo = lo < 0 ? 0 : lo > p.seqlen_k ? p.seqlen_k : lo;
-  hi = hi < lo ? lo : hi > p.seqlen_k ? p.seqlen_k : hi;
+  int64_t hi = right >= 0 ? diagonal + right + 1 : seqlen_k;
+  lo = lo < 0 ? 0 : lo > seqlen_k ? seqlen_k : lo;
+  hi = hi < lo ? lo : hi > seqlen_k ? seqlen_k : hi;
   *first = int(lo);
   *last = int(hi);
 }
 
-// The queries [first, last) that see at least one of the keys [n0, n1): the inverse of
-// visible_keys over a block of keys.
-__device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first, int* last) {
+// The queries [first, last) among seqlen_q that see at least one of the keys [n0, n1): the
+// inverse of keys_seen_by over a block of keys.
+__device__ __forceinline__ void queries_seeing_keys(const AttentionParams& p, int64_t offset, int seqlen_q, int n0,
+                                                    int n1, int* first, int* last) {
   const int right = p.causal ? 0 : p.window_right;
   // Query i sees key n1 - 1 or earlier only from i + offset + right >= n0; it sees a key
   // before n1 only while i + offset - window_left < n1.
-  int64_t lo = right >= 0 ? int64_t(n0) - p.causal_offset - right : 0;
-  int64_t hi = p.window_left >= 0 ? int64_t(n1) - p.causal_offset + p.window_left : p.seqlen_q;
-  lo = lo < 0 ? 0 : lo > p.seqlen_q ? p.seqlen_q : lo;
-  hi = hi < lo ? lo : hi > p.seqlen_q ? p.seqlen_q : hi;
+  int64_t lo = right >= 0 ? int64_t(n0) - offset - right : 0;
+  int64_t hi = p.window_left >= 0 ? int64_t(n1) - offset + p.window_left : seqlen_q;
+  lo = lo < 0 ? 0 : lo > seqlen_q ? seqlen_q : lo;
+  hi = hi < lo ? lo : hi > seqlen_q ? seqlen_q : hi;
   *first = int(lo);
   *last = int(hi);
+}
+
+// The two for a dense batch: the problem's lengths and the forward's causal_offset.
+__device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
+  keys_seen_by(p, p.causal_offset, p.seqlen_k, i, first, last);
+}
+__device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first, int* last) {
+  queries_seeing_keys(p, p.causal_offset, p.seqlen_q, n0, n1, first, last);
 }
 
 // The same two for one sequence of a variable-length batch: its own lengths, its masks
 // aligned to its own bottom-right corner.
 __device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,
                                              int* last) {
-  const int64_t diagonal = int64_t(i) + (seq.seqlen_k - seq.seqlen_q);
-  const int right = p.causal ? 0 : p.window_right;
-  int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
-  int64_t hi = right >= 0 ? diagonal + right + 1 : seq.seqlen_k;
-  lo = lo < 0 ? 0 : lo > seq.seqlen_k ? seq.seqlen_k : lo;
-  hi = hi < lo ? lo : hi > seq.seqlen_k ? seq.seqlen_k : hi;
-  *first = int(lo);
-  *last = int(hi);
+  keys_seen_by(p, seq.seqlen_k - seq.seqlen_q, seq.seqlen_k, i, first, last);
 }
 __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const Sequence& seq, int n0, int n1,
                                                int* first, int* last) {
-  const int right = p.causal ? 0 : p.window_right;
-  const int64_t offset = seq.seqlen_k - seq.seqlen_q;
-  int64_t lo = right >= 0 ? int64_t(n0) - offset - right : 0;
-  int64_t hi = p.window_left >= 0 ? int64_t(n1) - offset + p.window_left : seq.seqlen_q;
-  lo = lo < 0 ? 0 : lo > seq.seqlen_q ? seq.seqlen_q : lo;
-  hi = hi < lo ? lo : hi > seq.seqlen_q ? seq.seqlen_q : hi;
-  *first = int(lo);
-  *last = int(hi);
+  queries_seeing_keys(p, seq.seqlen_k - seq.seqlen_q, seq.seqlen_q, n0, n1, first, last);
 }
 
 // The kernels that run a variable-length batch take it as a template flag, kVarlen, so that

@@ -137,7 +137,9 @@ struct WorkList {
   TileScheduler sched;
   int tail_start = 0;  // items [0, tail_start) run whole; with tail_parts == 1 all do
   int tail_parts = 1;
-  __host__ __device__ int total() const { return tail_start + (sched.total() - tail_start) * tail_parts; }
+  // The items from tail_start on, each cut into tail_parts parts (or run whole when it is 1).
+  __host__ __device__ int tail_items() const { return sched.total() - tail_start; }
+  __host__ __device__ int total() const { return tail_start + tail_items() * tail_parts; }
 #ifdef __CUDACC__
   __device__ int position(int round) const { return sched.position(round); }
 #endif
@@ -318,8 +320,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   ptx::setmaxnreg_inc<Cfg::kConsumerRegisters>();
 
   // Descriptors built once: this consumer's Q rows, and the first stage's K and V (column block
-  // 0). A GEMM's k16 step then adds a byte offset to them (advance_smem_desc): the stage's and
-  // the step's, instead of building each descriptor from its address again.
+  // 0). A tile's K and V descriptors add the stage's byte offset before the tile's waits, and
+  // each k16 step a constant (advance_smem_desc), instead of building each from its address.
   const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q[0] + warpgroup * 64 * 64, 16, kAtomBytes);
   const uint64_t k_desc = ptx::make_smem_desc_sw128(smem.k[0][0], 16, kAtomBytes);
   const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0][0], kBlockN * kSwizzleBytes, kAtomBytes);
@@ -354,6 +356,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         o[dt * 4 + 3] *= alpha[1];
       }
     }
+    // The stage's V descriptor, before the wait: after it, each wgmma adds only a constant.
+    uint64_t v_stage_desc = ptx::advance_smem_desc(v_desc, ring % Cfg::kStages * kVStageBytes);
+    ptx::fence_operand(v_stage_desc);
     ptx::mbarrier_wait(&smem.v_full[ring % Cfg::kStages], (ring / Cfg::kStages) % 2);
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
@@ -362,8 +367,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // the 64-column blocks are kBlockN * 128 bytes apart (LBO).
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t v_bytes = ring % Cfg::kStages * kVStageBytes + kk * 16 * 64 * sizeof(T);
-      ptx::WgmmaM64K16<T, D>::template rs<1>(o, p_frag[kk], ptx::advance_smem_desc(v_desc, v_bytes), 1);
+      const uint32_t v_bytes = kk * 16 * 64 * sizeof(T);
+      ptx::WgmmaM64K16<T, D>::template rs<1>(o, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, v_bytes), 1);
     }
     ptx::wgmma_commit_group();
   };
@@ -407,6 +412,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       const int stage = ring % Cfg::kStages;
       const int n_start = (range.first + tile) * kBlockN;
 
+      // The stage's K descriptor, before the waits: in the turn, each wgmma adds only a constant.
+      uint64_t k_stage_desc = ptx::advance_smem_desc(k_desc, stage * kKStageBytes);
+      ptx::fence_operand(k_stage_desc);
       // In the turn: S(t) = Q K(t)^T, then PV(t - 1) right behind it.
       ptx::mbarrier_wait(&smem.k_full[stage], (ring / Cfg::kStages) % 2);
       ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the previous warpgroup has issued its GEMMs
@@ -417,9 +425,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       for (int kk = 0; kk < D / 16; ++kk) {
         // Q's block kk / 4 and K's, k16 step kk % 4 inside it (32 bytes per step).
         const uint32_t q_bytes = kk / 4 * sizeof(smem.q[0]) + kk % 4 * 16 * sizeof(T);
-        const uint32_t k_bytes = stage * kKStageBytes + kk / 4 * sizeof(smem.k[0][0]) + kk % 4 * 16 * sizeof(T);
+        const uint32_t k_bytes = kk / 4 * sizeof(smem.k[0][0]) + kk % 4 * 16 * sizeof(T);
         ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, q_bytes),
-                                                     ptx::advance_smem_desc(k_desc, k_bytes), kk > 0);
+                                                     ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
       }
       ptx::wgmma_commit_group();
       if constexpr (kHasPrevious) issue_pv(ring - 1);
@@ -738,7 +746,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(128) combine_tail_kernel(const AttentionParams p, const WorkList list, int block_m) {
   const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   const int tail = int(r / block_m), row_in_block = int(r % block_m);
-  if (tail >= list.sched.total() - list.tail_start) return;  // warp-uniform
+  if (tail >= list.tail_items()) return;  // warp-uniform
   const WorkItem item = list.sched.item(list.tail_start + tail);
   const int row = item.m_block * block_m + row_in_block;
   if (row >= p.seqlen_q) return;
@@ -820,7 +828,8 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
     if (workspace != nullptr && !kRuntimeBounds) {
       // The tail split: the parts of the cut items, [tail item][part][row of the block].
       tail = true;
-      const int64_t parts_all = int64_t(plan.sched.total() - split.tail_start) * split.tail_parts;
+      const int64_t parts_all = int64_t(WorkList{plan.sched, split.tail_start, split.tail_parts}.tail_items()) *
+                                split.tail_parts;
       kernel_params.o_partial = workspace;
       kernel_params.lse_partial = workspace + size_t(parts_all) * Cfg::kBlockM * D;  // after all parts' rows
     } else if (workspace != nullptr) {
@@ -840,7 +849,7 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   s = launch_status(kName);
   if (workspace != nullptr) {
     if (s.ok() && tail) {
-      const int64_t tail_rows = int64_t(list.sched.total() - list.tail_start) * Cfg::kBlockM;
+      const int64_t tail_rows = int64_t(list.tail_items()) * Cfg::kBlockM;
       combine_tail_kernel<T, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list, Cfg::kBlockM);
       s = launch_status(kName);
     } else if (s.ok()) {
