@@ -173,6 +173,11 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr int kNTiles = kBlockN / 8;  // n8 column tiles of S in the accumulator
   constexpr int kDTiles = D / 8;        // n8 column tiles of O
+  // The producer prefetches the next item's Q into L2 in the kernel with D = 128's 128-key
+  // tiles (short sweeps): there it gained 1-3% on the H200, and up to 0.8% was lost with the
+  // wide tiles and at D = 64 (results/evidence/q_prefetch_6b0b0f9/). The run-time bounds
+  // kernels would first have to read the next item's sequence.
+  constexpr bool kPrefetchNextQ = !kRuntimeBounds && D == 128 && !kWide;
 
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
@@ -294,6 +299,21 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
             kv_row = key % p.page_size;
           }
           load_tile<T, D, kWide, kNumConsumers>(smem.k[stage], &k_map, kv_row, head_kv, kv_entry, &smem.k_full[stage]);
+          if constexpr (kPrefetchNextQ) {
+            // With the item's last K tile, the next item's Q into L2: its load waits for this
+            // item's last S, and would then take longer from memory than the consumers' last
+            // PV and epilogue do.
+            const int next = tile + 1 == n_tiles ? sched.position(round + 1) : sched.total();
+            if (next < sched.total()) {
+              const PartItem after = sched.item(next);
+#pragma unroll
+              for (int c = 0; c < Cfg::kConsumers; ++c)
+#pragma unroll
+                for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
+                  ptx::cp_async_bulk_prefetch_tensor_4d_l2(&q_map, cb * 64, after.m_block * kBlockM + c * 64,
+                                                           after.head_q, after.batch);
+            }
+          }
           if (reused) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
           const int valid = seq.seqlen_k - key;  // keys of the tile inside the sequence
           if (kRuntimeBounds && valid < kBlockN) {

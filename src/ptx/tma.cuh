@@ -30,6 +30,16 @@ __device__ __forceinline__ void cp_async_bulk_tensor_4d_g2s(void* dst, const CUt
       : "memory");
 }
 
+// cp.async.bulk.prefetch.tensor.4d: the box at these coordinates from global memory into L2
+// only, a hint with no barrier and nothing written to shared memory.
+__device__ __forceinline__ void cp_async_bulk_prefetch_tensor_4d_l2(const CUtensorMap* map, int c0, int c1, int c2,
+                                                                    int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // The same with a 5-D tensor map (the final kernel's Q boxes, which may pack the query heads
 // of a K/V head into rows).
 __device__ __forceinline__ void cp_async_bulk_tensor_5d_g2s(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
