@@ -44,15 +44,27 @@ def provenance(rows, path):
     runs = {}
     for r in rows:
         runs.setdefault(r["commit"], []).append(r)
+
+    def timing(rs):
+        # hattn-bench --settle: untimed calls before each point's timed ones; without it the
+        # timed calls are a burst after the point's idle setup (results/evidence/clock_carryover/).
+        settle = float(rs[0].get("settle_s") or 0)
+        return (f"each point timed after {settle:g} s of untimed calls" if settle > 0
+                else "each point timed as a burst after its setup")
+
+    timings = {timing(rs) for rs in runs.values()}
     parts = []
     for commit, rs in runs.items():
         clocks = sorted({int(r["sm_clock_mhz"]) for r in rs if r["sm_clock_mhz"] > 0})
         clock = f"{clocks[0]}-{clocks[-1]} MHz" if len(clocks) > 1 else f"{clocks[0]} MHz" if clocks else "unknown"
         kernels = ", ".join(sorted({r["kernel"].split("_")[0] for r in rs}))
         which = f" (kernels {kernels})" if len(runs) > 1 else ""
-        parts.append(f"commit `{commit}`{which}, SM clock {clock}, cuBLAS bf16 GEMM ceiling "
+        how = f", {timing(rs)}" if len(timings) > 1 else ""
+        parts.append(f"commit `{commit}`{which}, SM clock {clock}{how}, cuBLAS bf16 GEMM ceiling "
                      f"{rs[0]['gemm_tflops']:.0f} TFLOP/s in the same run")
-    return f"_{rows[0]['gpu']}; " + "; ".join(parts) + f"; from `{path.relative_to(ROOT)}` by `tools/gen_docs.py`._\n"
+    common = f"; {timings.pop()}" if len(timings) == 1 else ""
+    return (f"_{rows[0]['gpu']}; " + "; ".join(parts) + common +
+            f"; from `{path.relative_to(ROOT)}` by `tools/gen_docs.py`._\n")
 
 
 def fmt(r):

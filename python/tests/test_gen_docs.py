@@ -1,0 +1,36 @@
+"""tools/gen_docs.py's results stamps (CPU only): the timing clause follows hattn-bench's --settle."""
+
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "tools" / "gen_docs.py")
+gen_docs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gen_docs)
+
+
+def row(commit, kernel, settle=None):
+    r = {"commit": commit, "gpu": "NVIDIA H200", "kernel": kernel, "sm_clock_mhz": 1800.0, "gemm_tflops": 790.0}
+    if settle is not None:
+        r["settle_s"] = settle
+    return r
+
+
+PATH = ROOT / "results" / "lineage.csv"
+
+
+def test_a_run_without_settle_is_stamped_as_bursts():
+    stamp = gen_docs.provenance([row("abc", "08_x"), row("abc", "09_y")], PATH)
+    assert "each point timed as a burst after its setup" in stamp
+    assert stamp.count("timed") == 1
+
+
+def test_a_settled_run_says_how_long():
+    stamp = gen_docs.provenance([row("abc", "08_x", "2.5")], PATH)
+    assert "each point timed after 2.5 s of untimed calls" in stamp and "burst" not in stamp
+
+
+def test_runs_timed_differently_get_a_clause_each():
+    stamp = gen_docs.provenance([row("abc", "08_x"), row("def", "16_y", "3")], PATH)
+    assert "commit `abc` (kernels 08), SM clock 1800 MHz, each point timed as a burst after its setup" in stamp
+    assert "commit `def` (kernels 16), SM clock 1800 MHz, each point timed after 3 s of untimed calls" in stamp
