@@ -37,8 +37,8 @@ __device__ __forceinline__ void wgmma_wait_group() {
 // that is still writing it asynchronously (the asm claims to modify the value).
 __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
 __device__ __forceinline__ void fence_operand(uint32_t& reg) { asm volatile("" : "+r"(reg)::"memory"); }
-// A descriptor computed here stays computed here: ptxas does not sink its arithmetic past a
-// wait that follows (into the few instructions between a barrier and the first wgmma).
+// A descriptor fenced here is computed here: the compiler does not move its arithmetic past the
+// (volatile) waits that follow, into the instructions between a barrier and the first wgmma.
 __device__ __forceinline__ void fence_operand(uint64_t& reg) { asm volatile("" : "+l"(reg)::"memory"); }
 
 // Shared-memory matrix descriptor for a 128-byte-swizzled operand (the layout TMA writes with
