@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
               for (int c = 0; c < Cfg::kConsumers; ++c)
 #pragma unroll
                 for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-                  ptx::cp_async_bulk_prefetch_tensor_4d_l2(&q_map, cb * 64, after.m_block * kBlockM + c * 64,
+                  ptx::cp_async_bulk_prefetch_tensor_4d_l2(&q_map, cb * 64, block_of(after) * kBlockM + c * 64,
                                                            after.head_q, after.batch);
             }
           }
