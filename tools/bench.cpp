@@ -82,7 +82,8 @@ void usage() {
       "  --seconds S         time budget per point (default 1.0)\n"
       "  --settle S          forward: untimed calls for about S seconds before each point's timed\n"
       "                      ones (default 0: the timed calls are a burst after the point's idle\n"
-      "                      setup, before the board reaches its power cap on the long shapes)\n"
+      "                      setup, before the board reaches its power cap on the long shapes);\n"
+      "                      not with --backward, nor for a point timed once (a call over 2 s)\n"
       "  --check-rows N      rows checked against the fp64 reference (default 48)\n"
       "  --no-gemm           skip the cuBLAS GEMM ceiling\n"
       "  --csv PATH          write results as CSV\n"
@@ -216,6 +217,10 @@ int parse(int argc, char** argv, Config* c) {
       usage();
       return 2;
     }
+  }
+  if (c->backward && c->settle_seconds > 0) {  // its CSV column would claim a settle that did not happen
+    std::fprintf(stderr, "hattn-bench: --settle applies to the forward only, not with --backward\n");
+    return 2;
   }
   if (c->backward) {  // --kernels names backward kernels here; by default "auto"
     const std::vector<std::string> known = backward_kernel_names();
