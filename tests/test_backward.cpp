@@ -104,7 +104,8 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
   ASSERT_TRUE(validate_backward_arguments(b).ok());
   Options options;
-  for (const char* name : {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq"}) {  // so "auto" is bwd_02 here
+  // Refused here, so "auto" is bwd_02.
+  for (const char* name : {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop"}) {
     options.kernel = name;
     const Status refused = backward(b, options);  // refused before any GPU is needed
     EXPECT_EQ(refused.code(), StatusCode::not_supported) << name << ": " << refused.to_string();
@@ -121,11 +122,11 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
 // trial variant is registered.
 TEST(BackwardValidation, KernelNamesInLineageOrder) {
   const std::vector<std::string> want{"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma", "bwd_04_dq_per_cta",
-                                      "bwd_05_tma_dq"};
+                                      "bwd_05_tma_dq", "bwd_06_hot_loop"};
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
-// B05 takes dense batches at D <= 128, so "auto" picks it there; what it refuses falls to an
+// B05 (and B06, B05's loop made lean) take dense batches at D <= 128; what they refuse falls to an
 // older kernel (a variable-length batch to bwd_04). Its supports() directly: backward() refuses
 // seqlens_k and block_table before asking it.
 TEST(BackwardValidation, TmaDqSupports) {
@@ -243,8 +244,8 @@ TEST(BackwardValidation, VarlenRefusals) {
   }
 }
 
-// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B05
-// for a dense batch up to D = 128; for a variable-length batch, which B05 and B03 refuse, B04
+// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B06
+// for a dense batch up to D = 128; for a variable-length batch, which B06, B05 and B03 refuse, B04
 // up to D = 128; B02 at D = 256 either way. A kernel named for what it refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
@@ -260,7 +261,7 @@ TEST(BackwardValidation, AutoRouting) {
     int head_dim;
     const char* kernel;
   };
-  for (const Want& w : {Want{false, 64, "bwd_05_tma_dq"}, Want{false, 128, "bwd_05_tma_dq"},
+  for (const Want& w : {Want{false, 64, "bwd_06_hot_loop"}, Want{false, 128, "bwd_06_hot_loop"},
                         Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_04_dq_per_cta"},
                         Want{true, 128, "bwd_04_dq_per_cta"}, Want{true, 256, "bwd_02_mma_sync"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
@@ -281,7 +282,7 @@ TEST(BackwardValidation, AutoRouting) {
     }
   }
   // The varlen refusals name the kernels that run one.
-  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq"}) {
+  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop"}) {
     std::string resolved;
     const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
@@ -625,7 +626,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
-  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05; bwd_04 at D = 256
+  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05, bwd_06; bwd_04 at D = 256
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 

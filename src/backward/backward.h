@@ -27,5 +27,8 @@ const BackwardKernel& backward_wgmma();
 const BackwardKernel& backward_dq_per_cta();
 // bwd_05_tma_dq.cu: B04 with dQ added by TMA reductions from shared memory (D <= 128).
 const BackwardKernel& backward_tma_dq();
+// bwd_06_hot_loop.cu: B05 with its elementwise math lean: no mask where none is needed, shared
+// memory read as shared, ex2.approx with the scale folded (D <= 128).
+const BackwardKernel& backward_hot_loop();
 
 }  // namespace hattn
