@@ -9,8 +9,8 @@ gen_docs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gen_docs)
 
 
-def row(commit, kernel, settle=None):
-    r = {"commit": commit, "gpu": "NVIDIA H200", "kernel": kernel, "sm_clock_mhz": 1800.0, "gemm_tflops": 790.0}
+def row(commit, kernel, settle=None, gemm=790.0):
+    r = {"commit": commit, "gpu": "NVIDIA H200", "kernel": kernel, "sm_clock_mhz": 1800.0, "gemm_tflops": gemm}
     if settle is not None:
         r["settle_s"] = settle
     return r
@@ -34,3 +34,11 @@ def test_runs_timed_differently_get_a_clause_each():
     stamp = gen_docs.provenance([row("abc", "08_x"), row("def", "16_y", "3")], PATH)
     assert "commit `abc` (kernels 08), SM clock 1800 MHz, each point timed as a burst after its setup" in stamp
     assert "commit `def` (kernels 16), SM clock 1800 MHz, each point timed after 3 s of untimed calls" in stamp
+
+
+def test_two_runs_at_one_commit_get_a_clause_each():
+    # The lineage split across device calls: one commit, two hattn-bench runs, two GEMM ceilings.
+    stamp = gen_docs.provenance([row("abc", "01_x", "0.5", 771.2), row("abc", "08_y", "0.5", 780.0)], PATH)
+    assert "commit `abc` (kernels 01), SM clock 1800 MHz, cuBLAS bf16 GEMM ceiling 771 TFLOP/s" in stamp
+    assert "commit `abc` (kernels 08), SM clock 1800 MHz, cuBLAS bf16 GEMM ceiling 780 TFLOP/s" in stamp
+    assert stamp.count("timed") == 1
