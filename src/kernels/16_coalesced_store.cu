@@ -182,8 +182,18 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
-  auto& smem = *reinterpret_cast<SharedStorage<T, D, kWide, kNumConsumers>*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) / kAtomBytes * kAtomBytes);
+  // At D <= 128 the offset is added to smem_raw itself: the compiler then still knows the
+  // pointer is in shared memory, stores the O staging tile with STS instead of generic ST, and
+  // spills less at D = 64 with three consumers (1-3% faster there; results/evidence/
+  // smem_base_ab/). D = 256 has no generic access either way and measured 0.4-0.9% slower with
+  // it, so it keeps the rounded integer.
+  unsigned char* smem_base;
+  if constexpr (D <= 128)
+    smem_base = smem_raw + (kAtomBytes - ptx::cvta_to_shared_u32(smem_raw) % kAtomBytes) % kAtomBytes;
+  else
+    smem_base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) /
+                                                 kAtomBytes * kAtomBytes);
+  auto& smem = *reinterpret_cast<SharedStorage<T, D, kWide, kNumConsumers>*>(smem_base);
 
   // The consumer index; -1 is the producer. Read from lane 0 so that the compiler knows it is
   // the same in the whole warp and keeps what derives from it (Q's descriptor) in uniform
