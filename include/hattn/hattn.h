@@ -213,12 +213,12 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that supports the problem: bwd_05_tma_dq up to D = 128, bwd_04_dq_per_cta
-// for a variable-length batch up to D = 128, bwd_02_mma_sync at D = 256) or one of
-// backward_kernel_names(); a kernel that cannot run the problem returns not_supported and says
-// why (bwd_03_wgmma: D <= 128 and no variable-length batch; bwd_05_tma_dq: D <= 128 and no
-// variable-length batch). Takes fp32 scratch memory with cudaMallocAsync on the stream.
-// Asynchronous, like forward().
+// (the newest kernel that supports the problem: for a dense batch up to D = 128 the last of
+// backward_kernel_names(), for a variable-length batch up to D = 128 bwd_04_dq_per_cta, at
+// D = 256 bwd_02_mma_sync) or one of backward_kernel_names(); a kernel that cannot run the
+// problem returns not_supported and says why (bwd_03_wgmma and later: D <= 128; bwd_03_wgmma
+// and bwd_05_tma_dq and later: no variable-length batch). Takes fp32 scratch memory with
+// cudaMallocAsync on the stream. Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
 // The backward kernels in lineage order.
