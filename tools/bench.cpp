@@ -88,7 +88,7 @@ void usage() {
       "  --no-gemm           skip the cuBLAS GEMM ceiling\n"
       "  --csv PATH          write results as CSV\n"
       "  --commit SHA        commit recorded in the CSV (default $HATTN_COMMIT)\n"
-      "  --list              list kernels and exit\n");
+      "  --list              list the forward and the backward kernels and exit\n");
 }
 
 std::vector<std::string> split(const std::string& s) {
@@ -128,7 +128,10 @@ int parse(int argc, char** argv, Config* c) {
       usage();
       return 1;
     } else if (a == "--list") {
-      for (const auto& k : kernels()) std::printf("%-28s %s\n", k.name.c_str(), k.description.c_str());
+      std::printf("forward kernels (--kernels):\n");
+      for (const auto& k : kernels()) std::printf("  %-28s %s\n", k.name.c_str(), k.description.c_str());
+      std::printf("backward kernels (--backward --kernels; \"auto\" runs the newest that takes the problem):\n");
+      for (const auto& name : backward_kernel_names()) std::printf("  %s\n", name.c_str());
       return 1;
     } else if (a == "--capstone") {
       c->capstone = true;
