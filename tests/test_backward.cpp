@@ -105,7 +105,8 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   ASSERT_TRUE(validate_backward_arguments(b).ok());
   Options options;
   // Refused here, so "auto" is bwd_02.
-  for (const char* name : {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop"}) {
+  for (const char* name :
+       {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct"}) {
     options.kernel = name;
     const Status refused = backward(b, options);  // refused before any GPU is needed
     EXPECT_EQ(refused.code(), StatusCode::not_supported) << name << ": " << refused.to_string();
@@ -122,7 +123,7 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
 // trial variant is registered.
 TEST(BackwardValidation, KernelNamesInLineageOrder) {
   const std::vector<std::string> want{"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma", "bwd_04_dq_per_cta",
-                                      "bwd_05_tma_dq", "bwd_06_hot_loop"};
+                                      "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct"};
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
@@ -244,8 +245,8 @@ TEST(BackwardValidation, VarlenRefusals) {
   }
 }
 
-// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B06
-// for a dense batch up to D = 128; for a variable-length batch, which B06, B05 and B03 refuse, B04
+// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B07
+// for a dense batch up to D = 128; for a variable-length batch, which B07, B06, B05 and B03 refuse, B04
 // up to D = 128; B02 at D = 256 either way. A kernel named for what it refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
@@ -261,7 +262,7 @@ TEST(BackwardValidation, AutoRouting) {
     int head_dim;
     const char* kernel;
   };
-  for (const Want& w : {Want{false, 64, "bwd_06_hot_loop"}, Want{false, 128, "bwd_06_hot_loop"},
+  for (const Want& w : {Want{false, 64, "bwd_07_dkdv_direct"}, Want{false, 128, "bwd_07_dkdv_direct"},
                         Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_04_dq_per_cta"},
                         Want{true, 128, "bwd_04_dq_per_cta"}, Want{true, 256, "bwd_02_mma_sync"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
@@ -282,7 +283,7 @@ TEST(BackwardValidation, AutoRouting) {
     }
   }
   // The varlen refusals name the kernels that run one.
-  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop"}) {
+  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct"}) {
     std::string resolved;
     const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
@@ -487,7 +488,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 256, 256, 8, 8, 64, true, -1, bf, false},    // whole blocks, causal
                       Case{1, 256, 256, 4, 4, 128, true, -1, bf, false},    // the same at D = 128
                       Case{1, 700, 650, 2, 1, 128, false, -1, fp, false},   // 11 query blocks: stage ring wraps
-                      Case{1, 640, 640, 2, 2, 64, true, -1, bf, false})),   // 10 query blocks, causal
+                      Case{1, 640, 640, 2, 2, 64, true, -1, bf, false},     // 10 query blocks, causal
+                      Case{1, 100, 300, 2, 2, 64, false, 30, bf, true},     // keys 0-169 seen by no query: dK, dV 0
+                      Case{2, 64, 256, 4, 4, 128, false, 20, fp, false})),  // the same at D = 128, whole blocks
     [](const ::testing::TestParamInfo<std::tuple<std::string, Case>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });
@@ -626,7 +629,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
-  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05, bwd_06; bwd_04 at D = 256
+  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05-07; bwd_04 at D = 256
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 

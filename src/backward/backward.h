@@ -30,5 +30,8 @@ const BackwardKernel& backward_tma_dq();
 // bwd_06_hot_loop.cu: B05 with its elementwise math lean: no mask where none is needed, shared
 // memory read as shared, ex2.approx with the scale folded (D <= 128).
 const BackwardKernel& backward_hot_loop();
+// bwd_07_dkdv_direct.cu: B06 writing dK and dV once, without fp32 sums, where no other CTA adds
+// to them (no GQA).
+const BackwardKernel& backward_dkdv_direct();
 
 }  // namespace hattn

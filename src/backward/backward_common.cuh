@@ -4,7 +4,8 @@
 //
 // A backward kernel adds dQ, dK and dV into fp32 sums (other CTAs add to the same rows), and
 // convert_kernel writes them out at the end. The sums make the result nondeterministic in its
-// last bits.
+// last bits. A kernel that owns its keys' dK and dV (one CTA per key block and query head,
+// without GQA) may ask run_backward to skip their sums: it then writes dk and dv itself.
 //
 // A variable-length batch (cu_seqlens) keeps the forward's packed layout: its tensors, the
 // sums and delta are one batch entry of total rows ([total, H, D]; delta [Hq, total_q] like
@@ -29,7 +30,11 @@ struct BackwardParams {
   float* delta;     // rowsum(dO * O), laid out like lse: [B, Hq, Sq], or [Hq, total_q] when varlen
   float* dq_accum;  // like q, contiguous: [B, Sq, Hq, D] or [total_q, Hq, D]
   float* dk_accum;  // like k, contiguous: [B, Sk, Hkv, D] or [total_k, Hkv, D]
-  float* dv_accum;
+  float* dv_accum;  // nullptr, like dk_accum, when the kernel writes dk and dv itself
+  void* dk;         // the gradients, at the caller's strides (for the kernels that write them)
+  void* dv;
+  int64_t dk_batch_stride, dk_seq_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
 };
 
 // The keys query i sees, [first, last), among seqlen_k keys whose causal diagonal runs through
@@ -204,8 +209,11 @@ Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, c
 // The host side of a backward: scratch for the fp32 sums and delta (cudaMallocAsync on the
 // stream), zeroed; delta; then launch_main.template operator()<T, D>(params), which launches the
 // kernel's main pass and returns its Status; then the conversions; then the free.
+// With dkdv_written_by_kernel, dK and dV get no sums (params.dk_accum and dv_accum are null)
+// and no conversion: the kernel writes params.dk and dv.
 template <typename LaunchMain>
-Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main) {
+Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main,
+                    bool dkdv_written_by_kernel = false) {
   const AttentionProblem& fwd = problem.forward;
   BackwardParams p{};
   p.fwd = make_params(fwd);
@@ -213,21 +221,30 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   p.dout_batch_stride = problem.dout_strides.batch;
   p.dout_seq_stride = problem.dout_strides.seq;
   p.dout_head_stride = problem.dout_strides.head;
+  p.dk = problem.dk;
+  p.dv = problem.dv;
+  p.dk_batch_stride = problem.dk_strides.batch;
+  p.dk_seq_stride = problem.dk_strides.seq;
+  p.dk_head_stride = problem.dk_strides.head;
+  p.dv_batch_stride = problem.dv_strides.batch;
+  p.dv_seq_stride = problem.dv_strides.seq;
+  p.dv_head_stride = problem.dv_strides.head;
   // The tensors' [batch entries, rows]: [B, Sq] and [B, Sk], or [1, total_q] and [1, total_k]
   // for a variable-length batch.
   const int entries = fwd.tensor_batch(), seq_rows_q = fwd.tensor_rows_q(), seq_rows_k = fwd.tensor_rows_k();
   const int64_t rows_q = int64_t(entries) * seq_rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
   const int64_t rows_k = int64_t(entries) * seq_rows_k * fwd.heads_kv;
-  const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k) * 2 * fwd.head_dim;
+  const int64_t rows_k_sums = dkdv_written_by_kernel ? 0 : rows_k;  // rows of the dK and dV sums
+  const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k_sums) * 2 * fwd.head_dim;
   float* scratch = nullptr;
   Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
                          std::string(name) + ": cudaMallocAsync(scratch)");
   if (!s.ok()) return s;
   p.dq_accum = scratch;
-  p.dk_accum = p.dq_accum + rows_q * fwd.head_dim;
-  p.dv_accum = p.dk_accum + rows_k * fwd.head_dim;
-  p.delta = p.dv_accum + rows_k * fwd.head_dim;
-  s = cuda_status(cudaMemsetAsync(scratch, 0, (size_t(rows_q) + 2 * size_t(rows_k)) * fwd.head_dim * sizeof(float), stream),
+  p.dk_accum = dkdv_written_by_kernel ? nullptr : p.dq_accum + rows_q * fwd.head_dim;
+  p.dv_accum = dkdv_written_by_kernel ? nullptr : p.dk_accum + rows_k * fwd.head_dim;
+  p.delta = p.dq_accum + (rows_q + 2 * rows_k_sums) * fwd.head_dim;
+  s = cuda_status(cudaMemsetAsync(scratch, 0, size_t(rows_q + 2 * rows_k_sums) * fwd.head_dim * sizeof(float), stream),
                   std::string(name) + ": zeroing the fp32 sums");
   if (s.ok()) {
     s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
@@ -245,6 +262,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
         return launch_status(name);
       };
       if (!(st = convert(p.dq_accum, problem.dq, seq_rows_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
+      if (dkdv_written_by_kernel) return st;
       if (!(st = convert(p.dk_accum, problem.dk, seq_rows_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
       return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides);
     });
