@@ -43,6 +43,7 @@
 #include "ptx/ex2.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/named_barrier.cuh"
+#include "ptx/smem.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "tensor_map.h"
@@ -144,8 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes). An
   // offset added to smem_raw keeps the pointer in the shared window (B05 went through an
   // integer, and its plain loads and stores of shared memory became generic ones).
-  const uint32_t misalignment = ptx::cvta_to_shared_u32(smem_raw) % kAtomBytes;
-  auto& smem = *reinterpret_cast<SharedStorage<T, D>*>(smem_raw + (kAtomBytes - misalignment) % kAtomBytes);
+  auto& smem = *reinterpret_cast<SharedStorage<T, D>*>(ptx::align_shared<kAtomBytes>(smem_raw));
   const AttentionParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
   // descriptors built from it in uniform registers (with plain threadIdx.x / 128, ptxas spilled).

@@ -29,6 +29,7 @@
 #include "ptx/mbarrier.cuh"
 #include "ptx/named_barrier.cuh"
 #include "ptx/setmaxnreg.cuh"
+#include "ptx/smem.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "registry.h"
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // it, so it keeps the rounded integer.
   unsigned char* smem_base;
   if constexpr (D <= 128)
-    smem_base = smem_raw + (kAtomBytes - ptx::cvta_to_shared_u32(smem_raw) % kAtomBytes) % kAtomBytes;
+    smem_base = ptx::align_shared<kAtomBytes>(smem_raw);
   else
     smem_base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) /
                                                  kAtomBytes * kAtomBytes);

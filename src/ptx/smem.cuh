@@ -15,4 +15,14 @@ __device__ __forceinline__ uint32_t cvta_to_shared_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// `raw` (this block's dynamic shared memory) moved up to the next multiple of kAlign bytes of
+// the .shared window. The offset is added to the pointer itself, so the compiler still knows it
+// points into shared memory and plain loads and stores through it stay LDS/STS; rounding the
+// address as an integer would make them generic LD/ST.
+template <int kAlign>
+__device__ __forceinline__ unsigned char* align_shared(unsigned char* raw) {
+  const uint32_t misalignment = cvta_to_shared_u32(raw) % kAlign;
+  return raw + (kAlign - misalignment) % kAlign;
+}
+
 }  // namespace hattn::ptx
