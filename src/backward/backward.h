@@ -33,7 +33,5 @@ const BackwardKernel& backward_hot_loop();
 // bwd_07_dkdv_direct.cu: B06 writing dK and dV once, without fp32 sums, where no other CTA adds
 // to them (no GQA).
 const BackwardKernel& backward_dkdv_direct();
-// bwd_08_overlap.cu: B07 with the elementwise math run beside the warpgroup's own GEMMs.
-const BackwardKernel& backward_overlap();
 
 }  // namespace hattn
