@@ -364,7 +364,7 @@ namespace {
 const std::vector<const BackwardKernel*>& backward_kernels() {
   static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma(),
                                                       &backward_dq_per_cta(), &backward_tma_dq(), &backward_hot_loop(),
-                                                      &backward_dkdv_direct()};
+                                                      &backward_dkdv_direct(), &backward_dq_overlap()};
   return all;
 }
 }  // namespace
@@ -384,9 +384,9 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
     return {StatusCode::not_supported,
             "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
             "batches only"};
-  // "auto", as for the forward: the newest kernel that supports the problem (bwd_07 up to
-  // D = 128, bwd_02 at D = 256; results/evidence/backward_tma_dq/README.md). bwd_07, bwd_06,
-  // bwd_05 and bwd_03 refuse a variable-length batch, so there it is bwd_04 up to D = 128.
+  // "auto", as for the forward: the newest kernel that supports the problem (bwd_08 at D = 64,
+  // bwd_07 at D = 128, bwd_02 at D = 256; results/evidence/backward_tma_dq/README.md). bwd_08-05
+  // and bwd_03 refuse a variable-length batch, so there it is bwd_04 up to D = 128.
   if (name == "auto") {
     std::string reasons;
     for (const BackwardKernel* k : backward_kernels()) {

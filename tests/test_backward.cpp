@@ -106,7 +106,8 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   Options options;
   // Refused here, so "auto" is bwd_02.
   for (const char* name :
-       {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct"}) {
+       {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
+        "bwd_08_dq_overlap"}) {
     options.kernel = name;
     const Status refused = backward(b, options);  // refused before any GPU is needed
     EXPECT_EQ(refused.code(), StatusCode::not_supported) << name << ": " << refused.to_string();
@@ -123,7 +124,8 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
 // trial variant is registered.
 TEST(BackwardValidation, KernelNamesInLineageOrder) {
   const std::vector<std::string> want{"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma", "bwd_04_dq_per_cta",
-                                      "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct"};
+                                      "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
+                                      "bwd_08_dq_overlap"};
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
@@ -245,8 +247,8 @@ TEST(BackwardValidation, VarlenRefusals) {
   }
 }
 
-// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B07
-// for a dense batch up to D = 128; for a variable-length batch, which B07, B06, B05 and B03 refuse, B04
+// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B08
+// for a dense batch at D = 64, B07 at D = 128; for a variable-length batch, which B08-B05 and B03 refuse, B04
 // up to D = 128; B02 at D = 256 either way. A kernel named for what it refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
@@ -262,7 +264,7 @@ TEST(BackwardValidation, AutoRouting) {
     int head_dim;
     const char* kernel;
   };
-  for (const Want& w : {Want{false, 64, "bwd_07_dkdv_direct"}, Want{false, 128, "bwd_07_dkdv_direct"},
+  for (const Want& w : {Want{false, 64, "bwd_08_dq_overlap"}, Want{false, 128, "bwd_07_dkdv_direct"},
                         Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_04_dq_per_cta"},
                         Want{true, 128, "bwd_04_dq_per_cta"}, Want{true, 256, "bwd_02_mma_sync"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
@@ -283,7 +285,8 @@ TEST(BackwardValidation, AutoRouting) {
     }
   }
   // The varlen refusals name the kernels that run one.
-  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct"}) {
+  for (const char* name :
+       {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct", "bwd_08_dq_overlap"}) {
     std::string resolved;
     const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
@@ -629,7 +632,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
-  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05-07; bwd_04 at D = 256
+  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05-08; bwd_04 at D = 256
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 

@@ -10,6 +10,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:capstone -->         one Wan 2.1 transformer step per variant (python -m hattn.capstone)
     <!-- results:backward -->         the backward beside SDPA's (python -m hattn.bench_backward)
     <!-- results:backward.PATH -->    the same from results/PATH.csv (an earlier run kept as evidence)
+    <!-- results:ab.PATH -->          kernels side by side from one hattn-bench run, results/PATH.csv
     <!-- /results -->
 
 Numbers come only from results files: hattn-bench's CSV (default results/lineage.csv) and
@@ -191,6 +192,33 @@ def backward_table(csv_path):
     return "\n".join(out) + "\n"
 
 
+def ab_table(csv_path):
+    """Kernels side by side from one hattn-bench run (forward or backward): TFLOP/s per shape,
+    and the last kernel over the first."""
+    if not csv_path.exists():
+        return f"_No results yet (`{csv_path.relative_to(ROOT)}`)._\n"
+    rows = load(csv_path)
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    shapes = list(dict.fromkeys((r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"]) for r in rows))
+    index = {(r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"], r["kernel"]): r for r in rows}
+    first, last = kernels[0], kernels[-1]
+    out = ["TFLOP/s, " + rows[0]["dtype"] + ", one `hattn-bench` run (each kernel timed in turn on the same "
+           "tensors; the check compares sampled rows with the fp64 reference).", "",
+           "| shape | " + " | ".join(f"`{k}`" for k in kernels) + f" | {last} / {first} | check |",
+           "|---|" + "---|" * (len(kernels) + 2)]
+    for d, causal, s, b, h in shapes:
+        got = [index.get((d, causal, s, b, h, k)) for k in kernels]
+        cells = [f"{r['tflops']:.1f}" if r else "–" for r in got]
+        ratio = f"{got[-1]['tflops'] / got[0]['tflops']:.3f}" if got[0] and got[-1] else "–"
+        checks = {r["check"] for r in got if r}
+        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
+                   + f" | {ratio} | {', '.join(sorted(checks))} |")
+    clocks = sorted({f"{r['sm_clock_mhz']:.0f}" for r in rows})
+    out += ["", f"_{rows[0]['gpu']}, commit `{rows[0]['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
+            f"from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
+    return "\n".join(out) + "\n"
+
+
 def capstone_table(directory):
     """One row per results/capstone/*.json: the step's time under each variant."""
     runs = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
@@ -252,6 +280,8 @@ def main():
             return backward_table(ROOT / "results" / "pybench_backward.csv")
         if name.startswith("backward."):
             return backward_table(ROOT / "results" / (name[len("backward."):] + ".csv"))
+        if name.startswith("ab."):
+            return ab_table(ROOT / "results" / (name[len("ab."):] + ".csv"))
         previous = None
         names = sorted(set(kernels) | {name})
         i = names.index(name)

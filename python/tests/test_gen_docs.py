@@ -42,3 +42,19 @@ def test_two_runs_at_one_commit_get_a_clause_each():
     assert "commit `abc` (kernels 01), SM clock 1800 MHz, cuBLAS bf16 GEMM ceiling 771 TFLOP/s" in stamp
     assert "commit `abc` (kernels 08), SM clock 1800 MHz, cuBLAS bf16 GEMM ceiling 780 TFLOP/s" in stamp
     assert stamp.count("each point timed after 0.5 s of untimed calls") == 1  # said once, for both runs
+
+
+def test_ab_table_puts_kernels_side_by_side(tmp_path, monkeypatch):
+    # Two kernels of one hattn-bench run: a column each, the last over the first, the check.
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    header = ("commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
+              "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check,gbps")
+    lines = [header,
+             "abc,NVIDIA H200,1980,0,k_old,bf16,64,0,16,1024,1024,32,32,20,1.0,200.0,0,0,1,PASS,0",
+             "abc,NVIDIA H200,1980,0,k_new,bf16,64,0,16,1024,1024,32,32,20,1.0,250.0,0,0,1,PASS,0"]
+    path = tmp_path / "ab.csv"
+    path.write_text("\n".join(lines) + "\n")
+    table = gen_docs.ab_table(path)
+    assert "| `k_old` | `k_new` | k_new / k_old | check |" in table
+    assert "| D=64 full S=1024 B=16 H=32 | 200.0 | 250.0 | 1.250 | PASS |" in table
+    assert "commit `abc`" in table

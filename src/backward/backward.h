@@ -33,5 +33,8 @@ const BackwardKernel& backward_hot_loop();
 // bwd_07_dkdv_direct.cu: B06 writing dK and dV once, without fp32 sums, where no other CTA adds
 // to them (no GQA).
 const BackwardKernel& backward_dkdv_direct();
+// bwd_08_dq_overlap.cu: B07 with a block's dQ wgmma issued at the top of the next step and
+// sent out while that step's S^T runs (D = 64).
+const BackwardKernel& backward_dq_overlap();
 
 }  // namespace hattn
