@@ -319,7 +319,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if constexpr (kHasLast) {
       // S^T alone goes behind the last block's dQ: with dP^T in flight too, dQ's accumulators,
-      // dK, dV, S^T and dP^T (224 registers a thread at D = 128) would not fit beside the rest.
+      // dK, dV, S^T and dP^T (224 registers a thread at D = 128, which the kernel still ran
+      // when it was timed) would not fit beside the rest. At D = 64 (144) they would: untried.
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T may still run
       send_dq(step - 1);
