@@ -1,4 +1,5 @@
-"""tools/gen_docs.py's results stamps (CPU only): the timing clause follows hattn-bench's --settle."""
+"""tools/gen_docs.py (CPU only): the results stamps' timing clause follows hattn-bench's --settle, and
+the A/B table of one hattn-bench run."""
 
 import importlib.util
 import pathlib
