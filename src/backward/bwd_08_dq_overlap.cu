@@ -470,8 +470,8 @@ Status supports(const BackwardProblem& problem) {
   if (p.head_dim != 64)
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
-                " is not supported (D = 64 only: at D = 128 dQ's accumulators beside S^T's in flight spill and the "
-                "step was not faster, so bwd_07_dkdv_direct runs D = 128 and bwd_02_mma_sync D = 256)"};
+                " is not supported (D = 64 only: at D = 128 this kernel spills at 255 registers and was not faster "
+                "than bwd_07_dkdv_direct, which runs D = 128; bwd_02_mma_sync runs D = 256)"};
   return Status::Ok();
 }
 
