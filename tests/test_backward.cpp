@@ -264,7 +264,7 @@ TEST(BackwardValidation, AutoRouting) {
     int head_dim;
     const char* kernel;
   };
-  for (const Want& w : {Want{false, 64, "bwd_08_dq_overlap"}, Want{false, 128, "bwd_07_dkdv_direct"},
+  for (const Want& w : {Want{false, 64, "bwd_08_dq_overlap"}, Want{false, 128, "bwd_08_dq_overlap"},
                         Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_04_dq_per_cta"},
                         Want{true, 128, "bwd_04_dq_per_cta"}, Want{true, 256, "bwd_02_mma_sync"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);

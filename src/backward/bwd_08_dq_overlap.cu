@@ -14,8 +14,12 @@
 // last block's while this one writes the next. The first step has no block before it, and is
 // its own instantiation of the step (a compile-time flag; see run_step).
 //
-// D = 64 only. At D = 128 the same code (tested on the H200) spills 72 bytes (255 registers) and
-// ran at 0.94-1.01x B07 (results/evidence/bwd_08_dq_overlap/), so "auto" keeps B07 there.
+// D = 64 and 128. At D = 128 the order above first needed 255 registers and spilled 72 bytes
+// (0.94-1.01x B07). The spilled values were ones the compiler had hoisted out of the loop: 16
+// dS^T store addresses, the wgmma descriptors of K and V per k16 step, and dQ's 4 store offsets.
+// Here dS^T goes out by stmatrix (one address a lane), descriptors are built once and advanced
+// by constants, and the bases of the rest are re-read each step: 244 registers, no spill, and
+// 1.09-1.24x B07 at D = 128 in two runs (results/evidence/bwd_08_dq_overlap/).
 //
 // The rest is B07: without GQA a CTA writes its keys' dK and dV once; with GQA it adds into
 // fp32 sums. And B06 (B05 with a lean elementwise loop):
@@ -54,6 +58,7 @@
 #include "ptx/mbarrier.cuh"
 #include "ptx/named_barrier.cuh"
 #include "ptx/smem.cuh"
+#include "ptx/stmatrix.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "tensor_map.h"
@@ -235,16 +240,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The scaled half into its block's parity's tile, and the reduction (after waiting for the
   // wgmma). Accumulator rows are 16 warp + g (+ 8), columns 8 nt + 2 t of the half: box nt / 4,
   // 16-byte chunk 2 (nt % 4) + t / 2 of the 128-byte row, stored at chunk ^ (row % 8) =
-  // chunk ^ g (the box's swizzle).
+  // chunk ^ g (the box's swizzle): the lane's nt = 0 float offset XOR 8 (nt % 4).
+  const int dq_lane = (16 * warp_in_wg + group) * 32 + ((tig / 2 ^ group) << 2) + 2 * (tig % 2);
   auto send_dq = [&](int step) {
     const int m0 = m_begin + step * kBlockM;
 #pragma unroll
     for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
     float* tiles = smem.dq[step % 2][warpgroup][0];
-    float* my_row = tiles + (16 * warp_in_wg + group) * 32 + 2 * (tig % 2);
+    // Re-read each step, so that the compiler does not keep the four offsets it makes from it
+    // live across the loop (at D = 128 it spilled them).
+    uint32_t lane_offset = dq_lane;
+    ptx::fence_operand(lane_offset);
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
-      float* at = my_row + nt / 4 * kBlockM * 32 + ((2 * (nt % 4) + tig / 2) ^ group) * 4;
+      float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<float2*>(at + 8 * r * 32) =
@@ -259,6 +268,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::cp_async_bulk_commit_group();
     }
   };
+  // Every wgmma operand's descriptor is built once here; a k16 step adds a byte offset
+  // (advance_smem_desc). Built per step from their addresses, the S^T and dP^T operands'
+  // descriptors were kept in registers across the loop, and at D = 128 they spilled.
+  constexpr uint32_t kKBlockBytes = kBlockN * 64 * sizeof(T);  // one 64-column block of K or V
+  constexpr uint32_t kQBlockBytes = kBlockM * 64 * sizeof(T);  // one of Q or dO
+  constexpr uint32_t kQStageBytes = D / 64 * kQBlockBytes;
+  constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T);      // one warpgroup's dS^T tile
+  // K-major (S^T = K Q^T, dP^T = V dO^T): this warpgroup's 64 keys of K and V; Q and dO of stage 0.
+  const uint64_t k_desc = ptx::make_smem_desc_sw128(smem.k[0] + warpgroup * 64 * 64, 16, kAtomBytes);
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0] + warpgroup * 64 * 64, 16, kAtomBytes);
+  const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q[0][0], 16, kAtomBytes);
+  const uint64_t do_desc = ptx::make_smem_desc_sw128(smem.dout[0][0], 16, kAtomBytes);
+  // N-major B operands (dK += dS^T Q, dV += P^T dO): column blocks kBlockM * 128 bytes apart.
+  const uint64_t q_n_desc = ptx::make_smem_desc_sw128(smem.q[0][0], kBlockM * kSwizzleBytes, kAtomBytes);
+  const uint64_t do_n_desc = ptx::make_smem_desc_sw128(smem.dout[0][0], kBlockM * kSwizzleBytes, kAtomBytes);
+  // dQ = dS K: dS^T read M-major (parity 0), and K's columns c0 .. c0 + D/2 read N-major.
+  const uint64_t ds_desc = ptx::make_smem_desc_sw128(smem.ds[0][0], 64 * kSwizzleBytes, kAtomBytes);
+  const uint64_t k_dq_desc = ptx::make_smem_desc_sw128(smem.k[c0 / 64] + c0 % 64, kBlockN * kSwizzleBytes, kAtomBytes);
+
   // dQ[:, c0 : c0 + D/2] = dS K[:, c0 : c0 + D/2] of block `step` over all 128 keys, 16 at a
   // time: A is the dS^T tile of the warpgroup that owns those keys, read M-major (16 keys = 2048
   // bytes down); B is K read N-major, D/2 columns from column c0 (at D = 64, from the middle of
@@ -268,13 +296,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
     ptx::wgmma_fence();  // likewise for dq's registers
+    const uint64_t ds_parity_desc = ptx::advance_smem_desc(ds_desc, step % 2 * kWarpgroups * kDsBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const T* a_tile = smem.ds[step % 2][kk / 4] + kk % 4 * 16 * 64;
-      const T* k_tile = smem.k[c0 / 64] + kk * 16 * 64 + c0 % 64;
-      ptx::WgmmaM64K16<T, kCols>::template ss<1, 1>(dq, ptx::make_smem_desc_sw128(a_tile, 64 * kSwizzleBytes, kAtomBytes),
-                                                    ptx::make_smem_desc_sw128(k_tile, kBlockN * kSwizzleBytes, kAtomBytes),
-                                                    kk > 0);
+      // 16 keys: dS^T tile kk / 4 (the warpgroup owning them), 16 rows = 2048 bytes down it.
+      const uint32_t ds_bytes = kk / 4 * kDsBytes + kk % 4 * 16 * kSwizzleBytes;
+      ptx::WgmmaM64K16<T, kCols>::template ss<1, 1>(dq, ptx::advance_smem_desc(ds_parity_desc, ds_bytes),
+                                                    ptx::advance_smem_desc(k_dq_desc, kk * 16 * kSwizzleBytes), kk > 0);
     }
     ptx::wgmma_commit_group();
   };
@@ -310,17 +338,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
     ptx::wgmma_fence();  // s and dp reuse registers of the step before: those accesses come first
+    const uint32_t stage_bytes = stage * kQStageBytes;
+    // K's and V's descriptors re-read each step: otherwise the compiler keeps all D / 16 of
+    // each that it makes from them live across the loop (at D = 128 it spilled them).
+    uint64_t k_step_desc = k_desc, v_step_desc = v_desc;
+    ptx::fence_operand(k_step_desc), ptx::fence_operand(v_step_desc);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const T* k_tile = smem.k[kk / 4] + warpgroup * 64 * 64 + kk % 4 * 16;
-      const T* q_tile = smem.q[stage][kk / 4] + kk % 4 * 16;
-      ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(s, ptx::make_smem_desc_sw128(k_tile, 16, kAtomBytes),
-                                                   ptx::make_smem_desc_sw128(q_tile, 16, kAtomBytes), kk > 0);
+      // 16 columns of D: column block kk / 4, 32 bytes along its rows.
+      const uint32_t kv_bytes = kk / 4 * kKBlockBytes + kk % 4 * 32, q_bytes = kk / 4 * kQBlockBytes + kk % 4 * 32;
+      ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(s, ptx::advance_smem_desc(k_step_desc, kv_bytes),
+                                                   ptx::advance_smem_desc(q_desc, stage_bytes + q_bytes), kk > 0);
     }
     if constexpr (kHasLast) {
       // S^T alone goes behind the last block's dQ: with dP^T in flight too, dQ's accumulators,
-      // dK, dV, S^T and dP^T (224 registers a thread at D = 128, which the kernel still ran
-      // when it was timed) would not fit beside the rest. At D = 64 (144) they would: untried.
+      // dK, dV, S^T and dP^T would be 224 registers a thread at D = 128.
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T may still run
       send_dq(step - 1);
@@ -328,10 +360,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const T* v_tile = smem.v[kk / 4] + warpgroup * 64 * 64 + kk % 4 * 16;
-      const T* do_tile = smem.dout[stage][kk / 4] + kk % 4 * 16;
-      ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(dp, ptx::make_smem_desc_sw128(v_tile, 16, kAtomBytes),
-                                                   ptx::make_smem_desc_sw128(do_tile, 16, kAtomBytes), kk > 0);
+      const uint32_t kv_bytes = kk / 4 * kKBlockBytes + kk % 4 * 32, do_bytes = kk / 4 * kQBlockBytes + kk % 4 * 32;
+      ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(dp, ptx::advance_smem_desc(v_step_desc, kv_bytes),
+                                                   ptx::advance_smem_desc(do_desc, stage_bytes + do_bytes), kk > 0);
     }
     ptx::wgmma_commit_group();
     ptx::wgmma_wait_group<0>();  // S^T and dP^T are in registers
@@ -395,18 +426,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
     // dS^T into shared memory: row = key (64 rows of 128 bytes), column = query, in TMA's
-    // 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), from the packed
-    // fragments (register 2 (nt % 2) + r: n8 tile nt, row g + 8 r). Before the wgmmas below
-    // are issued: the PTX ISA allows no access to the A registers of a wgmma in flight.
-    T* ds_tile = smem.ds[step % 2][warpgroup];
+    // 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)). Per 16 queries one
+    // stmatrix of the packed fragment's four 8x8 matrices (register i: keys g + 8 (i % 2),
+    // queries 8 (2 kk + i / 2) + 2 t); lane l gives row l % 8 of matrix l / 8. The tile starts
+    // on a 1024-byte boundary, so the swizzled chunk (2 kk + l / 16) ^ (l % 8) is the lane's
+    // kk = 0 address XOR 32 kk bytes: one address a lane (16 store addresses spilled at D = 128).
+    // Before the wgmmas below are issued: the PTX ISA allows no access to the A registers of a
+    // wgmma in flight.
+    const int ds_row = 16 * warp_in_wg + lane % 8 + 8 * (lane / 8 % 2);
+    const uint32_t ds_lane = ptx::cvta_to_shared_u32(smem.ds[step % 2][warpgroup]) + ds_row * kSwizzleBytes +
+                             ((lane / 16 ^ lane % 8) << 4);
 #pragma unroll
-    for (int nt = 0; nt < kQTiles; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = 16 * warp_in_wg + group + 8 * r;
-        *reinterpret_cast<uint32_t*>(&ds_tile[row * 64 + ((nt ^ (row % 8)) * 8) + 2 * tig]) =
-            ds_frag[nt / 2][2 * (nt % 2) + r];
-      }
+    for (int kk = 0; kk < kBlockM / 16; ++kk) ptx::stmatrix_x4(ds_lane ^ (kk << 5), ds_frag[kk]);
     ptx::fence_proxy_async_shared_cta();  // the writes above, before the dQ wgmma (async proxy) reads them
 
     // dV += P^T dO and dK += dS^T Q: per 16 queries one wgmma with N = D; dO and Q are read
@@ -415,17 +446,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]);
     ptx::wgmma_fence();  // the packed fragments are written before the wgmmas read them
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const T* do_tile = smem.dout[stage][0] + kk * 16 * 64;
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
       ptx::WgmmaM64K16<T, D>::template rs<1>(
-          dv, p_frag[kk], ptx::make_smem_desc_sw128(do_tile, kBlockM * kSwizzleBytes, kAtomBytes), 1);
-    }
+          dv, p_frag[kk], ptx::advance_smem_desc(do_n_desc, stage_bytes + kk * 16 * kSwizzleBytes), 1);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const T* q_tile = smem.q[stage][0] + kk * 16 * 64;
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
       ptx::WgmmaM64K16<T, D>::template rs<1>(
-          dk, ds_frag[kk], ptx::make_smem_desc_sw128(q_tile, kBlockM * kSwizzleBytes, kAtomBytes), 1);
-    }
+          dk, ds_frag[kk], ptx::advance_smem_desc(q_n_desc, stage_bytes + kk * 16 * kSwizzleBytes), 1);
     ptx::wgmma_commit_group();
 
     ptx::bar_sync(kDsBarrier, kThreads);  // both warpgroups have stored and fenced their dS^T tiles
@@ -467,11 +494,11 @@ Status supports(const BackwardProblem& problem) {
     return {StatusCode::not_supported,
             std::string(kName) + ": no seqlens_k or paged KV cache (block_table); dense batches only"};
   // After the batch kind, so that a variable-length batch is sent to the kernels that run it.
-  if (p.head_dim != 64)
+  if (p.head_dim != 64 && p.head_dim != 128)
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
-                " is not supported (D = 64 only: at D = 128 this kernel spills at 255 registers and was not faster "
-                "than bwd_07_dkdv_direct, which runs D = 128; bwd_02_mma_sync runs D = 256)"};
+                " is not supported (64 and 128 only: at D = 256 the accumulators do not fit in the registers; "
+                "bwd_02_mma_sync runs it)"};
   return Status::Ok();
 }
 
@@ -485,8 +512,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
                              problem.dout_strides, kBlockM, 64);
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
-    if constexpr (D != 64) {
-      return {StatusCode::not_supported, std::string(kName) + ": head_dim != 64"};  // refused by supports()
+    if constexpr (D > 128) {
+      return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
     } else {
       constexpr int kSmem = smem_bytes<T, D>();
       static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
