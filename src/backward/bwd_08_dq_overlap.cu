@@ -9,10 +9,11 @@
 // and loads: its dS^T tiles were written before named barrier 1 of its own step. The step then
 // issues S^T, waits only for dQ (wait_group 1: groups complete in order) and sends it out while
 // S^T runs, and issues dP^T after that: with dP^T in flight as well, dQ's, dK's, dV's, S^T's and
-// dP^T's accumulators (224 registers a thread at D = 128) would not fit beside the rest. The
-// dS^T tiles get a second buffer, by block parity: the other warpgroup may still be reading the
-// last block's while this one writes the next. The first step has no block before it, and is
-// its own instantiation of the step (a compile-time flag; see run_step).
+// dP^T's accumulators (224 registers a thread at D = 128) would not fit beside the rest. At
+// D = 64 they do, and dQ goes out while S^T and dP^T both run (1.02-1.05x S^T alone from
+// S = 4k). The dS^T tiles get a second buffer, by block parity: the other warpgroup may still
+// be reading the last block's while this one writes the next. The first step has no block
+// before it, and is its own instantiation of the step (a compile-time flag; see run_step).
 //
 // D = 64 and 128. At D = 128 the order above first needed 255 registers and spilled 72 bytes
 // (0.94-1.01x B07). The spilled values were ones the compiler had hoisted out of the loop: 16
@@ -350,9 +351,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(s, ptx::advance_smem_desc(k_step_desc, kv_bytes),
                                                    ptx::advance_smem_desc(q_desc, stage_bytes + q_bytes), kk > 0);
     }
-    if constexpr (kHasLast) {
-      // S^T alone goes behind the last block's dQ: with dP^T in flight too, dQ's accumulators,
-      // dK, dV, S^T and dP^T would be 224 registers a thread at D = 128.
+    // At D = 128, S^T alone goes behind the last block's dQ: with dP^T in flight too, dQ's
+    // accumulators, dK, dV, S^T and dP^T would be 224 registers a thread. At D = 64 (144) both
+    // go, and dQ is sent out while both run.
+    constexpr bool kDpBehindDq = D == 64;
+    if constexpr (kHasLast && !kDpBehindDq) {
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T may still run
       send_dq(step - 1);
@@ -365,6 +368,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                    ptx::advance_smem_desc(do_desc, stage_bytes + do_bytes), kk > 0);
     }
     ptx::wgmma_commit_group();
+    if constexpr (kHasLast && kDpBehindDq) {
+      ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T and dP^T may still run
+      send_dq(step - 1);
+    }
     ptx::wgmma_wait_group<0>();  // S^T and dP^T are in registers
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
