@@ -248,8 +248,8 @@ TEST(BackwardValidation, VarlenRefusals) {
 }
 
 // Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B08
-// for a dense batch at D = 64, B07 at D = 128; for a variable-length batch, which B08-B05 and B03 refuse, B04
-// up to D = 128; B02 at D = 256 either way. A kernel named for what it refuses says why.
+// for a dense batch up to D = 128; for a variable-length batch, which B08-B05 and B03 refuse,
+// B04 up to D = 128; B02 at D = 256 either way. A kernel named for what it refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
     AttentionProblem& p = b.forward;

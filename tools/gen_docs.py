@@ -194,15 +194,18 @@ def backward_table(csv_path):
 
 def ab_table(csv_path):
     """Kernels side by side from one hattn-bench run (forward or backward): TFLOP/s per shape,
-    and the last kernel over the first."""
+    and the last kernel over the first. A kernel that refused a shape ("unsupported") gets "–"
+    there."""
     if not csv_path.exists():
         return f"_No results yet (`{csv_path.relative_to(ROOT)}`)._\n"
-    rows = load(csv_path)
-    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
-    shapes = list(dict.fromkeys((r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"]) for r in rows))
+    all_rows = load(csv_path)
+    kernels = list(dict.fromkeys(r["kernel"] for r in all_rows))
+    shapes = list(dict.fromkeys((r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"])
+                                for r in all_rows))
+    rows = [r for r in all_rows if r["check"] != "unsupported"]  # timed rows only
     index = {(r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"], r["kernel"]): r for r in rows}
     first, last = kernels[0], kernels[-1]
-    out = ["TFLOP/s, " + rows[0]["dtype"] + ", one `hattn-bench` run (each kernel timed in turn on the same "
+    out = ["TFLOP/s, " + all_rows[0]["dtype"] + ", one `hattn-bench` run (each kernel timed in turn on the same "
            "tensors; the check compares sampled rows with the fp64 reference).", "",
            "| shape | " + " | ".join(f"`{k}`" for k in kernels) + f" | {last} / {first} | check |",
            "|---|" + "---|" * (len(kernels) + 2)]
@@ -214,7 +217,7 @@ def ab_table(csv_path):
         out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
                    + f" | {ratio} | {', '.join(sorted(checks))} |")
     clocks = sorted({f"{r['sm_clock_mhz']:.0f}" for r in rows})
-    out += ["", f"_{rows[0]['gpu']}, commit `{rows[0]['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
+    out += ["", f"_{all_rows[0]['gpu']}, commit `{all_rows[0]['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
             f"from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
     return "\n".join(out) + "\n"
 
