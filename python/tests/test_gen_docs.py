@@ -45,17 +45,23 @@ def test_two_runs_at_one_commit_get_a_clause_each():
     assert stamp.count("each point timed after 0.5 s of untimed calls") == 1  # said once, for both runs
 
 
+AB_HEADER = ("commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
+             "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check,gbps")
+
+
+def ab_table_of(tmp_path, monkeypatch, rows):
+    """gen_docs.ab_table of a hattn-bench CSV with these data rows."""
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    path = tmp_path / "ab.csv"
+    path.write_text("\n".join([AB_HEADER, *rows]) + "\n")
+    return gen_docs.ab_table(path)
+
+
 def test_ab_table_puts_kernels_side_by_side(tmp_path, monkeypatch):
     # Two kernels of one hattn-bench run: a column each, the last over the first, the check.
-    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
-    header = ("commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
-              "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check,gbps")
-    lines = [header,
-             "abc,NVIDIA H200,1980,0,k_old,bf16,64,0,16,1024,1024,32,32,20,1.0,200.0,0,0,1,PASS,0",
-             "abc,NVIDIA H200,1980,0,k_new,bf16,64,0,16,1024,1024,32,32,20,1.0,250.0,0,0,1,PASS,0"]
-    path = tmp_path / "ab.csv"
-    path.write_text("\n".join(lines) + "\n")
-    table = gen_docs.ab_table(path)
+    table = ab_table_of(tmp_path, monkeypatch, [
+        "abc,NVIDIA H200,1980,0,k_old,bf16,64,0,16,1024,1024,32,32,20,1.0,200.0,0,0,1,PASS,0",
+        "abc,NVIDIA H200,1980,0,k_new,bf16,64,0,16,1024,1024,32,32,20,1.0,250.0,0,0,1,PASS,0"])
     assert "| `k_old` | `k_new` | k_new / k_old | check |" in table
     assert "| D=64 full S=1024 B=16 H=32 | 200.0 | 250.0 | 1.250 | PASS |" in table
     assert "commit `abc`" in table
@@ -64,14 +70,8 @@ def test_ab_table_puts_kernels_side_by_side(tmp_path, monkeypatch):
 def test_ab_table_shows_a_refused_shape_as_a_dash(tmp_path, monkeypatch):
     # hattn-bench writes a refused shape as a row of zeros with check "unsupported": no 0.0
     # TFLOP/s in the table, no 0 MHz clock, and no ratio where either end is missing.
-    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
-    header = ("commit,gpu,sm_clock_mhz,gemm_tflops,kernel,dtype,head_dim,causal,batch,seqlen_q,seqlen_k,heads_q,"
-              "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check,gbps")
-    lines = [header,
-             "abc,NVIDIA H200,0,0,k_old,bf16,128,0,16,1024,1024,16,16,0,0,0,0,0,0,unsupported,0",
-             "abc,NVIDIA H200,1980,0,k_new,bf16,128,0,16,1024,1024,16,16,20,1.0,250.0,0,0,1,PASS,0"]
-    path = tmp_path / "ab.csv"
-    path.write_text("\n".join(lines) + "\n")
-    table = gen_docs.ab_table(path)
+    table = ab_table_of(tmp_path, monkeypatch, [
+        "abc,NVIDIA H200,0,0,k_old,bf16,128,0,16,1024,1024,16,16,0,0,0,0,0,0,unsupported,0",
+        "abc,NVIDIA H200,1980,0,k_new,bf16,128,0,16,1024,1024,16,16,20,1.0,250.0,0,0,1,PASS,0"])
     assert "| D=128 full S=1024 B=16 H=16 | – | 250.0 | – | PASS |" in table
     assert "SM clock at the start 1980 MHz" in table
