@@ -217,8 +217,8 @@ struct BackwardProblem {
 // D = 128, for a variable-length batch up to D = 128 bwd_04_dq_per_cta, at D = 256
 // bwd_02_mma_sync) or one of backward_kernel_names(); a kernel that cannot run the problem
 // returns not_supported and says why (bwd_03_wgmma and later: D <= 128; bwd_03_wgmma and
-// bwd_05_tma_dq and later: no variable-length batch). Takes fp32 scratch memory with cudaMallocAsync on the stream.
-// Asynchronous, like forward().
+// bwd_05_tma_dq and later: no variable-length batch). Takes fp32 scratch memory with
+// cudaMallocAsync on the stream. Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
 // The backward kernels in lineage order.
