@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: builds the library and runs every test this machine can run.
 # CPU tests (reference, validation, dispatch, scheduler) always run; GPU tests skip with the
-# reason when there is no Hopper GPU. Then the docs checks (tables and code excerpts up to
+# reason when there is no Hopper GPU. Before them, the spill check (ptxas's reports against
+# tools/spill_budget.txt). Then the docs checks (tables and code excerpts up to
 # date), then the Python tests when scripts/test_python.sh exists.
 #
 #   scripts/test.sh
@@ -10,8 +11,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-2}
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
-cmake --build build -j "$jobs"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DHATTN_PTXAS_VERBOSE=ON
+# ptxas's register and spill reports go to build/build.log only; the build's own lines show.
+cmake --build build -j "$jobs" 2>&1 | tee build/build.log | { grep -v -E "^ptxas info|bytes stack frame" || true; }
+# No kernel spills more than tools/spill_budget.txt allows (the kernels compiled just now).
+nvcc_version=$(grep -ho 'CMAKE_CUDA_COMPILER_VERSION "[0-9.]*"' build/CMakeFiles/*/CMakeCUDACompiler.cmake |
+  head -1 | grep -o '[0-9][0-9.]*' || true)
+python3 tools/check_spills.py build/build.log --nvcc "${nvcc_version:-unknown}"
 ctest --test-dir build --output-on-failure -j "$jobs"
 # The docs: result tables match results/, code excerpts match src/.
 python3 tools/gen_docs.py --check
