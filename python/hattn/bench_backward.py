@@ -19,6 +19,16 @@ not pass. The tests check against float64 (python/tests).
 
 FLOPs = 2.5 x the forward's (4 B H Sq Sk D, halved when causal): five matrix products where the
 forward has two, FlashAttention's convention. Output: a table and pybench_backward.csv in --out.
+
+--varlen equal|mixed: the grid's shapes as variable-length batches (packed [total, H, D], the
+sequences' lengths as in python -m hattn.bench --varlen), with torch's varlen kernels through
+their aten ops and autograd (what torch.nn.attention.varlen.varlen_attn calls):
+  hattn            hattn.attention_varlen through autograd ("auto")
+  varlen_cudnn     aten._cudnn_attention_forward with cum_seq_q/k (the reference)
+  varlen_flash     aten._flash_attention_forward with cum_seq_q/k (FlashAttention-2)
+If cuDNN's varlen backward fails on a shape (a line says why), FlashAttention-2's is the
+reference there and the bound is 4 eps max |ref|. FLOPs sum the sequences'. Output:
+pybench_backward_varlen_<mode>.csv; no --kernels.
 """
 
 from __future__ import annotations
@@ -31,9 +41,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .bench import GRID_TOKENS, Timer, commit, environment, grid_shapes, make_inputs, parse_int_list
+from .bench import (GRID_TOKENS, INPUT_MEAN, VARLEN_MODES, Timer, commit, environment, grid_shapes, make_inputs,
+                    make_varlen_inputs, parse_int_list, varlen_shapes)
 
 ANCHORS = ("sdpa_cudnn", "sdpa_flash")
+VARLEN_ANCHORS = ("varlen_cudnn", "varlen_flash")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -48,7 +60,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--budget-s", type=float, default=1.0, help="about this long per implementation and shape")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
-    return p.parse_args(argv)
+    p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
+                   help="the grid as variable-length batches beside torch's varlen kernels (equal or mixed lengths)")
+    args = p.parse_args(argv)
+    if args.varlen and (args.kernels or args.tokens != GRID_TOKENS):
+        p.error("--varlen times hattn's \"auto\" on the grid's token count: no --kernels or --tokens with it")
+    return args
 
 
 def backward_fn(name: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
@@ -72,6 +89,26 @@ def backward_fn(name: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
     def call():
         grads = torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
         return grads if name == "hattn" else tuple(g.transpose(1, 2) for g in grads)
+
+    return call
+
+
+def varlen_backward_fn(name: str, q, k, v, dout, cu, longest: int, causal: bool) -> Callable[[], tuple]:
+    """The backward of `name` on packed q, k, v (its own leaf copies) through autograd, as a call
+    returning packed (dq, dk, dv)."""
+    import hattn
+
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if name == "hattn":
+        out = hattn.attention_varlen(*leaves, cu, cu, longest, longest, causal=causal)
+    elif name == "varlen_flash":
+        out = torch.ops.aten._flash_attention_forward(*leaves, cu, cu, longest, longest, 0.0, causal, False)[0]
+    else:  # varlen_cudnn; the log-sum-exp is what its backward needs
+        out = torch.ops.aten._cudnn_attention_forward(*leaves, None, cu, cu, longest, longest, True, 0.0, causal,
+                                                      False)[0]  # fmt: skip
+
+    def call():
+        return torch.autograd.grad(out, leaves, dout, retain_graph=True)
 
     return call
 
@@ -114,24 +151,54 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     eps = torch.finfo(dtype).eps
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    names = ["hattn"] + [f"hattn:{k}" for k in args.kernels.split(",") if k] + list(ANCHORS)
-    shapes = grid_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, tokens=args.tokens)
+    anchors = VARLEN_ANCHORS if args.varlen else ANCHORS
+    names = ["hattn"] + [f"hattn:{k}" for k in args.kernels.split(",") if k] + list(anchors)
+    if args.varlen:
+        shapes = varlen_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, args.varlen)
+    else:
+        shapes = grid_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, tokens=args.tokens)
     timer = Timer(256, args.warmup, args.reps, args.budget_s)
     env = environment()
     rows: List[Dict] = []
     print(f"# backward on {env['gpu']}, torch {env['torch']}, cuDNN {env['cudnn']}, commit {commit()}")
     print(f"{'D':>4} {'mask':6} {'S':>6} {'BxH':>6} " + " ".join(f"{n[-12:]:>12}" for n in names) + "   hattn/best   check")
     for shape in shapes:
-        q, k, v, dout = make_inputs(shape, dtype, seed=shape.seqlen_q * 131 + shape.head_dim, with_dout=True)
-        fns = {
-            name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal) if name.startswith("hattn:")
-            else backward_fn(name, q, k, v, dout, shape.causal)
-            for name in names
-        }  # fmt: skip
+        seed = shape.seqlen_q * 131 + shape.head_dim
         status, errs = {}, {}
-        reference, flash = fns["sdpa_cudnn"](), fns["sdpa_flash"]()
+        if args.varlen:
+            q, k, v, cu = make_varlen_inputs(shape, dtype, seed=seed)
+            gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+            dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=gen).add_(INPUT_MEAN)
+            fns = {}
+            for name in names:
+                try:
+                    fns[name] = varlen_backward_fn(name, q, k, v, dout, cu, shape.seqlen_q, shape.causal)
+                except RuntimeError as e:  # an anchor that does not take this shape
+                    status[name] = "failed"
+                    print(f"# {name}: {str(e).splitlines()[0]}")
+        else:
+            q, k, v, dout = make_inputs(shape, dtype, seed=seed, with_dout=True)
+            fns = {
+                name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal) if name.startswith("hattn:")
+                else backward_fn(name, q, k, v, dout, shape.causal)
+                for name in names
+            }  # fmt: skip
+        # The reference: cuDNN's gradients; FlashAttention-2's where cuDNN failed (varlen).
+        ref_name, other_name = anchors
+        reference = None
+        if ref_name in fns:
+            try:
+                reference = fns[ref_name]()
+            except RuntimeError as e:
+                status[ref_name] = "failed"
+                del fns[ref_name]
+                print(f"# {ref_name}: {str(e).splitlines()[0]}")
+        other = fns[other_name]()
+        used = ref_name
+        if reference is None:
+            reference, other, used = other, None, other_name
         for name in names:
-            if name in ANCHORS:
+            if name in anchors:
                 continue
             try:
                 got = fns[name]()
@@ -143,16 +210,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for i, g in enumerate(("dq", "dk", "dv")):
                 ref = reference[i]
                 scale = ref.float().abs().max().item()
-                tol = max(2 * max_error(flash[i], ref) + eps / 2 * scale, 4 * eps * scale)
+                tol = 4 * eps * scale
+                if other is not None:
+                    tol = max(2 * max_error(other[i], ref) + eps / 2 * scale, tol)
                 errs[name][g] = max_error(got[i], ref)
                 if not errs[name][g] <= tol:  # NaN fails too
                     status[name] = f"FAIL {g} err {errs[name][g]:.3g} > {tol:.3g}"
-        del reference, flash
-        timed = [n for n in names if status.get(n) != "unsupported"]
+        del reference, other
+        timed = [n for n in names if n in fns and status.get(n) != "unsupported"]
         times = dict(zip(timed, timer.interleaved([fns[n] for n in timed])))
         flops = 2.5 * shape.flops
         tflops = {n: flops / (ms * 1e-3) / 1e12 for n, (ms, _) in times.items()}
-        best = max(tflops["sdpa_cudnn"], tflops["sdpa_flash"])
+        best = max(tflops[a] for a in anchors if a in tflops)
         mask = "causal" if shape.causal else "full"
         checks = "; ".join(f"{n}: {st}" for n, st in status.items() if st != "ok") or "ok"
         print(f"{shape.head_dim:>4} {mask:6} {shape.seqlen_q:>6} {shape.batch:>2}x{shape.heads_q:<3} "
@@ -163,15 +232,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "commit": env["commit"], "gpu": env["gpu"], "sm_clock_mhz": env["sm_clock_mhz_start"],
                 "name": n, "dtype": args.dtype, "head_dim": shape.head_dim, "causal": shape.causal,
                 "batch": shape.batch, "seqlen": shape.seqlen_q, "heads_q": shape.heads_q, "heads_kv": shape.heads_kv,
+                "tokens": sum(shape.lengths) if shape.lengths else shape.batch * shape.seqlen_q,
                 "ms": ms, "reps": reps, "tflops": tflops[n], "ratio_to_best_anchor": tflops[n] / best,
                 "max_err_dq": errs.get(n, {}).get("dq", ""), "max_err_dk": errs.get(n, {}).get("dk", ""),
                 "max_err_dv": errs.get(n, {}).get("dv", ""),
-                "status": status.get(n, "reference" if n == "sdpa_cudnn" else "ok"),
+                "status": status.get(n, "reference" if n == used else "ok"),
             })  # fmt: skip
         del fns
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "pybench_backward.csv")
+    file_name = f"pybench_backward_varlen_{args.varlen}.csv" if args.varlen else "pybench_backward.csv"
+    path = os.path.join(args.out, file_name)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
