@@ -193,10 +193,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 status[ref_name] = "failed"
                 del fns[ref_name]
                 print(f"# {ref_name}: {str(e).splitlines()[0]}")
-        other = fns[other_name]()
+        other = fns[other_name]() if other_name in fns else None
         used = ref_name
         if reference is None:
             reference, other, used = other, None, other_name
+        if reference is None:  # neither anchor ran: nothing to check or compare against
+            print(f"# {shape}: no anchor ran, shape skipped")
+            continue
         for name in names:
             if name in anchors:
                 continue
@@ -240,6 +243,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             })  # fmt: skip
         del fns
         torch.cuda.empty_cache()
+    if not rows:
+        print("# no shape ran", file=sys.stderr)
+        return 3
     os.makedirs(args.out, exist_ok=True)
     file_name = f"pybench_backward_varlen_{args.varlen}.csv" if args.varlen else "pybench_backward.csv"
     path = os.path.join(args.out, file_name)
