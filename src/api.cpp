@@ -384,9 +384,9 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
     return {StatusCode::not_supported,
             "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
             "batches only"};
-  // "auto", as for the forward: the newest kernel that supports the problem (bwd_08 at D = 64,
-  // bwd_07 at D = 128, bwd_02 at D = 256; results/evidence/backward_tma_dq/README.md). bwd_08-05
-  // and bwd_03 refuse a variable-length batch, so there it is bwd_04 up to D = 128.
+  // "auto", as for the forward: the newest kernel that supports the problem (bwd_08 up to
+  // D = 128, bwd_02 at D = 256). bwd_08-05 and bwd_03 refuse a variable-length batch, so there it
+  // is bwd_04 up to D = 128.
   if (name == "auto") {
     std::string reasons;
     for (const BackwardKernel* k : backward_kernels()) {

@@ -11,6 +11,7 @@ not checked. Spills depend on the compiler: with --nvcc VERSION (the build's nvc
 for another major.minor version (its `nvcc` line), nothing is checked and it says so.
 Usage: tools/check_spills.py BUILD_LOG [--nvcc VERSION] [--budget FILE]
 """
+import argparse
 import pathlib
 import re
 import sys
@@ -23,11 +24,8 @@ SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 def kernel_key(mangled):
     """'FILE_STEM KERNEL_AND_ARGS' for a kernel in a file's anonymous namespace (the namespace's
     hashes differ between checkouts), else the mangled name."""
-    m = re.match(r"_ZN5hattn\d+_GLOBAL__N__[0-9a-f]+_\d+_(\w+?)_cu_[0-9a-f]{8}(\d+)(\w+)$", mangled)
-    if not m:
-        return mangled
-    stem, length, rest = m.group(1), int(m.group(2)), m.group(3)
-    return f"{stem} {rest[:length]}{rest[length:]}"
+    m = re.match(r"_ZN5hattn\d+_GLOBAL__N__[0-9a-f]+_\d+_(\w+?)_cu_[0-9a-f]{8}\d+(\w+)$", mangled)
+    return f"{m.group(1)} {m.group(2)}" if m else mangled
 
 
 def parse_log(text):
@@ -77,7 +75,6 @@ def check(spills, budget):
 
 
 def main(argv):
-    import argparse
     parser = argparse.ArgumentParser(prog="tools/check_spills.py")
     parser.add_argument("log")
     parser.add_argument("--nvcc", help="the build's nvcc version, e.g. 13.0.88")

@@ -358,8 +358,9 @@ def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0, with_dout: bool
     return tensors + (rand(shape.seqlen_q, shape.heads_q),) if with_dout else tensors
 
 
-def make_varlen_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):
-    """Packed q [total, Hq, D], k, v [total, Hkv, D] and the int32 offsets of shape.lengths."""
+def make_varlen_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0, with_dout: bool = False):
+    """Packed q [total, Hq, D], k, v [total, Hkv, D] and the int32 offsets of shape.lengths; with_dout:
+    and a dout shaped like q, drawn next from the same generator (the backward benchmark's)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     total = sum(shape.lengths)
 
@@ -371,7 +372,8 @@ def make_varlen_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0):
     for n in shape.lengths:
         offsets.append(offsets[-1] + n)
     cu = torch.tensor(offsets, dtype=torch.int32, device="cuda")
-    return rand(shape.heads_q), rand(shape.heads_kv), rand(shape.heads_kv), cu
+    tensors = (rand(shape.heads_q), rand(shape.heads_kv), rand(shape.heads_kv), cu)
+    return tensors + (rand(shape.heads_q),) if with_dout else tensors
 
 
 def varlen_anchor_fn(name: str, q, k, v, cu, longest: int, causal: bool) -> Callable[[], torch.Tensor]:

@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .bench import (GRID_TOKENS, INPUT_MEAN, VARLEN_MODES, Timer, commit, environment, grid_shapes, make_inputs,
+from .bench import (GRID_TOKENS, VARLEN_MODES, Timer, commit, environment, grid_shapes, make_inputs,
                     make_varlen_inputs, parse_int_list, varlen_shapes)
 
 ANCHORS = ("sdpa_cudnn", "sdpa_flash")
@@ -166,9 +166,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         seed = shape.seqlen_q * 131 + shape.head_dim
         status, errs = {}, {}
         if args.varlen:
-            q, k, v, cu = make_varlen_inputs(shape, dtype, seed=seed)
-            gen = torch.Generator(device="cuda").manual_seed(seed + 1)
-            dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=gen).add_(INPUT_MEAN)
+            q, k, v, cu, dout = make_varlen_inputs(shape, dtype, seed=seed, with_dout=True)
             fns = {"hattn": varlen_backward_fn("hattn", q, k, v, dout, cu, shape.seqlen_q, shape.causal)}
             for name in anchors:
                 try:
