@@ -385,8 +385,7 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
             "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
             "batches only"};
   // "auto", as for the forward: the newest kernel that supports the problem (bwd_08 up to
-  // D = 128, bwd_02 at D = 256). bwd_08-05 and bwd_03 refuse a variable-length batch, so there it
-  // is bwd_04 up to D = 128.
+  // D = 128, dense or variable-length; bwd_02 at D = 256).
   if (name == "auto") {
     std::string reasons;
     for (const BackwardKernel* k : backward_kernels()) {

@@ -209,7 +209,7 @@ TEST(BackwardValidation, VarlenRefusals) {
   // seqlens_k and a paged cache are refused whatever the kernel, before any GPU is needed.
   BackwardProblem b = valid_varlen_backward();
   b.forward.seqlens_k = static_cast<const int32_t*>(fake(12));
-  for (const std::string kernel : {"auto", "bwd_04_dq_per_cta", "bwd_02_mma_sync"}) {
+  for (const std::string kernel : {"auto", "bwd_08_dq_overlap", "bwd_04_dq_per_cta", "bwd_02_mma_sync"}) {
     Options options;
     options.kernel = kernel;
     const Status s = backward(b, options);
@@ -239,7 +239,8 @@ TEST(BackwardValidation, VarlenRefusals) {
   EXPECT_NE(s.message().find("bwd_04_dq_per_cta"), std::string::npos) << s.message();
   // The others accept it: they get as far as the device check (no GPU) or the pointer checks
   // (these pointers are not GPU memory).
-  for (const std::string kernel : {"auto", "bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_04_dq_per_cta"}) {
+  for (const std::string kernel :
+       {"auto", "bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_04_dq_per_cta", "bwd_08_dq_overlap"}) {
     options.kernel = kernel;
     s = backward(b, options);
     EXPECT_NE(s.code(), StatusCode::not_supported) << kernel << ": " << s.to_string();
@@ -248,8 +249,8 @@ TEST(BackwardValidation, VarlenRefusals) {
 }
 
 // Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B08
-// for a dense batch up to D = 128; for a variable-length batch, which B08-B05 and B03 refuse,
-// B04 up to D = 128; B02 at D = 256 either way. A kernel named for what it refuses says why.
+// for a dense or a variable-length batch up to D = 128 (B07-B05 and B03 refuse the latter),
+// B02 at D = 256 either way. A kernel named for what it refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
     AttentionProblem& p = b.forward;
@@ -265,8 +266,8 @@ TEST(BackwardValidation, AutoRouting) {
     const char* kernel;
   };
   for (const Want& w : {Want{false, 64, "bwd_08_dq_overlap"}, Want{false, 128, "bwd_08_dq_overlap"},
-                        Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_04_dq_per_cta"},
-                        Want{true, 128, "bwd_04_dq_per_cta"}, Want{true, 256, "bwd_02_mma_sync"}}) {
+                        Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_08_dq_overlap"},
+                        Want{true, 128, "bwd_08_dq_overlap"}, Want{true, 256, "bwd_02_mma_sync"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
     std::string resolved;
     const Status s = resolve_backward_kernel(b, "auto", &resolved);
@@ -285,8 +286,7 @@ TEST(BackwardValidation, AutoRouting) {
     }
   }
   // The varlen refusals name the kernels that run one.
-  for (const char* name :
-       {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct", "bwd_08_dq_overlap"}) {
+  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct"}) {
     std::string resolved;
     const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();

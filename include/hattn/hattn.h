@@ -213,12 +213,11 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that supports the problem: for a dense batch bwd_08_dq_overlap up to
-// D = 128, for a variable-length batch up to D = 128 bwd_04_dq_per_cta, at D = 256
-// bwd_02_mma_sync) or one of backward_kernel_names(); a kernel that cannot run the problem
-// returns not_supported and says why (bwd_03_wgmma and later: D <= 128; bwd_03_wgmma and
-// bwd_05_tma_dq and later: no variable-length batch). Takes fp32 scratch memory with
-// cudaMallocAsync on the stream. Asynchronous, like forward().
+// (the newest kernel that supports the problem: bwd_08_dq_overlap up to D = 128, dense or
+// variable-length, bwd_02_mma_sync at D = 256) or one of backward_kernel_names(); a kernel that
+// cannot run the problem returns not_supported and says why (bwd_03_wgmma and later: D <= 128;
+// bwd_03_wgmma and bwd_05_tma_dq to bwd_07_dkdv_direct: no variable-length batch). Takes fp32
+// scratch memory with cudaMallocAsync on the stream. Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
 // The backward kernels in lineage order.
