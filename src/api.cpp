@@ -364,7 +364,8 @@ namespace {
 const std::vector<const BackwardKernel*>& backward_kernels() {
   static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma(),
                                                       &backward_dq_per_cta(), &backward_tma_dq(), &backward_hot_loop(),
-                                                      &backward_dkdv_direct(), &backward_dq_overlap()};
+                                                      &backward_dkdv_direct(), &backward_dq_overlap(),
+                                                      &backward_split_d()};
   return all;
 }
 }  // namespace
@@ -385,7 +386,8 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
             "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
             "batches only"};
   // "auto", as for the forward: the newest kernel that supports the problem (bwd_08 up to
-  // D = 128, dense or variable-length; bwd_02 at D = 256).
+  // D = 128, dense or variable-length; at D = 256 bwd_09 for a dense batch, bwd_02 for a
+  // variable-length one).
   if (name == "auto") {
     std::string reasons;
     for (const BackwardKernel* k : backward_kernels()) {

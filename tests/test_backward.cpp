@@ -104,7 +104,7 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
   ASSERT_TRUE(validate_backward_arguments(b).ok());
   Options options;
-  // Refused here, so "auto" is bwd_02.
+  // Refused here; "auto" is bwd_09_split_d (D = 256 only).
   for (const char* name :
        {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
         "bwd_08_dq_overlap"}) {
@@ -125,7 +125,7 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
 TEST(BackwardValidation, KernelNamesInLineageOrder) {
   const std::vector<std::string> want{"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma", "bwd_04_dq_per_cta",
                                       "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
-                                      "bwd_08_dq_overlap"};
+                                      "bwd_08_dq_overlap", "bwd_09_split_d"};
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
@@ -249,8 +249,9 @@ TEST(BackwardValidation, VarlenRefusals) {
 }
 
 // Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B08
-// for a dense or a variable-length batch up to D = 128 (B07-B05 and B03 refuse the latter),
-// B02 at D = 256 either way. A kernel named for what it refuses says why.
+// for a dense or a variable-length batch up to D = 128 (B07-B05 and B03 refuse the latter); at
+// D = 256 B09 for a dense batch and B02 for a variable-length one. A kernel named for what it
+// refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
     AttentionProblem& p = b.forward;
@@ -266,7 +267,7 @@ TEST(BackwardValidation, AutoRouting) {
     const char* kernel;
   };
   for (const Want& w : {Want{false, 64, "bwd_08_dq_overlap"}, Want{false, 128, "bwd_08_dq_overlap"},
-                        Want{false, 256, "bwd_02_mma_sync"}, Want{true, 64, "bwd_08_dq_overlap"},
+                        Want{false, 256, "bwd_09_split_d"}, Want{true, 64, "bwd_08_dq_overlap"},
                         Want{true, 128, "bwd_08_dq_overlap"}, Want{true, 256, "bwd_02_mma_sync"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
     std::string resolved;
@@ -286,7 +287,8 @@ TEST(BackwardValidation, AutoRouting) {
     }
   }
   // The varlen refusals name the kernels that run one.
-  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct"}) {
+  for (const char* name :
+       {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct", "bwd_09_split_d"}) {
     std::string resolved;
     const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();

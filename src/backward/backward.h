@@ -36,5 +36,6 @@ const BackwardKernel& backward_dkdv_direct();
 // bwd_08_dq_overlap.cu: B07 with a block's dQ wgmma issued at the top of the next step and
 // sent out while that step's S^T runs (D <= 128; dense and variable-length batches).
 const BackwardKernel& backward_dq_overlap();
+const BackwardKernel& backward_split_d();
 
 }  // namespace hattn
