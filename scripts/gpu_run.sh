@@ -57,7 +57,7 @@ note "build ok ($(grep -c 'registers' "$out/build.log") ptxas reports in build.l
 # Register/spill report per kernel: the function name line followed by its usage lines.
 grep -E "Compiling entry function|registers|spill" "$out/build.log" >"$out/ptxas.txt" || true
 # Spills against tools/spill_budget.txt (as scripts/test.sh checks them on a CPU machine).
-python3 tools/check_spills.py "$out/build.log" --nvcc "$(nvcc --version | grep -o 'V[0-9.]*' | tr -d V)" \
+python3 tools/check_spills.py "$out/build.log" --nvcc "$(nvcc --version | grep -o 'V[0-9][0-9.]*' | tr -d V)" \
   >"$out/spills.txt" 2>&1
 note "spill check: rc=$? ($(tail -1 "$out/spills.txt"))"
 

@@ -295,8 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 16-byte chunk 2 (nt % 4) + t / 2 of the 128-byte row, stored at chunk ^ (row % 8) =
   // chunk ^ g (the box's swizzle): the lane's nt = 0 float offset XOR 8 (nt % 4).
   const int dq_lane = (16 * warp_in_wg + group) * 32 + ((tig / 2 ^ group) << 2) + 2 * (tig % 2);
-  auto send_dq = [&](int step) {
-    const int m0 = m_begin + step * kBlockM;
+  auto store_dq = [&](int step) {
 #pragma unroll
     for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
     float* tiles = smem.dq[step % 2][warpgroup][0];
@@ -312,6 +311,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<float2*>(at + 8 * r * 32) =
             make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
     }
+  };
+  // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
+  // the fence's and the barrier's waits do not hold them back.
+  auto reduce_dq = [&](int step) {
+    const int m0 = m_begin + step * kBlockM;
+    float* tiles = smem.dq[step % 2][warpgroup][0];
     ptx::fence_proxy_async_shared_cta();  // the stores above, before the reduction (async proxy) reads them
     ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the whole half is in the tile
     if (threadIdx.x % 128 == 0) {
@@ -321,6 +326,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                 tiles + box * kBlockM * 32);
       ptx::cp_async_bulk_commit_group();
     }
+  };
+  auto send_dq = [&](int step) {
+    store_dq(step);
+    reduce_dq(step);
   };
   // Every wgmma operand's descriptor is built once here; a k16 step adds a byte offset
   // (advance_smem_desc). Built per step from their addresses, the S^T and dP^T operands'
@@ -426,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kHasLast && !kDpBehindDq) {
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T may still run
-      send_dq(step - 1);
+      store_dq(step - 1);
       ptx::wgmma_fence();  // dp's registers, before the wgmmas below write them
     }
 #pragma unroll
@@ -440,6 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T and dP^T may still run
       send_dq(step - 1);
     }
+    if constexpr (kHasLast && !kDpBehindDq) reduce_dq(step - 1);  // with S^T and dP^T running
     ptx::wgmma_wait_group<0>();  // S^T and dP^T are in registers
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
