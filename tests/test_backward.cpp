@@ -495,7 +495,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 700, 650, 2, 1, 128, false, -1, fp, false},   // 11 query blocks: stage ring wraps
                       Case{1, 640, 640, 2, 2, 64, true, -1, bf, false},     // 10 query blocks, causal
                       Case{1, 100, 300, 2, 2, 64, false, 30, bf, true},     // keys 0-169 seen by no query: dK, dV 0
-                      Case{2, 64, 256, 4, 4, 128, false, 20, fp, false})),  // the same at D = 128, whole blocks
+                      Case{2, 64, 256, 4, 4, 128, false, 20, fp, false},    // the same at D = 128, whole blocks
+                      Case{2, 300, 260, 4, 2, 256, true, -1, bf, true},     // D = 256: causal, GQA, tails
+                      Case{1, 640, 512, 2, 2, 256, false, -1, fp, false})),  // D = 256: 10 query blocks
     [](const ::testing::TestParamInfo<std::tuple<std::string, Case>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });
