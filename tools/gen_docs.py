@@ -166,7 +166,8 @@ def backward_table(csv_path):
         return f"_No backward results yet (`{csv_path.relative_to(ROOT)}`)._\n"
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
-    label = {"hattn": "hattn (auto, autograd)", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA FLASH)"}
+    label = {"hattn": "hattn (auto, autograd)", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA FLASH)",
+             "varlen_cudnn": "cuDNN varlen", "varlen_flash": "FA2 varlen"}
     names = list(dict.fromkeys(r["name"] for r in rows))
     shapes = list(dict.fromkeys((int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), int(r["batch"]),
                                  int(r["heads_q"])) for r in rows))
@@ -175,7 +176,8 @@ def backward_table(csv_path):
     out = ["TFLOP/s of the backward alone (dq, dk, dv; 2.5x the forward's FLOPs), bf16, timed in one process "
            "on the same tensors (`python -m hattn.bench_backward`). `hattn:NAME` is backward kernel NAME called "
            "directly; the last columns are hattn (\"auto\" at that commit) over the better anchor, and the check "
-           "against cuDNN's gradients.", "",
+           "against the reference anchor's gradients (the first that ran: cuDNN's; FA2's for a varlen run, whose S is "
+           "its longest sequence).", "",
            "| shape | " + " | ".join(label.get(n, n) for n in names) + " | hattn / best anchor | check |",
            "|---|" + "---|" * (len(names) + 2)]
     for d, causal, s, b, h in shapes:
