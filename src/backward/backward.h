@@ -36,6 +36,8 @@ const BackwardKernel& backward_dkdv_direct();
 // bwd_08_dq_overlap.cu: B07 with a block's dQ wgmma issued at the top of the next step and
 // sent out while that step's S^T runs (D <= 128; dense and variable-length batches).
 const BackwardKernel& backward_dq_overlap();
+// bwd_09_split_d.cu: D = 256 on wgmma: 64 keys a CTA, D split between the warpgroups for dK, dV
+// and dQ, S^T and dP^T by queries through shared memory, dQ by atomics (dense batches).
 const BackwardKernel& backward_split_d();
 
 }  // namespace hattn
