@@ -150,6 +150,20 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const S
     queries_seeing(p, n0, n1, first, last);
 }
 
+// Varlen, where a TMA box ran past the sequence into the next one's rows: zeroes rows
+// [first, kRows) of a [D / 64][kRows][64] tile (first >= 0), each of the kThreads threads a
+// share of the 16-byte chunks: a row's 128 bytes stay in the row whatever the swizzle. The
+// caller fences (to the async proxy) and synchronizes before a wgmma reads the tile.
+template <typename T, int D, int kRows, int kThreads>
+__device__ __forceinline__ void zero_tile_rows(T* tile, int first) {
+  constexpr int kChunks = 64 * int(sizeof(T)) / 16;  // per row of a column block
+  const int rows = kRows - first;
+  for (int e = int(threadIdx.x); e < D / 64 * rows * kChunks; e += kThreads) {
+    const int cb = e / (rows * kChunks), r = first + e / kChunks % rows, c = e % kChunks;
+    reinterpret_cast<uint4*>(tile + (cb * kRows + r) * 64)[c] = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 constexpr int kDeltaWarps = 4;
 
 // One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS. A packed

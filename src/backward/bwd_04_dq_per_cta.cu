@@ -99,19 +99,6 @@ constexpr int smem_bytes() {
   return int(sizeof(SharedStorage<T, D, kVarlen>)) + kAtomBytes;  // + slack to align the base to 1024
 }
 
-// Varlen: zeroes rows [first, kRows) of a [D / 64][kRows][64] tile (first >= 0), each thread a
-// share of the 16-byte chunks: a row's 128 bytes stay in the row whatever the swizzle. The
-// caller fences (to the async proxy) and synchronizes before a wgmma reads the tile.
-template <typename T, int D, int kRows>
-__device__ __forceinline__ void zero_rows(T* tile, int first) {
-  constexpr int kChunks = 64 * int(sizeof(T)) / 16;  // per row of a column block
-  const int rows = kRows - first;
-  for (int e = int(threadIdx.x); e < D / 64 * rows * kChunks; e += kThreads) {
-    const int cb = e / (rows * kChunks), r = first + e / kChunks % rows, c = e % kChunks;
-    reinterpret_cast<uint4*>(tile + (cb * kRows + r) * 64)[c] = make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
 // Issues the TMA copies of query block `m0` (Q and dO) into `stage` (thread 0 only); m0 is a
 // row of the tensors (a packed batch's sequence start included).
 template <typename T, int D, bool kVarlen>
@@ -214,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ptx::mbarrier_wait(&smem.kv_full, 0);
   if constexpr (kVarlen) {
     if (n0 + kBlockN > seq.seqlen_k) {  // CTA-uniform: K's box ran into the next sequence's keys
-      zero_rows<T, D, kBlockN>(smem.k[0], seq.seqlen_k - n0);
+      zero_tile_rows<T, D, kBlockN, kThreads>(smem.k[0], seq.seqlen_k - n0);
       ptx::fence_proxy_async_shared_cta();  // before the wgmmas (async proxy) read K, after the loop's first barrier
     }
   }
@@ -237,8 +224,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);
     if constexpr (kVarlen) {
       if (m0 + kBlockM > seq.seqlen_q) {  // CTA-uniform: the boxes ran into the next sequence's rows
-        zero_rows<T, D, kBlockM>(smem.q[stage][0], seq.seqlen_q - m0);
-        zero_rows<T, D, kBlockM>(smem.dout[stage][0], seq.seqlen_q - m0);
+        zero_tile_rows<T, D, kBlockM, kThreads>(smem.q[stage][0], seq.seqlen_q - m0);
+        zero_tile_rows<T, D, kBlockM, kThreads>(smem.dout[stage][0], seq.seqlen_q - m0);
         ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read Q and dO
         __syncthreads();                      // every thread's zeros, before any warpgroup's wgmma
       }
