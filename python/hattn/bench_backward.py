@@ -187,6 +187,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for shape in shapes:
         seed = shape.seqlen_q * 131 + shape.head_dim
         status, errs = {}, {}
+
+        def drop_anchor(name: str, why: str) -> None:  # not timed on this shape; a line says why
+            status[name] = "failed"
+            fns.pop(name, None)
+            print(f"# {name}: {why}")
+
         if args.varlen:
             q, k, v, cu, dout = make_varlen_inputs(shape, dtype, seed=seed, with_dout=True)
             fns = {"hattn": varlen_backward_fn("hattn", q, k, v, dout, cu, shape.seqlen_q, shape.causal)}
@@ -194,8 +200,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 try:
                     fns[name] = varlen_backward_fn(name, q, k, v, dout, cu, shape.seqlen_q, shape.causal)
                 except RuntimeError as e:  # an anchor that does not take this shape
-                    status[name] = "failed"
-                    print(f"# {name}: {str(e).splitlines()[0]}")
+                    drop_anchor(name, str(e).splitlines()[0])
         else:
             q, k, v, dout = make_inputs(shape, dtype, seed=seed, with_dout=True)
             fns = {
@@ -204,32 +209,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 for name in names
             }  # fmt: skip
 
-        def drop_anchor(name: str, why: str) -> None:  # not timed on this shape; a line says why
-            status[name] = "failed"
-            fns.pop(name, None)
-            print(f"# {name}: {why}")
-
-        # The reference: cuDNN's gradients; FlashAttention-2's where cuDNN failed or gave inf/NaN.
-        ref_name, other_name = (anchors + (None,))[:2]
-        reference = None
-        if ref_name in fns:
+        # The anchors' gradients, in --anchors order, without those that failed or hold inf/NaN:
+        # the first is the reference, the second's distance from it sets the bound.
+        anchor_grads = {}
+        for name in anchors:
+            if name not in fns:
+                continue
             try:
-                reference = fns[ref_name]()
+                grads = fns[name]()
             except RuntimeError as e:
-                drop_anchor(ref_name, str(e).splitlines()[0])
-        if reference is not None and not all_finite(reference):
-            reference = None
-            drop_anchor(ref_name, "its gradients hold inf or NaN")
-        other = fns[other_name]() if other_name in fns else None
-        if other is not None and not all_finite(other):
-            other = None
-            drop_anchor(other_name, "its gradients hold inf or NaN")
-        used = ref_name
-        if reference is None:
-            reference, other, used = other, None, other_name
-        if reference is None:  # neither anchor ran: nothing to check or compare against
+                drop_anchor(name, str(e).splitlines()[0])
+                continue
+            if all_finite(grads):
+                anchor_grads[name] = grads
+            else:
+                drop_anchor(name, "its gradients hold inf or NaN")
+        if not anchor_grads:  # no anchor ran: nothing to check or compare against
             print(f"# {shape}: no anchor ran, shape skipped")
             continue
+        used, reference = next(iter(anchor_grads.items()))
+        other = list(anchor_grads.values())[1] if len(anchor_grads) > 1 else None
         for name in names:
             if name in anchors:
                 continue
@@ -249,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 errs[name][g] = max_error(got[i], ref)
                 if not errs[name][g] <= tol:  # NaN fails too
                     status[name] = f"FAIL {g} err {errs[name][g]:.3g} > {tol:.3g}"
-        del reference, other
+        del reference, other, anchor_grads
         timed = [n for n in names if n in fns and status.get(n) != "unsupported"]
         times = dict(zip(timed, timer.interleaved([fns[n] for n in timed])))
         flops = 2.5 * shape.flops

@@ -234,6 +234,59 @@ def test_backward_bench_varlen_flags():
             bench_backward.parse_args(["--varlen", "equal", *bad])
 
 
+@pytest.mark.parametrize("failing, reference", [
+    ((), "sdpa_cudnn"),
+    (("sdpa_cudnn:nan",), "sdpa_flash"),
+    (("sdpa_cudnn:raise",), "sdpa_flash"),
+    (("sdpa_flash:raise",), "sdpa_cudnn"),
+    (("sdpa_cudnn:nan", "sdpa_flash:raise"), None),
+])  # fmt: skip
+def test_backward_bench_drops_failing_anchors(monkeypatch, tmp_path, capsys, failing, reference):
+    """The reference is the first anchor whose backward ran and gave finite gradients; an anchor
+    that raised or gave NaN is not timed and a line says why (CPU tensors, stand-in anchors)."""
+    import torch
+    from hattn import bench_backward
+
+    ones = torch.ones(2, 4, 2, 8)
+    bad = dict(f.split(":") for f in failing)
+
+    def backward_fn(name, q, k, v, dout, causal):
+        def call():
+            if bad.get(name) == "raise":
+                raise RuntimeError(f"{name} failed\nsecond line")
+            fill = float("nan") if bad.get(name) == "nan" else 1.0
+            return tuple(torch.full_like(ones, fill) for _ in range(3))
+        return call
+
+    class Timer:
+        def __init__(self, *args):
+            pass
+
+        def interleaved(self, fns):
+            return [(1.0, 5) for _ in fns]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench_backward, "make_inputs", lambda *a, **kw: (ones,) * 4)
+    monkeypatch.setattr(bench_backward, "backward_fn", backward_fn)
+    monkeypatch.setattr(bench_backward, "Timer", Timer)
+    monkeypatch.setattr(bench_backward, "environment", lambda: {
+        "gpu": "none", "torch": "-", "cudnn": "-", "commit": "-", "sm_clock_mhz_start": 0})  # fmt: skip
+    monkeypatch.setattr(bench_backward, "commit", lambda: "-")
+    flags = ["--dims", "64", "--seqlens", "256", "--causal", "no", "--tokens", "512", "--out", str(tmp_path)]
+    rc = bench_backward.main(flags)
+    out = capsys.readouterr().out
+    for name in bad:
+        assert f"# {name}: " in out  # the line that says why
+    if reference is None:
+        assert rc == 3 and "no anchor ran" in out
+        return
+    assert rc == 0
+    with open(tmp_path / "pybench_backward.csv") as f:
+        status = {r["name"]: r["status"] for r in csv.DictReader(f)}
+    assert status.pop(reference) == "reference" and status.pop("hattn") == "ok"
+    assert set(status) == {"sdpa_cudnn", "sdpa_flash"} - set(bad) - {reference}  # failed anchors not timed
+
+
 @requires_hopper
 def test_backward_bench_varlen_runs_and_checks(tmp_path):
     from hattn import bench_backward
