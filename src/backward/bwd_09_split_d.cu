@@ -11,7 +11,10 @@
 //   dV[:, cols w] += P^T dO[:, cols w], dK[:, cols w] += dS^T Q[:, cols w]   (m64n128, A and B in smem)
 //   dQ[:, cols w] = dS K[:, cols w] over the CTA's 64 keys, added with float2 atomics (as B04)
 // dQ goes by atomics because a staging tile for TMA reductions (64 KB) does not fit beside K, V
-// and two Q/dO stages (192 KB). The elementwise math is B06's. Dense batches only.
+// and two Q/dO stages (192 KB). dQ's wgmmas are issued first, in a group of their own, so that
+// its atomics go out while dV's and dK's run; the next block's LSE and delta are loaded into a
+// register before S^T and dP^T and stored to shared memory after them, so that the load's
+// latency is hidden behind those wgmmas. The elementwise math is B06's. Dense batches only.
 //
 // Barriers (who arrives -> who waits):
 //   kv_full          thread 0's expect_tx + TMA bytes -> all threads, once
@@ -184,16 +187,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // A block's LSE and delta go to shared memory a step ahead: threads 0-63 fetch LSE, 64-127
-  // delta (0 past Sq), as in B08.
+  // delta (0 past Sq), as in B08, into a register first (fetch_row_stat), stored once S^T and
+  // dP^T are done (store_row_stat).
   const int64_t row_base = (int64_t(batch) * f.heads_q + head) * f.seqlen_q;
-  auto load_row_stat = [&](int stage, int m0) {
+  auto fetch_row_stat = [&](int m0) -> float {
     const int t = int(threadIdx.x) % kBlockM, i = m0 + t;
-    if (threadIdx.x < kBlockM)
-      smem.lse_log2[stage][t] = i < f.seqlen_q ? f.lse[row_base + i] * kLog2e : 0.f;
-    else if (threadIdx.x < 2 * kBlockM)
-      smem.delta[stage][t] = i < f.seqlen_q ? p.delta[row_base + i] : 0.f;
+    if (i >= f.seqlen_q) return 0.f;
+    if (threadIdx.x < kBlockM) return f.lse[row_base + i] * kLog2e;
+    if (threadIdx.x < 2 * kBlockM) return p.delta[row_base + i];
+    return 0.f;
   };
-  load_row_stat(0, m_begin);
+  auto store_row_stat = [&](int stage, float v) {
+    const int t = int(threadIdx.x) % kBlockM;
+    if (threadIdx.x < kBlockM)
+      smem.lse_log2[stage][t] = v;
+    else if (threadIdx.x < 2 * kBlockM)
+      smem.delta[stage][t] = v;
+  };
+  store_row_stat(0, fetch_row_stat(m_begin));
 
   // Descriptors built once; a k16 step adds a byte offset (advance_smem_desc, as in B08).
   constexpr uint32_t kKBlockBytes = kBlockN * 64 * sizeof(T);  // one 64-column block of K or V
@@ -229,10 +240,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // LSE and delta done), so that block's stage and the P^T and dS^T tiles may be reused.
     // RAW: this block's LSE and delta, written a step ago, are visible.
     __syncthreads();
-    if (step + 1 < steps) {
+    const bool more = step + 1 < steps;
+    float next_stat = 0.f;
+    if (more) {
       if (threadIdx.x == 0)
         load_queries<T>(smem, &q_map, &dout_map, (step + 1) % kStages, m0 + kBlockM, head, batch);
-      load_row_stat((step + 1) % kStages, m0 + kBlockM);
+      next_stat = fetch_row_stat(m0 + kBlockM);  // lands while S^T and dP^T run
     }
 
     // S^T and dP^T for this warpgroup's 32 queries: per 16 columns of D one wgmma each.
@@ -259,6 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::wgmma_wait_group<0>();  // S^T and dP^T are in registers
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
+    if (more) store_row_stat((step + 1) % kStages, next_stat);
 
     // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
     // m0 + q_col0 + 8 nt + 2 t + e % 2. Masked where this warpgroup's part of the tile is not
@@ -320,6 +334,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dq[i]);
     ptx::wgmma_fence();  // the accumulators' registers, before the wgmmas below use them
 #pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      ptx::WgmmaM64K16<T, kHalfD>::template ss<1, 1>(dq, ptx::advance_smem_desc(ds_m_desc, kk * 16 * kSwizzleBytes),
+                                                     ptx::advance_smem_desc(k_n_desc, kk * 16 * kSwizzleBytes), kk > 0);
+    ptx::wgmma_commit_group();
+#pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk)
       ptx::WgmmaM64K16<T, kHalfD>::template ss<1>(dv, ptx::advance_smem_desc(pt_desc, kk * 32),
                                                   ptx::advance_smem_desc(do_n_desc, stage_bytes + kk * 16 * kSwizzleBytes),
@@ -329,14 +348,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::WgmmaM64K16<T, kHalfD>::template ss<1>(dk, ptx::advance_smem_desc(dst_desc, kk * 32),
                                                   ptx::advance_smem_desc(q_n_desc, stage_bytes + kk * 16 * kSwizzleBytes),
                                                   1);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      ptx::WgmmaM64K16<T, kHalfD>::template ss<1, 1>(dq, ptx::advance_smem_desc(ds_m_desc, kk * 16 * kSwizzleBytes),
-                                                     ptx::advance_smem_desc(k_n_desc, kk * 16 * kSwizzleBytes), kk > 0);
     ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();  // dV, dK and dQ done: the tiles may be rewritten after the next barrier
+    ptx::wgmma_wait_group<1>();  // dQ done; its atomics go out while dV and dK run
 #pragma unroll
-    for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]), ptx::fence_operand(dq[i]);
+    for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dq[i]);
 
     // dQ rows are queries m0 + 16 warp + g (+ 8), columns c0 + 8 nt + 2 t: into the fp32 sum.
 #pragma unroll
@@ -349,6 +364,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         atomicAdd(reinterpret_cast<float2*>(row + 8 * nt),
                   make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]));
     }
+    ptx::wgmma_wait_group<0>();  // dV and dK done: the tiles may be rewritten after the next barrier
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]);
   }
 
   // This warpgroup's columns of dK and dV: written once, or into the sums of its K/V head.
