@@ -39,5 +39,8 @@ const BackwardKernel& backward_dq_overlap();
 // bwd_09_split_d.cu: D = 256 on wgmma: 64 keys a CTA, D split between the warpgroups for dK, dV
 // and dQ, S^T and dP^T by queries through shared memory, dQ by atomics (dense batches).
 const BackwardKernel& backward_split_d();
+// bwd_10_dq_pass.cu: B09 without dQ, and dQ in a pass of its own (64 queries a CTA, over the
+// keys): no atomics for dQ (D = 256, dense batches).
+const BackwardKernel& backward_dq_pass();
 
 }  // namespace hattn
