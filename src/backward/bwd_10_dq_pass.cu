@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
                 const BackwardParams p) {
   constexpr int kQTiles = kHalfM / 8;  // n8 column tiles of this warpgroup's S^T and dP^T
-  constexpr int kDTiles = kHalfD / 8;  // n8 column tiles of its dK, dV and dQ
+  constexpr int kDTiles = kHalfD / 8;  // n8 column tiles of its dK and dV
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int head_kv = head / f.heads_per_kv;
   const int key0 = n0 + 16 * warp_in_wg + group;  // this thread's keys (rows of S^T, dK, dV): key0, key0 + 8
   const int q_col0 = kHalfM * warpgroup;          // this warpgroup's query columns of S^T
-  const int c0 = kHalfD * warpgroup;              // its columns of dK, dV and dQ
+  const int c0 = kHalfD * warpgroup;              // its columns of dK and dV
   const float scale_log2 = f.scale * kLog2e;
 
   int q_first, q_last;
