@@ -29,11 +29,13 @@ struct BackwardParams {
   const void* dout;     // like q: [B, Sq, Hq, D], or [total_q, Hq, D] when varlen
   int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
   float* delta;     // rowsum(dO * O), laid out like lse: [B, Hq, Sq], or [Hq, total_q] when varlen
-  float* dq_accum;  // like q, contiguous: [B, Sq, Hq, D] or [total_q, Hq, D]
+  float* dq_accum;  // like q, contiguous: [B, Sq, Hq, D] or [total_q, Hq, D]; nullptr when the kernel writes dq
   float* dk_accum;  // like k, contiguous: [B, Sk, Hkv, D] or [total_k, Hkv, D]
   float* dv_accum;  // nullptr, like dk_accum, when the kernel writes dk and dv itself
-  void* dk;         // the gradients, at the caller's strides (for the kernels that write them)
+  void* dq;         // the gradients, at the caller's strides (for the kernels that write them)
+  void* dk;
   void* dv;
+  int64_t dq_batch_stride, dq_seq_stride, dq_head_stride;
   int64_t dk_batch_stride, dk_seq_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
 };
@@ -237,10 +239,11 @@ Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, c
 // stream), zeroed; delta; then launch_main.template operator()<T, D>(params), which launches the
 // kernel's main pass and returns its Status; then the conversions; then the free.
 // With dkdv_written_by_kernel, dK and dV get no sums (params.dk_accum and dv_accum are null)
-// and no conversion: the kernel writes params.dk and dv.
+// and no conversion: the kernel writes params.dk and dv. dq_written_by_kernel does the same for
+// dQ (params.dq_accum null; the kernel writes every row of params.dq, zeros included).
 template <typename LaunchMain>
 Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main,
-                    bool dkdv_written_by_kernel = false) {
+                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false) {
   const AttentionProblem& fwd = problem.forward;
   BackwardParams p{};
   p.fwd = make_params(fwd);
@@ -248,8 +251,12 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   p.dout_batch_stride = problem.dout_strides.batch;
   p.dout_seq_stride = problem.dout_strides.seq;
   p.dout_head_stride = problem.dout_strides.head;
+  p.dq = problem.dq;
   p.dk = problem.dk;
   p.dv = problem.dv;
+  p.dq_batch_stride = problem.dq_strides.batch;
+  p.dq_seq_stride = problem.dq_strides.seq;
+  p.dq_head_stride = problem.dq_strides.head;
   p.dk_batch_stride = problem.dk_strides.batch;
   p.dk_seq_stride = problem.dk_strides.seq;
   p.dk_head_stride = problem.dk_strides.head;
@@ -261,18 +268,21 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   const int entries = fwd.tensor_batch(), seq_rows_q = fwd.tensor_rows_q(), seq_rows_k = fwd.tensor_rows_k();
   const int64_t rows_q = int64_t(entries) * seq_rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
   const int64_t rows_k = int64_t(entries) * seq_rows_k * fwd.heads_kv;
+  const int64_t rows_q_sums = dq_written_by_kernel ? 0 : rows_q;     // rows of the dQ sum
   const int64_t rows_k_sums = dkdv_written_by_kernel ? 0 : rows_k;  // rows of the dK and dV sums
-  const size_t floats = size_t(rows_q) * (1 + fwd.head_dim) + size_t(rows_k_sums) * 2 * fwd.head_dim;
+  const size_t floats = size_t(rows_q) + size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
   float* scratch = nullptr;
   Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
                          std::string(name) + ": cudaMallocAsync(scratch)");
   if (!s.ok()) return s;
-  p.dq_accum = scratch;
-  p.dk_accum = dkdv_written_by_kernel ? nullptr : p.dq_accum + rows_q * fwd.head_dim;
+  // [dQ sum][dK sum][dV sum][delta], each sum only where the kernel does not write the gradient.
+  p.dq_accum = dq_written_by_kernel ? nullptr : scratch;
+  p.dk_accum = dkdv_written_by_kernel ? nullptr : scratch + rows_q_sums * fwd.head_dim;
   p.dv_accum = dkdv_written_by_kernel ? nullptr : p.dk_accum + rows_k * fwd.head_dim;
-  p.delta = p.dq_accum + (rows_q + 2 * rows_k_sums) * fwd.head_dim;
-  s = cuda_status(cudaMemsetAsync(scratch, 0, size_t(rows_q + 2 * rows_k_sums) * fwd.head_dim * sizeof(float), stream),
-                  std::string(name) + ": zeroing the fp32 sums");
+  p.delta = scratch + (rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
+  s = cuda_status(
+      cudaMemsetAsync(scratch, 0, size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim * sizeof(float), stream),
+      std::string(name) + ": zeroing the fp32 sums");
   if (s.ok()) {
     s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
       BackwardParams rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
@@ -288,7 +298,9 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
             src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
         return launch_status(name);
       };
-      if (!(st = convert(p.dq_accum, problem.dq, seq_rows_q, fwd.heads_q, problem.dq_strides)).ok()) return st;
+      if (!dq_written_by_kernel &&
+          !(st = convert(p.dq_accum, problem.dq, seq_rows_q, fwd.heads_q, problem.dq_strides)).ok())
+        return st;
       if (dkdv_written_by_kernel) return st;
       if (!(st = convert(p.dk_accum, problem.dk, seq_rows_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
       return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides);

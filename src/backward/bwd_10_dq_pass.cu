@@ -4,7 +4,8 @@
 // would help, and 64 keys is all a CTA can hold dK and dV for. Here the backward is two kernels:
 //   dkdv_kernel: B09's loop without dQ (S^T, dP^T, P^T and dS^T; dV and dK), per 64 keys
 //   dq_kernel:   per 64 queries, over the keys they see: S and dP again, dS, and dQ += dS K,
-//                held in registers and stored once (no atomics)
+//                held in registers and written once in the gradient's dtype (no atomics, and
+//                no fp32 sum to zero and convert)
 // dq_kernel is dkdv_kernel's loop with queries and keys swapped: warpgroup w computes S and dP
 // for 32 of the block's 64 keys with all of D, writes its columns of dS to shared memory, and
 // both read all 64 as the A operand of dQ[:, cols w] += dS K[:, cols w]. The price is S and dP
@@ -402,13 +403,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int c0 = kHalfD * warpgroup;                // its columns of dQ
   const float scale_log2 = f.scale * kLog2e;
 
+  // This thread's rows of dQ (queries query0, query0 + 8; columns c0 + 8 nt + 2 t, + 1), scaled,
+  // written once in the gradient's dtype: each row is this CTA's alone, so no sum and no atomics.
+  // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
+  auto store_dq = [&](const float* dq) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = query0 + 8 * r;
+      if (i >= f.seqlen_q) continue;
+      T* row = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + i * p.dq_seq_stride + head * p.dq_head_stride;
+#pragma unroll
+      for (int nt = 0; nt < kDTiles; ++nt)
+        *reinterpret_cast<uint32_t*>(row + c0 + 8 * nt + 2 * tig) =
+            frag::pack2<T>(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
+    }
+  };
+
   // The keys the block's queries see (both ends are monotone in the query).
   int key_first, key_last, unused;
   visible_keys(f, m0, &key_first, &unused);
   visible_keys(f, min(m0 + kBlockM, f.seqlen_q) - 1, &unused, &key_last);
   const int n_begin = key_first / kBlockN * kBlockN;
   const int steps = key_last > n_begin ? (key_last - n_begin + kBlockN - 1) / kBlockN : 0;
-  if (steps == 0) return;  // no key seen: dQ stays 0 (run_backward zeroed the sums)
+  if (steps == 0) {  // no key seen: dQ is 0
+    const float zeros[kDTiles * 4] = {};
+    store_dq(zeros);
+    return;
+  }
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);
@@ -540,17 +561,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dq[i]);
   }
 
-  // This thread's rows of dQ (columns c0 + 8 nt + 2 t, + 1), scaled, into the fp32 rows that
-  // run_backward converts: each row is this CTA's alone, so plain stores.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int i = query0 + 8 * r;
-    if (i >= f.seqlen_q) continue;
-    float* row = p.dq_accum + ((int64_t(batch) * f.seqlen_q + i) * f.heads_q + head) * kD + c0 + 2 * tig;
-#pragma unroll
-    for (int nt = 0; nt < kDTiles; ++nt)
-      *reinterpret_cast<float2*>(row + 8 * nt) = make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
-  }
+  store_dq(dq);
 }
 
 // Refuses what the kernel cannot run, so that "auto" passes it on to an older kernel.
@@ -597,7 +608,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
       dq_kernel<T><<<grid, kThreads, kDqSmem, stream>>>(maps.q, maps.k, maps.v, dout_map, p);
       return launch_status(kName);
     }
-  }, /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv);
+  }, /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/true);
 }
 
 }  // namespace
