@@ -45,17 +45,17 @@ constexpr const char* kName = "bwd_10_dq_pass";
 constexpr int kD = 256;
 constexpr int kWarpgroups = 2;
 constexpr int kThreads = 128 * kWarpgroups;
-constexpr int kBlockN = 64;                    // keys per CTA
-constexpr int kBlockM = 64;                    // query rows per step
+constexpr int kBlockN = 64;                    // keys per CTA (dkdv_kernel), per step (dq_kernel)
+constexpr int kBlockM = 64;                    // query rows per step (dkdv_kernel), per CTA (dq_kernel)
 constexpr int kHalfM = kBlockM / kWarpgroups;  // the query columns of S^T a warpgroup computes
 constexpr int kHalfD = kD / kWarpgroups;       // the columns of dK, dV and dQ a warpgroup owns
 constexpr int kHalfN = kBlockN / kWarpgroups;  // dq_kernel: the key columns of S a warpgroup computes
 constexpr int kColBlocks = kD / 64;            // 64-element (128-byte) column blocks of a row
-constexpr int kStages = 2;                     // Q/dO blocks in flight
+constexpr int kStages = 2;                     // Q/dO (dkdv_kernel) or K/V (dq_kernel) blocks in flight
 constexpr int kSwizzleBytes = 128;             // one row of a 64-column block
 constexpr int kAtomBytes = 1024;               // 8 rows x 128 bytes: the swizzle pattern's period
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kTilesBarrier = 1;               // named barrier 1: both halves of P^T and dS^T written
+constexpr int kTilesBarrier = 1;               // named barrier 1: both warpgroups' halves of the shared tiles written
 
 // Every tile is [column blocks][rows][64]: TMA writes one 64-column box per block, 128B-swizzled.
 template <typename T>
