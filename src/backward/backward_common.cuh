@@ -166,26 +166,64 @@ __device__ __forceinline__ void zero_tile_rows(T* tile, int first) {
   }
 }
 
-constexpr int kDeltaWarps = 4;
-
-// One warp per query row: delta_i = rowsum(dO_i * O_i), the softmax's term in dS. A packed
-// batch's rows are one batch entry of total_q rows here (run_backward sets p.fwd so), its rows
-// that belong to no sequence included: no kernel reads their delta.
+// delta_i = rowsum(dO_i * O_i), the softmax's term in dS. A row's D elements of O and of dO are
+// D / 8 lanes' 16-byte loads (rows are 16-byte aligned: validated). A block takes
+// delta_rows_per_block consecutive rows in (b, i, h) order, head fastest, so that a warp reads
+// whole tokens of a dense BSHD tensor, contiguous bytes; each thread has kDeltaPasses rows'
+// loads in flight before it sums any. The row indices are divisions by run-time heads and
+// seqlen: 64-bit once a block, 32-bit once a row. A packed batch's rows are one batch entry of
+// total_q rows here (run_backward sets p.fwd so), its rows that belong to no sequence included:
+// no kernel reads their delta.
+constexpr int kDeltaThreads = 256, kDeltaPasses = 4;
+template <int D>
+constexpr int delta_rows_per_block() {
+  return kDeltaThreads / (D / 8) * kDeltaPasses;
+}
 template <typename T, int D>
-__global__ void __launch_bounds__(kDeltaWarps * 32) delta_kernel(BackwardParams p) {
-  const int64_t row = int64_t(blockIdx.x) * kDeltaWarps + threadIdx.x / 32;  // (b, h, i), i fastest
-  const int lane = threadIdx.x % 32;
+__global__ void __launch_bounds__(kDeltaThreads) delta_kernel(BackwardParams p) {
+  constexpr int kLanesPerRow = D / 8, kRowsPerPass = kDeltaThreads / kLanesPerRow;
+  static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0, "a row's lanes are within one warp");
   const AttentionParams& f = p.fwd;
-  if (row >= int64_t(f.batch) * f.heads_q * f.seqlen_q) return;
-  const int i = int(row % f.seqlen_q), h = int(row / f.seqlen_q % f.heads_q), b = int(row / f.seqlen_q / f.heads_q);
-  const T* o = static_cast<const T*>(f.out) + b * f.out_batch_stride + int64_t(i) * f.out_seq_stride + h * f.out_head_stride;
-  const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + int64_t(i) * p.dout_seq_stride +
-                 h * p.dout_head_stride;
-  float sum = 0.f;
-  for (int d = lane; d < D; d += 32) sum += to_float(o[d]) * to_float(d_o[d]);
+  const int64_t rows = int64_t(f.batch) * f.heads_q * f.seqlen_q;
+  const int64_t block_row = int64_t(blockIdx.x) * delta_rows_per_block<D>();  // token (b, i), head h
+  const int64_t block_token = block_row / f.heads_q;
+  const int block_h = int(block_row - block_token * f.heads_q);
+  const int block_b = int(block_token / f.seqlen_q), block_i = int(block_token - int64_t(block_b) * f.seqlen_q);
+  const int d = int(threadIdx.x % kLanesPerRow) * 8;
+  int4 o[kDeltaPasses], d_o[kDeltaPasses];
+  int64_t out_row[kDeltaPasses];  // (b, h, i), i fastest: where delta goes; -1 past the last row
 #pragma unroll
-  for (int x = 16; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
-  if (lane == 0) p.delta[row] = sum;
+  for (int pass = 0; pass < kDeltaPasses; ++pass) {
+    const int k = pass * kRowsPerPass + int(threadIdx.x) / kLanesPerRow;  // row block_row + k
+    o[pass] = d_o[pass] = make_int4(0, 0, 0, 0);
+    out_row[pass] = -1;
+    if (block_row + k < rows) {
+      const unsigned tokens_on = unsigned(block_h + k) / unsigned(f.heads_q);  // past block_token
+      const int h = block_h + k - int(tokens_on) * f.heads_q;
+      const unsigned entries_on = (unsigned(block_i) + tokens_on) / unsigned(f.seqlen_q);  // past block_b
+      const int b = block_b + int(entries_on), i = block_i + int(tokens_on) - int(entries_on) * f.seqlen_q;
+      o[pass] = *reinterpret_cast<const int4*>(static_cast<const T*>(f.out) + b * f.out_batch_stride +
+                                               int64_t(i) * f.out_seq_stride + h * f.out_head_stride + d);
+      d_o[pass] = *reinterpret_cast<const int4*>(static_cast<const T*>(p.dout) + b * p.dout_batch_stride +
+                                                 int64_t(i) * p.dout_seq_stride + h * p.dout_head_stride + d);
+      out_row[pass] = (int64_t(b) * f.heads_q + h) * f.seqlen_q + i;
+    }
+  }
+#pragma unroll
+  for (int pass = 0; pass < kDeltaPasses; ++pass) {
+    const uint32_t* ow = reinterpret_cast<const uint32_t*>(&o[pass]);
+    const uint32_t* dw = reinterpret_cast<const uint32_t*>(&d_o[pass]);
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 a = frag::unpack2<T>(ow[w]), b = frag::unpack2<T>(dw[w]);
+      sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+    }
+    // Every lane takes part (rows past the last sum zeros): the row's lanes are aligned groups.
+#pragma unroll
+    for (int x = kLanesPerRow / 2; x > 0; x /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+    if (threadIdx.x % kLanesPerRow == 0 && out_row[pass] >= 0) p.delta[out_row[pass]] = sum;
+  }
 }
 
 // dst[b, s, h, :] = src (contiguous fp32 [B, S, H, D]) in T, at dst's strides, 8 elements a
@@ -221,18 +259,34 @@ inline Status refuse_kv_cache(const BackwardProblem& problem, const char* name) 
   return Status::Ok();
 }
 
-// Launches a backward's main kernel, one CTA per `block_n` keys of each query head and batch
-// element (of the longest sequence's keys, when varlen: a CTA past its own sequence's keys
-// exits), with `smem` bytes of dynamic shared memory (raising the kernel's limit to that).
+// Launches `kernel` on `grid` with `smem` bytes of dynamic shared memory (raising the kernel's
+// limit to that first).
 template <typename Kernel, typename... Args>
-Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const AttentionParams& f,
-                            cudaStream_t stream, const char* name, const Args&... args) {
+Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream, const char* name,
+                        const Args&... args) {
   Status st = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                           std::string(name) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!st.ok()) return st;
-  const dim3 grid(unsigned((f.seqlen_k + block_n - 1) / block_n), unsigned(f.heads_q), unsigned(f.batch));
   kernel<<<grid, threads, smem, stream>>>(args...);
   return launch_status(name);
+}
+
+// Launches a backward's main kernel, one CTA per `block_n` keys of each query head and batch
+// element (of the longest sequence's keys, when varlen: a CTA past its own sequence's keys
+// exits).
+template <typename Kernel, typename... Args>
+Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const AttentionParams& f,
+                            cudaStream_t stream, const char* name, const Args&... args) {
+  const dim3 grid(unsigned((f.seqlen_k + block_n - 1) / block_n), unsigned(f.heads_q), unsigned(f.batch));
+  return launch_with_smem(kernel, grid, threads, smem, stream, name, args...);
+}
+
+// The same, one CTA per `block_m` queries of each query head and batch element.
+template <typename Kernel, typename... Args>
+Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem, const AttentionParams& f,
+                              cudaStream_t stream, const char* name, const Args&... args) {
+  const dim3 grid(unsigned((f.seqlen_q + block_m - 1) / block_m), unsigned(f.heads_q), unsigned(f.batch));
+  return launch_with_smem(kernel, grid, threads, smem, stream, name, args...);
 }
 
 // The host side of a backward: scratch for the fp32 sums and delta (cudaMallocAsync on the
@@ -288,7 +342,8 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
       BackwardParams rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
       rows.fwd.batch = entries;
       rows.fwd.seqlen_q = seq_rows_q;
-      delta_kernel<T, D><<<unsigned((rows_q + kDeltaWarps - 1) / kDeltaWarps), kDeltaWarps * 32, 0, stream>>>(rows);
+      constexpr int kDeltaRows = delta_rows_per_block<D>();
+      delta_kernel<T, D><<<unsigned((rows_q + kDeltaRows - 1) / kDeltaRows), kDeltaThreads, 0, stream>>>(rows);
       Status st = launch_status(name);
       if (!st.ok()) return st;
       if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;

@@ -2,7 +2,7 @@
 //
 // FlashAttention's backward without its tiling of the queries: P is recomputed from Q, K and
 // the forward's LSE, never stored. Three kernels (delta and convert in backward_common.cuh):
-//   1. delta: one warp per query row, delta_i = rowsum(dO_i * O_i).
+//   1. delta: D/8 lanes per query row, delta_i = rowsum(dO_i * O_i).
 //   2. main: one CTA per (32-key block, query head, batch). Its keys' K and V rows, and their
 //      dK and dV sums, stay in shared memory while its warps walk the query rows that see any
 //      of them. Lane j owns key j: for row i,

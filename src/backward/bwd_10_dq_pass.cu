@@ -601,12 +601,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
       Status st = launch_per_key_block(dkdv_kernel<T>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q, maps.k,
                                        maps.v, dout_map, p);
       if (!st.ok()) return st;
-      st = cuda_status(cudaFuncSetAttribute(dq_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem),
-                       std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-      if (!st.ok()) return st;
-      const dim3 grid(unsigned((p.fwd.seqlen_q + kBlockM - 1) / kBlockM), unsigned(p.fwd.heads_q), unsigned(p.fwd.batch));
-      dq_kernel<T><<<grid, kThreads, kDqSmem, stream>>>(maps.q, maps.k, maps.v, dout_map, p);
-      return launch_status(kName);
+      return launch_per_query_block(dq_kernel<T>, kBlockM, kThreads, kDqSmem, p.fwd, stream, kName, maps.q, maps.k,
+                                    maps.v, dout_map, p);
     }
   }, /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/true);
 }

@@ -23,4 +23,16 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return reinterpret_cast<const uint32_t&>(h);
 }
 
+// The two elements of a packed pair, `lo` (the low half) in .x.
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t pair);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t pair) {
+  return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pair));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t pair) {
+  return __half22float2(reinterpret_cast<const __half2&>(pair));
+}
+
 }  // namespace hattn::frag
