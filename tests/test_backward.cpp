@@ -250,7 +250,7 @@ TEST(BackwardValidation, VarlenRefusals) {
 
 // Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B08
 // for a dense or a variable-length batch up to D = 128 (B07-B05 and B03 refuse the latter); at
-// D = 256 B09 for a dense batch and B02 for a variable-length one. A kernel named for what it
+// D = 256 B10, dense or variable-length (B09 refuses the latter). A kernel named for what it
 // refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
@@ -268,7 +268,7 @@ TEST(BackwardValidation, AutoRouting) {
   };
   for (const Want& w : {Want{false, 64, "bwd_08_dq_overlap"}, Want{false, 128, "bwd_08_dq_overlap"},
                         Want{false, 256, "bwd_10_dq_pass"}, Want{true, 64, "bwd_08_dq_overlap"},
-                        Want{true, 128, "bwd_08_dq_overlap"}, Want{true, 256, "bwd_02_mma_sync"}}) {
+                        Want{true, 128, "bwd_08_dq_overlap"}, Want{true, 256, "bwd_10_dq_pass"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
     std::string resolved;
     const Status s = resolve_backward_kernel(b, "auto", &resolved);
@@ -287,8 +287,8 @@ TEST(BackwardValidation, AutoRouting) {
     }
   }
   // The varlen refusals name the kernels that run one.
-  for (const char* name : {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct", "bwd_09_split_d",
-                           "bwd_10_dq_pass"}) {
+  for (const char* name :
+       {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct", "bwd_09_split_d"}) {
     std::string resolved;
     const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
@@ -636,7 +636,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
-  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05-08; bwd_04 at D = 256
+  if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();  // bwd_03, bwd_05-07, bwd_09; head dims the others do not run
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 
@@ -655,7 +655,7 @@ INSTANTIATE_TEST_SUITE_P(
             // Causal; a sequence without queries (NaN keys and values after the first one's
             // last key block, which ends at key 300 mid-box); Sq < Sk; padded gradients.
             VarlenCase{{300, 0, 77, 130}, {300, 5, 77, 200}, 2, 1, 64, true, -1, fp, true},
-            // D = 256 (bwd_01 and bwd_02), causal, a one-row sequence.
+            // D = 256 (bwd_01, bwd_02 and bwd_10), causal, a one-row sequence.
             VarlenCase{{190, 64, 1}, {190, 64, 1}, 2, 2, 256, true, -1, bf, false},
             // A sequence without keys (NaN queries and dO right after the first one's 60
             // rows, inside its query box), causal, GQA 2.
@@ -667,7 +667,13 @@ INSTANTIATE_TEST_SUITE_P(
             // 11 query blocks in one sequence: the stage ring wraps.
             VarlenCase{{33, 700}, {40, 650}, 2, 2, 64, false, -1, bf, true},
             // D = 256, Sq much shorter than Sk, partial blocks, padded.
-            VarlenCase{{150, 40}, {1100, 300}, 2, 2, 256, false, -1, fp, true})),
+            VarlenCase{{150, 40}, {1100, 300}, 2, 2, 256, false, -1, fp, true},
+            // D = 256 (bwd_10's boxes): causal, GQA 2, padded; a sequence without queries (NaN
+            // keys and values inside the first one's last key box) and one without keys (NaN
+            // queries and dO inside its last query box).
+            VarlenCase{{70, 0, 50}, {130, 40, 0}, 4, 2, 256, true, -1, bf, true},
+            // D = 256, MQA, a window; Sq > Sk and Sq < Sk in one batch; 5 query blocks.
+            VarlenCase{{300, 8, 130}, {9, 200, 330}, 2, 1, 256, false, 40, fp, false})),
     [](const ::testing::TestParamInfo<std::tuple<std::string, VarlenCase>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });

@@ -107,7 +107,7 @@ struct AttentionProblem {
   // them without a synchronization, so they are the caller's promise. The kernel clamps them
   // to [0, total] so that it never touches memory outside the tensors.
   // Only the final kernel supports a variable-length batch in the forward; the others refuse it.
-  // In the backward, bwd_01, bwd_02 and bwd_04 support it (see BackwardProblem).
+  // In the backward, bwd_01, bwd_02, bwd_04, bwd_08 and bwd_10 support it (see backward()).
   const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
   const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]
   int total_q = 0;  // rows of q and out
@@ -213,12 +213,11 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that supports the problem: bwd_08_dq_overlap up to D = 128, dense or
-// variable-length; at D = 256 bwd_10_dq_pass for a dense batch, bwd_02_mma_sync for a
-// variable-length one) or one of backward_kernel_names(); a kernel that cannot run the problem
-// returns not_supported and says why (bwd_03_wgmma to bwd_08_dq_overlap: D <= 128;
-// bwd_09_split_d and bwd_10_dq_pass: D = 256; bwd_03_wgmma, bwd_05_tma_dq to bwd_07_dkdv_direct,
-// bwd_09 and bwd_10: no variable-length batch). Takes fp32 scratch memory with cudaMallocAsync
+// (the newest kernel that supports the problem: bwd_08_dq_overlap up to D = 128 and
+// bwd_10_dq_pass at D = 256, dense or variable-length) or one of backward_kernel_names(); a
+// kernel that cannot run the problem returns not_supported and says why (bwd_03_wgmma to
+// bwd_08_dq_overlap: D <= 128; bwd_09_split_d and bwd_10_dq_pass: D = 256; bwd_03_wgmma,
+// bwd_05_tma_dq to bwd_07_dkdv_direct and bwd_09: no variable-length batch). Takes fp32 scratch memory with cudaMallocAsync
 // on the stream.
 // Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
