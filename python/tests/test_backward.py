@@ -67,7 +67,7 @@ def test_varlen_gradients_reach_the_op():
         ([60, 50, 40], [60, 0, 45], (4, 2), 64, True, (-1, -1)),  # a sequence without keys
         ([300, 0, 77], [300, 5, 130], (2, 1), 64, True, (-1, -1)),  # a sequence without queries, MQA
         ([130, 8, 300], [200, 500, 9], (2, 1), 128, False, (40, -1)),  # a window; Sq > Sk and Sq < Sk
-        ([190, 64, 1], [190, 64, 1], (2, 2), 256, True, (-1, -1)),  # D = 256 (bwd_02)
+        ([190, 64, 1], [190, 64, 1], (2, 2), 256, True, (-1, -1)),  # D = 256 (bwd_10)
     ],
 )
 def test_varlen_backward_matches_reference(lens_q, lens_k, heads, head_dim, causal, window, dtype):
