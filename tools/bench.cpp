@@ -225,6 +225,12 @@ int parse(int argc, char** argv, Config* c) {
     std::fprintf(stderr, "hattn-bench: --settle applies to the forward only, not with --backward\n");
     return 2;
   }
+  if (c->backward && (!c->varlen.empty() || c->page_size > 0)) {  // the timing below builds dense tensors only
+    std::fprintf(stderr,
+                 "hattn-bench: --backward times dense batches only (not --varlen or --page-size); "
+                 "python -m hattn.bench_backward --varlen equal|mixed times the variable-length backward\n");
+    return 2;
+  }
   if (c->backward) {  // --kernels names backward kernels here; by default "auto"
     const std::vector<std::string> known = backward_kernel_names();
     if (c->kernels.empty()) c->kernels = {"auto"};
@@ -612,7 +618,7 @@ int main(int argc, char** argv) {
       Status s = cfg.backward ? Status::Ok() : check(w.problem, kernel);
       if (cfg.backward) {
         if (shape.varlen() || !shape.seqlens_k_used.empty()) {
-          row.check = "unsupported";  // the backward takes dense batches
+          row.check = "unsupported";  // refused by parse(): time_backward builds dense tensors
         } else if (!time_backward(cfg, options, w, sample, 1234 + done, flush.get(), flush_bytes, &row)) {
           row.check = "error";
         }
