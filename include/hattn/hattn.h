@@ -217,8 +217,8 @@ struct BackwardProblem {
 // bwd_10_dq_pass at D = 256, dense or variable-length) or one of backward_kernel_names(); a
 // kernel that cannot run the problem returns not_supported and says why (bwd_03_wgmma to
 // bwd_08_dq_overlap: D <= 128; bwd_09_split_d and bwd_10_dq_pass: D = 256; bwd_03_wgmma,
-// bwd_05_tma_dq to bwd_07_dkdv_direct and bwd_09: no variable-length batch). Takes fp32 scratch memory with cudaMallocAsync
-// on the stream.
+// bwd_05_tma_dq to bwd_07_dkdv_direct and bwd_09: no variable-length batch). Takes fp32
+// scratch memory with cudaMallocAsync on the stream.
 // Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 

@@ -40,7 +40,7 @@ const BackwardKernel& backward_dq_overlap();
 // and dQ, S^T and dP^T by queries through shared memory, dQ by atomics (dense batches).
 const BackwardKernel& backward_split_d();
 // bwd_10_dq_pass.cu: B09 without dQ, and dQ in a pass of its own (64 queries a CTA, over the
-// keys): no atomics for dQ (D = 256, dense batches).
+// keys): no atomics for dQ (D = 256, dense or variable-length batches).
 const BackwardKernel& backward_dq_pass();
 
 }  // namespace hattn
