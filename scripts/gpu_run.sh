@@ -78,7 +78,7 @@ for line in open(sys.argv[1], errors="replace"):
     m = re.search(r"Function : (\S+)", line)
     if m: fn = m.group(1); counts[fn] = collections.Counter(); continue
     if fn:
-        for op in ("HGMMA", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "FFMA", "LDL", "STL", "SYNCS"):
+        for op in ("HGMMA", "QGMMA", "HMMA", "LDSM", "LDGSTS", "UTMALDG", "FFMA", "LDL", "STL", "SYNCS"):
             if re.search(r"\b%s\b" % op, line): counts[fn][op] += 1
 for fn, c in counts.items():
     print(f"{fn[:90]:90s} " + " ".join(f"{k}={v}" for k, v in sorted(c.items())))

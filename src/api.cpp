@@ -17,11 +17,14 @@ const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::bf16: return "bf16";
     case DType::fp16: return "fp16";
+    case DType::e4m3: return "e4m3";
   }
   return "unknown";
 }
 
-int dtype_size(DType) { return 2; }
+int dtype_size(DType dtype) { return dtype == DType::e4m3 ? 1 : 2; }
+
+DType output_dtype(DType dtype) { return dtype == DType::e4m3 ? DType::bf16 : dtype; }
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
@@ -87,8 +90,9 @@ constexpr int kMaxGridYZ = 65535;
 // Rows are read with 16-byte vector loads.
 constexpr int kRowAlignBytes = 16;
 
+// elem_bytes: 2, or 1 for e4m3 inputs.
 Status check_tensor(const char* name, const void* ptr, const Strides& strides, int batch, int seqlen,
-                    int heads, int head_dim, bool is_output) {
+                    int heads, int head_dim, bool is_output, int elem_bytes = 2) {
   if (ptr == nullptr) return invalid(std::string(name) + ": pointer is null");
   if (reinterpret_cast<uintptr_t>(ptr) % kRowAlignBytes != 0)
     return invalid(std::string(name) + ": pointer must be 16-byte aligned");
@@ -98,12 +102,13 @@ Status check_tensor(const char* name, const void* ptr, const Strides& strides, i
     int64_t extent;
   };
   const Dim dims[3] = {{"batch", strides.batch, batch}, {"seq", strides.seq, seqlen}, {"head", strides.head, heads}};
-  const int64_t align_elems = kRowAlignBytes / 2;
+  const int64_t align_elems = kRowAlignBytes / elem_bytes;
   for (const Dim& d : dims) {
     if (d.extent == 1) continue;  // a stride over a dimension of extent 1 is never used
     if (d.stride <= 0 || d.stride % align_elems != 0) {
       return invalid(std::string(name) + ": " + d.what + " stride " + std::to_string(d.stride) +
-                     " must be positive and a multiple of 8 elements (16-byte aligned rows)");
+                     " must be positive and a multiple of " + std::to_string(align_elems) +
+                     " elements (16-byte aligned rows)");
     }
   }
   if (is_output) {
@@ -179,6 +184,8 @@ Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
   if ((problem.seqlens_k != nullptr || problem.is_paged()) && !entry.supports_paged)
     return {StatusCode::not_supported, std::string(entry.name) +
                                            ": no seqlens_k or paged KV cache (block_table); the final kernel has them"};
+  if (problem.dtype == DType::e4m3 && !entry.supports_fp8)
+    return {StatusCode::not_supported, std::string(entry.name) + ": no e4m3 (FP8) inputs; the final kernel has them"};
   return entry.supports(problem);
 }
 
@@ -217,7 +224,8 @@ Status check_all(const AttentionProblem& problem, const std::string& kernel, con
       {"q", problem.q},     {"k", problem.k},     {"v", problem.v},
       {"out", problem.out}, {"lse", problem.lse}, {"cu_seqlens_q", problem.cu_seqlens_q},
       {"cu_seqlens_k", problem.cu_seqlens_k}, {"seqlens_k", problem.seqlens_k},
-      {"block_table", problem.block_table}, {"workspace", problem.workspace}};
+      {"block_table", problem.block_table}, {"workspace", problem.workspace},
+      {"q_descale", problem.q_descale}, {"k_descale", problem.k_descale}, {"v_descale", problem.v_descale}};
   for (const auto& [name, ptr] : pointers)
     if (!(s = check_device_pointer(name, ptr)).ok()) return s;
   return Status::Ok();
@@ -226,8 +234,18 @@ Status check_all(const AttentionProblem& problem, const std::string& kernel, con
 }  // namespace
 
 Status validate_arguments(const AttentionProblem& p) {
-  if (p.dtype != DType::bf16 && p.dtype != DType::fp16)
-    return invalid("dtype: must be bf16 or fp16 (got value " + std::to_string(int(p.dtype)) + ")");
+  if (p.dtype != DType::bf16 && p.dtype != DType::fp16 && p.dtype != DType::e4m3)
+    return invalid("dtype: must be bf16, fp16 or e4m3 (got value " + std::to_string(int(p.dtype)) + ")");
+  for (const auto& [name, ptr] : {std::pair<const char*, const float*>{"q_descale", p.q_descale},
+                                  std::pair<const char*, const float*>{"k_descale", p.k_descale},
+                                  std::pair<const char*, const float*>{"v_descale", p.v_descale}}) {
+    if (ptr == nullptr) continue;
+    if (p.dtype != DType::e4m3)
+      return invalid(std::string(name) + ": dequantization scales are only for e4m3 inputs (dtype is " +
+                     dtype_name(p.dtype) + ")");
+    if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0)
+      return invalid(std::string(name) + ": pointer must be 4-byte aligned (fp32 [batch, heads_kv])");
+  }
   const std::pair<const char*, int> sizes[] = {{"batch", p.batch},       {"seqlen_q", p.seqlen_q},
                                                {"seqlen_k", p.seqlen_k}, {"heads_q", p.heads_q},
                                                {"heads_kv", p.heads_kv}};
@@ -292,10 +310,15 @@ Status validate_arguments(const AttentionProblem& p) {
   const int tensor_batch = p.tensor_batch(), rows_q = p.tensor_rows_q();
   const int kv_batch = p.tensor_batch_k(), kv_rows = p.tensor_rows_k();
   Status s;
-  if (!(s = check_tensor("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, false)).ok()) return s;
-  if (!(s = check_tensor("k", p.k, p.k_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false)).ok()) return s;
-  if (!(s = check_tensor("v", p.v, p.v_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false)).ok()) return s;
-  if (!(s = check_tensor("out", p.out, p.out_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, true)).ok())
+  const int in_bytes = dtype_size(p.dtype), out_bytes = dtype_size(output_dtype(p.dtype));
+  if (!(s = check_tensor("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, false, in_bytes)).ok())
+    return s;
+  if (!(s = check_tensor("k", p.k, p.k_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false, in_bytes)).ok())
+    return s;
+  if (!(s = check_tensor("v", p.v, p.v_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false, in_bytes)).ok())
+    return s;
+  if (!(s = check_tensor("out", p.out, p.out_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, true, out_bytes))
+           .ok())
     return s;
   if (p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % alignof(float) != 0)
     return invalid("lse: pointer must be 4-byte aligned");
@@ -380,6 +403,8 @@ namespace {
 // The kernel that runs `problem` (validated): options.kernel by name, or "auto".
 Status resolve_backward(const BackwardProblem& problem, const std::string& name, const BackwardKernel** out) {
   const AttentionProblem& p = problem.forward;
+  if (p.dtype == DType::e4m3)
+    return {StatusCode::not_supported, "backward: dtype e4m3 is forward-only; the backward takes bf16 or fp16"};
   // A variable-length batch (cu_seqlens) is fine; keys in use and pages are not there yet.
   if (p.seqlens_k != nullptr || p.is_paged())
     return {StatusCode::not_supported,

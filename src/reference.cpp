@@ -8,7 +8,37 @@
 
 namespace hattn::ref {
 
+namespace {
+
+// e4m3 (OCP FP8, "fn"): sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities,
+// S.1111.111 is NaN, so the largest value is 448. Subnormals are m x 2^-9.
+constexpr float kE4m3Max = 448.f;
+
+uint16_t e4m3_from_float(float x) {
+  if (std::isnan(x)) return 0x7F;
+  const uint16_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fabs(x);
+  if (a >= kE4m3Max) return sign | 0x7E;  // saturated, as cvt.rn.satfinite does
+  if (a < 0x1p-6f) return sign | uint16_t(std::nearbyint(a * 0x1p9f));  // subnormal (8 -> the smallest normal)
+  int e = 0;
+  const float f = std::frexp(a, &e);  // a = f 2^e, f in [0.5, 1)
+  int exponent = e - 1 + 7, mantissa = int(std::nearbyint((2 * f - 1) * 8));  // nearest even
+  if (mantissa == 8) mantissa = 0, ++exponent;
+  const int code = exponent << 3 | mantissa;
+  return sign | uint16_t(code > 0x7E ? 0x7E : code);
+}
+
+float e4m3_to_float(uint16_t bits) {
+  const int exponent = bits >> 3 & 15, mantissa = bits & 7;
+  if (exponent == 15 && mantissa == 7) return std::numeric_limits<float>::quiet_NaN();
+  const float a = exponent == 0 ? std::ldexp(float(mantissa), -9) : std::ldexp(1.f + mantissa / 8.f, exponent - 7);
+  return bits & 0x80 ? -a : a;
+}
+
+}  // namespace
+
 uint16_t float_to_bits(float x, DType dtype) {
+  if (dtype == DType::e4m3) return e4m3_from_float(x);
   if (dtype == DType::fp16) {
     const _Float16 h = static_cast<_Float16>(x);  // IEEE round to nearest even
     uint16_t bits;
@@ -23,6 +53,7 @@ uint16_t float_to_bits(float x, DType dtype) {
 }
 
 float bits_to_float(uint16_t bits, DType dtype) {
+  if (dtype == DType::e4m3) return e4m3_to_float(bits & 0xFF);
   if (dtype == DType::fp16) {
     _Float16 h;
     std::memcpy(&h, &bits, 2);
@@ -118,10 +149,12 @@ void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, 
   std::vector<float> acc(D, 0.f);
   for (int j = 0; j < n; ++j) {
     const float* v = row_ptr(p.v, p.v_strides, b, first + j, hk);
-    const float pj = round_to(s[j], dtype);  // P enters the PV product in the input precision
+    // P enters the PV product in the input precision; e4m3 as 2^8 P, the final kernel's scaling
+    // (it keeps weights down to 2^-14 out of e4m3's subnormals).
+    const float pj = dtype == DType::e4m3 ? round_to(s[j] * 256.f, dtype) / 256.f : round_to(s[j], dtype);
     for (int d = 0; d < D; ++d) acc[d] += pj * v[d];
   }
-  for (int d = 0; d < D; ++d) out[d] = round_to(acc[d] / sum, dtype);
+  for (int d = 0; d < D; ++d) out[d] = round_to(acc[d] / sum, output_dtype(dtype));
   *lse = m + std::log(sum);
 }
 

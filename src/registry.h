@@ -20,6 +20,8 @@ struct KernelEntry {
   bool supports_varlen = false;
   // Runs seqlens_k (keys in use per sequence) and paged KV caches (block_table); likewise.
   bool supports_paged = false;
+  // Runs e4m3 (FP8) inputs; likewise only the final kernel.
+  bool supports_fp8 = false;
   // Bytes of workspace the launch needs for `problem` (AttentionProblem::workspace); null for
   // kernels that never need any.
   Status (*workspace_bytes)(const AttentionProblem& problem, size_t* bytes) = nullptr;

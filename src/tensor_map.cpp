@@ -66,6 +66,7 @@ Status encode_swizzled(CUtensorMap* map, const void* base, CUtensorMapDataType t
 }
 
 CUtensorMapDataType element_type(DType dtype) {
+  if (dtype == DType::e4m3) return CU_TENSOR_MAP_DATA_TYPE_UINT8;  // TMA copies bytes; the type is the wgmma's
   return dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
@@ -76,7 +77,7 @@ Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int
   const int64_t dims[4] = {head_dim, seqlen, heads, batch};
   const int64_t element_strides[3] = {strides.seq, strides.head, strides.batch};
   const uint32_t box[4] = {uint32_t(box_cols), uint32_t(box_rows), 1, 1};
-  return encode_swizzled(map, base, element_type(dtype), 2, 4, dims, element_strides, box);
+  return encode_swizzled(map, base, element_type(dtype), dtype_size(dtype), 4, dims, element_strides, box);
 }
 
 Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch, int seqlen, int heads, int head_dim,
@@ -96,12 +97,20 @@ Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dt
   const int64_t dims[5] = {head_dim, group, heads / group, seqlen, batch};
   const int64_t element_strides[4] = {strides.head, strides.head * group, strides.seq, strides.batch};
   const uint32_t box[5] = {uint32_t(box_cols), uint32_t(group), 1, uint32_t(box_rows / group), 1};
-  return encode_swizzled(map, base, element_type(dtype), 2, 5, dims, element_strides, box);
+  return encode_swizzled(map, base, element_type(dtype), dtype_size(dtype), 5, dims, element_strides, box);
+}
+
+Status make_transposed_tensor_map(CUtensorMap* map, const void* base, int batch, int heads, int head_dim, int keys,
+                                  int box_keys) {
+  const int64_t dims[4] = {keys, head_dim, heads, batch};
+  const int64_t element_strides[3] = {keys, int64_t(head_dim) * keys, int64_t(heads) * head_dim * keys};
+  const uint32_t box[4] = {uint32_t(box_keys), uint32_t(head_dim), 1, 1};
+  return encode_swizzled(map, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, 4, dims, element_strides, box);
 }
 
 Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_box_rows, const char* kernel,
                             QkvTensorMaps* maps) {
-  constexpr int kBoxCols = 64;  // 128 bytes: one swizzle row
+  const int kBoxCols = 128 / dtype_size(p.dtype);  // 128 bytes: one swizzle row
   Status s = make_bshd_tensor_map(&maps->q, p.q, p.dtype, p.tensor_batch(), p.tensor_rows_q(), p.heads_q, p.head_dim,
                                   p.q_strides, q_box_rows, kBoxCols);
   if (s.ok())

@@ -9,7 +9,7 @@ namespace hattn {
 
 // A 4-D tensor map over a [B, S, H, D] tensor with element strides `strides`: dimensions
 // {D, S, H, B} innermost first, a box of {box_cols, box_rows, 1, 1} elements, 128-byte
-// swizzle (box_cols * 2 bytes must be 128). Rows past S read as zero and are not written.
+// swizzle (box_cols * dtype_size(dtype) bytes must be 128). Rows past S read as zero and are not written.
 Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                             int head_dim, const Strides& strides, int box_rows, int box_cols);
 
@@ -26,8 +26,14 @@ Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch,
 Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                                     int head_dim, const Strides& strides, int group, int box_rows, int box_cols);
 
+// A 4-D tensor map over a contiguous byte tensor [B, H, D, keys] (the FP8 forward's V^T):
+// dimensions {keys, D, H, B} innermost first, a box of {box_keys, D, 1, 1} (box_keys = 128: one
+// 128-byte swizzle row per element of D). keys must be a multiple of 16.
+Status make_transposed_tensor_map(CUtensorMap* map, const void* base, int batch, int heads, int head_dim, int keys,
+                                  int box_keys);
+
 // The three maps of an attention problem: q with boxes of q_box_rows rows, k and v with
-// boxes of kv_box_rows rows, all 64 columns wide; a variable-length batch's maps are over its
+// boxes of kv_box_rows rows, all 128 bytes wide (64 columns, 128 for e4m3); a variable-length batch's maps are over its
 // packed rows ([1, total, H, D]), a paged cache's over its pages ([num_pages, page_size, H, D]).
 // Errors name `kernel`.
 struct QkvTensorMaps {

@@ -19,11 +19,14 @@
 
 namespace hattn {
 
-enum class DType : int { bf16 = 0, fp16 = 1 };
+// e4m3: float8 e4m3 inputs (PyTorch's float8_e4m3fn) for the FP8 forward, whose out is bf16.
+enum class DType : int { bf16 = 0, fp16 = 1, e4m3 = 2 };
 
 const char* dtype_name(DType dtype);
 // Bytes per element of `dtype`.
 int dtype_size(DType dtype);
+// The dtype of out for inputs of `dtype`: the same, except bf16 for e4m3.
+DType output_dtype(DType dtype);
 
 enum class StatusCode : int {
   ok = 0,
@@ -66,7 +69,7 @@ Strides contiguous_bshd(int seqlen, int heads, int head_dim);
 inline constexpr int kMaxSplits = 64;
 
 struct AttentionProblem {
-  DType dtype = DType::bf16;  // q, k, v and out share it
+  DType dtype = DType::bf16;  // q, k, v and out share it; e4m3 inputs give a bf16 out (output_dtype())
   int batch = 0;
   int seqlen_q = 0;
   int seqlen_k = 0;
@@ -80,7 +83,7 @@ struct AttentionProblem {
   Strides k_strides;
   const void* v = nullptr;  // [B, Sk, Hkv, D]
   Strides v_strides;
-  void* out = nullptr;  // [B, Sq, Hq, D], same dtype as q
+  void* out = nullptr;  // [B, Sq, Hq, D], dtype output_dtype(dtype)
   Strides out_strides;
   float* lse = nullptr;  // optional [B, Hq, Sq] contiguous fp32 ([Hq, total_q] when varlen); -inf for a fully masked row
 
@@ -149,11 +152,21 @@ struct AttentionProblem {
   // the same up to rounding, and the lineage kernels ignore it.
   std::optional<bool> pack_gqa;
 
-  // Device memory for split-KV's partial results, owned by the caller and used in the call's
+  // Device memory for split-KV's partial results (or the FP8 forward's transposed V), owned by the caller and used in the call's
   // stream order (16-byte aligned): at least workspace_size() bytes, or the call fails naming
   // workspace_bytes. Null: the library allocates it itself (cudaMallocAsync) when it splits.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+
+  // FP8 (dtype e4m3): the inputs' dequantization scales, as FlashAttention-3's q_descale,
+  // k_descale and v_descale: device fp32 arrays [batch, heads_kv]. Query head h of batch b
+  // computes with q * q_descale[b * heads_kv + h / (heads_q / heads_kv)], and its K/V head's k
+  // and v likewise. Null means 1. Only with e4m3. The final kernel runs e4m3 at head_dim 128,
+  // dense batches (no window, varlen, seqlens_k or paged cache); P enters the PV product in
+  // e4m3 too, as in FlashAttention-3. Its V goes through a transposed copy in the workspace.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
 
   float scale() const;
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }

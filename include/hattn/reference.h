@@ -10,7 +10,8 @@
 
 namespace hattn::ref {
 
-// bf16/fp16 bit patterns <-> float, round to nearest even.
+// bf16/fp16 bit patterns <-> float, round to nearest even; e4m3 in the low byte (saturated to
+// +-448, as the kernels' conversions do; NaN stays NaN).
 uint16_t float_to_bits(float x, DType dtype);
 float bits_to_float(uint16_t bits, DType dtype);
 
@@ -37,7 +38,8 @@ void visible_key_range(const HostProblem& p, int i, int* first, int* last);
 void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, double* lse);
 
 // One output row the way a plain bf16/fp16 implementation computes it: fp32 scores and sums,
-// P rounded to `dtype` before the PV product, the output rounded to `dtype`.
+// P rounded to `dtype` before the PV product (e4m3: 2^8 P, as the FP8 kernel keeps it), the
+// output rounded to output_dtype(dtype).
 void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, float* out, float* lse);
 
 // Whole problem in fp64: out [B, Sq, Hq, D] and lse [B, Hq, Sq], both contiguous.

@@ -17,6 +17,9 @@ is not yet. What hattn does not have (dropout, softcapping, ALiBi, the attention
 a deterministic backward, gradients through the KV-cache function, paged KV with varlen,
 appending to or rotating the KV cache) raises NotImplementedError naming the argument. Nothing
 falls back to another library.
+
+flash_attn_func also takes FlashAttention-3's FP8 call: float8_e4m3fn q, k, v with the keywords
+q_descale, k_descale, v_descale run hattn.attention_fp8 (bf16 out, forward only).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from .ops import (
-    _PAGED_NAMES, _check_inputs, _check_seqlens_k, _needs_grad, _window, attention, attention_paged, attention_varlen,
+    _FP8_DTYPE, _PAGED_NAMES, _check_inputs, _check_seqlens_k, _needs_grad, _window, attention, attention_fp8,
+    attention_paged, attention_varlen,
 )  # fmt: skip
 
 
@@ -63,6 +67,10 @@ def flash_attn_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """flash_attn_func's arguments and result, run by hattn.attention.
 
@@ -71,15 +79,33 @@ def flash_attn_func(
     with atomic adds), so deterministic=True is accepted without gradients and refused with
     them. Everything else beyond q, k, v, softmax_scale, causal and window_size must keep its
     default. As in FlashAttention, causal sets the window's right side to 0.
+
+    FP8, as FlashAttention-3's flash_attn_func takes it: with torch.float8_e4m3fn q, k and v
+    (D = 128), the keyword-only q_descale, k_descale, v_descale (None or fp32 [B, Hkv]) go with
+    them to hattn.attention_fp8, which returns bf16 out and has no backward (inputs that require
+    grad are refused). No sliding window then: window_size must be (-1, -1), or (-1, 0), which
+    is the causal mask. Descales with bf16/fp16 inputs raise ValueError.
     """
     unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention")
     if deterministic and _needs_grad(q, k, v):
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
         )
+    fp8 = isinstance(q, torch.Tensor) and q.dtype == _FP8_DTYPE
+    window = _flash_window(window_size, causal)
+    if fp8 and (window[0] != -1 or window[1] not in (-1, 0)):
+        unsupported.append(f"window_size={tuple(window_size)} with FP8 inputs (hattn.attention_fp8 has no window)")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_func does not support " + "; ".join(unsupported))
-    window = _flash_window(window_size, causal)
+    if fp8:
+        # (-1, 0) is the causal mask, whether causal says so or not.
+        return attention_fp8(
+            q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, causal=window[1] == 0,
+            softmax_scale=softmax_scale,
+        )  # fmt: skip
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is not None and isinstance(q, torch.Tensor):
+            raise ValueError(f"{name}: only with torch.float8_e4m3fn q, k and v, got q of dtype {q.dtype}")
     return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window)
 
 

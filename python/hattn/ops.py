@@ -1,17 +1,19 @@
-"""The PyTorch ops: hattn::attention_fwd, hattn::attention_varlen_fwd and
-hattn::attention_paged_fwd over the raw-pointer binding hattn._C.forward, and the backward ops
-hattn::attention_bwd and hattn::attention_varlen_bwd (hattn._C.backward) behind the first two.
+"""The PyTorch ops: hattn::attention_fwd, hattn::attention_varlen_fwd,
+hattn::attention_paged_fwd and hattn::attention_fp8_fwd over the raw-pointer binding
+hattn._C.forward, and the backward ops hattn::attention_bwd and hattn::attention_varlen_bwd
+(hattn._C.backward) behind the first two.
 
 Layout rules (BSHD, [batch, seqlen, heads, head_dim]):
   * A q/k/v tensor is passed to the kernel as it is, without a copy, when its last dim is
     contiguous (stride 1), its data pointer is 16-byte aligned and every other stride is a
-    positive multiple of 8 elements (dims of extent 1 are exempt). That covers contiguous
-    tensors, transposed BHSD storage seen as BSHD, and slices of a packed qkv [B, S, 3, H, D].
+    positive multiple of 16 bytes (8 elements of bf16/fp16, 16 of FP8; dims of extent 1 are
+    exempt). That covers contiguous tensors, transposed BHSD storage seen as BSHD, and slices
+    of a packed qkv [B, S, 3, H, D].
   * Any other layout (last dim strided, odd strides, stride 0 from expand(), misaligned
     storage offset) is first copied to a contiguous tensor: correct, but one extra read and
     write of that input.
-  * out is always allocated contiguous [B, Sq, Hq, D] in the input dtype; lse is contiguous
-    fp32 [B, Hq, Sq] (an empty tensor when return_lse is False).
+  * out is always allocated contiguous [B, Sq, Hq, D] in the input dtype (bf16 for FP8
+    inputs); lse is contiguous fp32 [B, Hq, Sq] (an empty tensor when return_lse is False).
 
 A variable-length batch (attention_varlen) packs the sequences along the rows: q and out are
 [total_q, Hq, D], k and v [total_k, Hkv, D], and the same rules apply to the row and head
@@ -38,16 +40,21 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _C
 
+# The 16-bit input dtypes of attention(), attention_varlen() and attention_paged().
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+# attention_fp8's inputs; its out is bf16.
+_FP8_DTYPE = torch.float8_e4m3fn
+_FP8_OUT_DTYPE = torch.bfloat16
+# Every input dtype the binding takes, by the name it takes it.
+_KERNEL_DTYPE_NAMES = {**_DTYPE_NAMES, _FP8_DTYPE: "e4m3"}
 _ARG_NAMES = ("q", "k", "v")
 _PAGED_NAMES = ("q", "k_cache", "v_cache")
 
 # The most parts num_splits may ask for (hattn::kMaxSplits).
 _MAX_SPLITS = 64
 
-# Kernel rows must be 16-byte aligned: 8 elements of a 2-byte dtype.
+# Kernel rows must be 16-byte aligned: 8 elements of a 2-byte dtype, 16 of FP8.
 _ALIGN_BYTES = 16
-_ALIGN_ELEMS = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,14 +92,17 @@ def _check_types(q, k, v, names=_ARG_NAMES, **more) -> None:
             raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _check_inputs(q, k, v, kernel: str, varlen: bool = False, paged: bool = False, names=None) -> None:
+def _check_inputs(
+    q, k, v, kernel: str, varlen: bool = False, paged: bool = False, names=None, fp8: bool = False
+) -> None:
     """Checks that need only shapes and dtypes (so they also run on fake and meta tensors).
 
     varlen: q, k, v are packed [total, heads, head_dim] rather than BSHD. paged: k and v are
     the pages of a cache, [num_pages, page_size, heads, head_dim]. names: what the messages
-    call q, k and v (default: q, k, v; q, k_cache, v_cache when paged). The C++ library
-    validates the rest (head_dim, sizes, strides, pointers, kernel support) and its messages
-    name the argument too.
+    call q, k and v (default: q, k, v; q, k_cache, v_cache when paged). fp8: q, k and v must
+    be torch.float8_e4m3fn (attention_fp8) instead of bf16/fp16. The C++ library validates
+    the rest (head_dim, sizes, strides, pointers, kernel support) and its messages name the
+    argument too.
     """
     names = names or (_PAGED_NAMES if paged else _ARG_NAMES)
     kn, vn = names[1:]
@@ -111,8 +121,13 @@ def _check_inputs(q, k, v, kernel: str, varlen: bool = False, paged: bool = Fals
             )
         if not varlen and t.dim() != 4:
             raise ValueError(f"{name}: must be 4-D [batch, seqlen, heads, head_dim] (BSHD), got shape {tuple(t.shape)}")
-        if t.dtype not in _DTYPE_NAMES:
-            raise ValueError(f"{name}: dtype must be torch.bfloat16 or torch.float16, got {t.dtype}")
+        if fp8 and t.dtype != _FP8_DTYPE:
+            raise ValueError(
+                f"{name}: dtype must be torch.float8_e4m3fn (attention_fp8 takes FP8 q, k and v), got {t.dtype}"
+            )
+        if not fp8 and t.dtype not in _DTYPE_NAMES:
+            hint = " (FP8 inputs: use hattn.attention_fp8)" if t.dtype == _FP8_DTYPE else ""
+            raise ValueError(f"{name}: dtype must be torch.bfloat16 or torch.float16, got {t.dtype}{hint}")
     for name, t in ((kn, k), (vn, v)):
         if t.dtype != q.dtype:
             raise ValueError(f"{name}: dtype {t.dtype} must match q's dtype {q.dtype}")
@@ -227,8 +242,9 @@ def _kernel_layout_ok(t: torch.Tensor) -> bool:
     module docstring)."""
     if t.stride(-1) != 1 or t.data_ptr() % _ALIGN_BYTES != 0:
         return False
+    align = _ALIGN_BYTES // t.element_size()  # in elements: 8 of bf16/fp16, 16 of FP8
     return all(
-        size == 1 or (stride > 0 and stride % _ALIGN_ELEMS == 0) for size, stride in zip(t.shape[:-1], t.stride()[:-1])
+        size == 1 or (stride > 0 and stride % align == 0) for size, stride in zip(t.shape[:-1], t.stride()[:-1])
     )
 
 
@@ -247,7 +263,7 @@ def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
 
 def _problem_kwargs(
     q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, *,
-    seqlens_k=None, block_table=None, num_splits=0,
+    seqlens_k=None, block_table=None, num_splits=0, descales=(None, None, None),
 ):  # fmt: skip
     """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors.
 
@@ -256,6 +272,8 @@ def _problem_kwargs(
     sequence. block_table: None, or the int32 [batch, max_pages_per_seq] page table of a paged
     cache k, v [num_pages, page_size, Hkv, D]; seqlen_k is then max_pages_per_seq * page_size,
     the most keys a sequence can have (the kernel plans by it; seqlens_k is not read here).
+    descales: FP8's (q_descale, k_descale, v_descale), each None (scale 1) or a contiguous
+    fp32 [batch, Hkv] tensor. The dtype is q's; FP8 q's out must be bf16 (the caller's).
     """
     heads_q, head_dim = q.shape[-2:]
     extra = {}
@@ -272,6 +290,9 @@ def _problem_kwargs(
         )
     if seqlens_k is not None:
         extra.update(seqlens_k=seqlens_k.data_ptr())
+    for name, t in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if t is not None:
+            extra[name] = t.data_ptr()
     if block_table is not None:
         num_pages, page_size = k.shape[0], k.shape[1]
         seqlen_k = block_table.shape[1] * page_size
@@ -282,7 +303,7 @@ def _problem_kwargs(
             page_size=page_size,
         )
     return dict(
-        dtype=_DTYPE_NAMES[q.dtype],
+        dtype=_KERNEL_DTYPE_NAMES[q.dtype],
         batch=batch,
         seqlen_q=seqlen_q,
         seqlen_k=seqlen_k,
@@ -355,12 +376,13 @@ def _window(window_size) -> Tuple[int, int]:
 
 
 def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, **extra) -> None:
-    """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits."""
+    """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales."""
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
         kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen, **extra)
-        # Split-KV's partial results go to memory from torch's caching allocator: stream-ordered
-        # like the launch, recorded by CUDA graph captures, and counted in torch's memory stats.
+        # Split-KV's partial results and FP8's transposed V go to memory from torch's caching
+        # allocator: stream-ordered like the launch, recorded by CUDA graph captures, and
+        # counted in torch's memory stats.
         workspace = None
         needed = _C.workspace_size(**kwargs)
         if needed:
@@ -410,11 +432,13 @@ attention_fwd = torch.library.custom_op("hattn::attention_fwd", mutates_args=())
 
 
 
-def _bshd_outputs_like(q: torch.Tensor, return_lse: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The fake (meta) outputs of a BSHD op: out like q, lse [B, Hq, Sq] fp32 or empty."""
+def _bshd_outputs_like(
+    q: torch.Tensor, return_lse: bool, out_dtype: Optional[torch.dtype] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The fake (meta) outputs of a BSHD op: out like q (in out_dtype, default q's), lse [B, Hq, Sq] fp32 or empty."""
     batch, seqlen_q, heads_q, _ = q.shape
     lse = q.new_empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32)
-    return q.new_empty(q.shape), lse
+    return q.new_empty(q.shape, dtype=out_dtype or q.dtype), lse
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(
@@ -515,6 +539,7 @@ def attention(
 
     Args:
         q: [B, Sq, Hq, D] CUDA tensor, torch.bfloat16 or torch.float16; D in {64, 128, 256}.
+            (FP8 inputs with their descales go to attention_fp8; this refuses them.)
         k, v: [B, Sk, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
         causal: bottom-right aligned causal mask: query i sees key j iff j <= i + Sk - Sq.
             Rows that see no key give output 0 and LSE -inf.
@@ -858,6 +883,139 @@ def attention_paged(
         attention_paged_fwd, _attention_paged_fwd,
         q, k_cache, v_cache, block_table, seqlens_k, bool(causal), softmax_scale, kernel, bool(return_lse),
         left, right, num_splits,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
+
+
+# --- FP8 forward ------------------------------------------------------------------------------------
+
+_DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+def _check_descales(q: torch.Tensor, k: torch.Tensor, descales) -> None:
+    """Each of FP8's dequantization scales is None or fp32 [batch, Hkv] (shape and dtype only:
+    they also run on fake tensors; _check_device checks the device)."""
+    batch, heads_kv = q.shape[0], k.shape[2]
+    for name, t in zip(_DESCALE_NAMES, descales):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: must be None or a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name}: dtype must be torch.float32, got {t.dtype}")
+        if t.dim() != 2 or t.shape[0] != batch or t.shape[1] != heads_kv:
+            raise ValueError(
+                f"{name}: shape must be (batch, heads_kv) = ({batch}, {heads_kv}), one scale per sequence and "
+                f"K/V head, got {tuple(t.shape)}"
+            )
+
+
+def _check_fp8_inputs(q, k, v, descales, kernel) -> None:
+    _check_inputs(q, k, v, kernel, fp8=True)
+    _check_descales(q, k, descales)
+
+
+def _attention_fp8_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_descale: Optional[torch.Tensor],
+    k_descale: Optional[torch.Tensor],
+    v_descale: Optional[torch.Tensor],
+    causal: bool,
+    softmax_scale: Optional[float],
+    kernel: str,
+    return_lse: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """hattn::attention_fp8_fwd: (out [B, Sq, Hq, D] bf16, lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
+    descales = (q_descale, k_descale, v_descale)
+    _check_fp8_inputs(q, k, v, descales, kernel)
+    _check_device(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    q, k, v = (_as_kernel_input(t) for t in (q, k, v))
+    # The kernel reads plain fp32 [batch, Hkv] arrays (an expand()ed scale is copied here).
+    descales = tuple(None if t is None else t.contiguous() for t in descales)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=_FP8_OUT_DTYPE, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, descales=descales)
+    return out, lse
+
+
+# No autograd formula: the C++ backward has no e4m3 (attention_fp8 refuses inputs that require grad).
+attention_fp8_fwd = torch.library.custom_op("hattn::attention_fp8_fwd", mutates_args=())(_attention_fp8_fwd)
+
+
+@attention_fp8_fwd.register_fake
+def _attention_fp8_fwd_fake(q, k, v, q_descale, k_descale, v_descale, causal, softmax_scale, kernel, return_lse):
+    _check_fp8_inputs(q, k, v, (q_descale, k_descale, v_descale), kernel)
+    return _bshd_outputs_like(q, return_lse, _FP8_OUT_DTYPE)
+
+
+def attention_fp8(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
+    causal: bool = False,
+    softmax_scale: Optional[float] = None,
+    return_lse: bool = False,
+    kernel: str = "auto",
+):
+    """Forward attention on FP8 (float8 e4m3) BSHD tensors, with FlashAttention-3's
+    per-(batch, K/V head) dequantization scales; the output is bf16.
+
+    Args:
+        q: [B, Sq, Hq, 128] CUDA tensor, torch.float8_e4m3fn (head_dim 128 only).
+        k, v: [B, Sk, Hkv, 128], torch.float8_e4m3fn on q's device; Hq % Hkv == 0 (GQA/MQA).
+        q_descale, k_descale, v_descale: None (scale 1) or torch.float32 [B, Hkv] on q's
+            device (copied when not contiguous). Query head h of batch b computes with
+            q[b, :, h] * q_descale[b, h // (Hq // Hkv)], and its K/V head g = h // (Hq // Hkv)
+            with k[b, :, g] * k_descale[b, g] and v[b, :, g] * v_descale[b, g]: the result is
+            attention of those dequantized values.
+        causal: bottom-right aligned causal mask, as in attention(). Rows that see no key give
+            output 0 and LSE -inf.
+        softmax_scale: default 1/sqrt(128), applied to the dequantized scores.
+        return_lse: also return the row log-sum-exp (natural log) of the dequantized, scaled
+            scores, fp32 [B, Hq, Sq].
+        kernel: "auto" or a name from hattn.kernels(); only the final kernel (what "auto" picks)
+            has FP8 inputs, a lineage kernel raises NotImplementedError.
+
+    Returns:
+        out [B, Sq, Hq, 128] contiguous torch.bfloat16; or (out, lse) when return_lse.
+
+    Raises:
+        TypeError / ValueError: malformed arguments (the message names the argument).
+        NotImplementedError: what the FP8 path does not run (head_dim other than 128, a lineage
+            kernel), or inputs that require grad: there is no FP8 backward, so rather than give
+            no gradient this refuses them (call it under torch.no_grad() or on detached tensors).
+        RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
+
+    The softmax weights P enter the PV product in e4m3, as in FlashAttention-3, so the output
+    carries e4m3 P's rounding (3 mantissa bits: up to 1/16 relative error a weight), more than
+    a bf16 forward's.
+    Each call first copies V transposed into a workspace about V's size (Sk rounded up to 128)
+    taken from torch's caching allocator. Dense batches only: no sliding window, seqlens_k,
+    variable-length or paged batches. Inputs are read in place when their layout allows (the
+    module docstring's rule, with strides in multiples of 16 elements); otherwise copied. Runs
+    on torch.cuda.current_stream() without host synchronization; registered as
+    torch.ops.hattn.attention_fp8_fwd, it works under torch.compile(fullgraph=True) and
+    CUDA-graph capture.
+    """
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    _check_types(q, k, v, **{name: t for name, t in descales.items() if t is not None})
+    if _needs_grad(q, k, v, *descales.values()):
+        raise NotImplementedError(
+            "hattn.attention_fp8: forward only (no FP8 backward), but an input requires grad; call it under "
+            "torch.no_grad() or pass detached tensors"
+        )
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    out, lse = _call(
+        attention_fp8_fwd, _attention_fp8_fwd,
+        q, k, v, q_descale, k_descale, v_descale, bool(causal), softmax_scale, kernel, bool(return_lse),
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

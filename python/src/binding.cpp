@@ -35,10 +35,12 @@ using StrideTuple = std::tuple<int64_t, int64_t, int64_t>;
 
 hattn::Strides to_strides(const StrideTuple& s) { return {std::get<0>(s), std::get<1>(s), std::get<2>(s)}; }
 
+// The inputs' dtype; e4m3 (torch.float8_e4m3fn) is the FP8 forward's, whose out is bf16.
 hattn::DType parse_dtype(const std::string& name) {
   if (name == "bf16" || name == "bfloat16") return hattn::DType::bf16;
   if (name == "fp16" || name == "float16") return hattn::DType::fp16;
-  PyErr_SetString(PyExc_ValueError, ("dtype: must be 'bf16' or 'fp16' (got '" + name + "')").c_str());
+  if (name == "e4m3" || name == "float8_e4m3fn") return hattn::DType::e4m3;
+  PyErr_SetString(PyExc_ValueError, ("dtype: must be 'bf16', 'fp16' or 'e4m3' (got '" + name + "')").c_str());
   throw nb::python_error();
 }
 
@@ -70,8 +72,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
            std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
            uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, uintptr_t seqlens_k,
            uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, int num_splits,
-           uintptr_t workspace, size_t workspace_bytes, const std::optional<GradArgs>& grads, const std::string& kernel,
-           uintptr_t stream) {
+           uintptr_t workspace, size_t workspace_bytes, uintptr_t q_descale, uintptr_t k_descale, uintptr_t v_descale,
+           const std::optional<GradArgs>& grads, const std::string& kernel, uintptr_t stream) {
         hattn::AttentionProblem p;
         p.dtype = parse_dtype(dtype);
         p.batch = batch;
@@ -105,6 +107,9 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.num_splits = num_splits;
         p.workspace = reinterpret_cast<void*>(workspace);
         p.workspace_bytes = workspace_bytes;
+        p.q_descale = reinterpret_cast<const float*>(q_descale);
+        p.k_descale = reinterpret_cast<const float*>(k_descale);
+        p.v_descale = reinterpret_cast<const float*>(v_descale);
         return fn(p, grads, kernel, stream);
       },
       nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
@@ -114,8 +119,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0, nb::arg("total_q") = 0,
       nb::arg("total_k") = 0, nb::arg("seqlens_k") = 0, nb::arg("block_table") = 0, nb::arg("max_pages_per_seq") = 0,
       nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("num_splits") = 0, nb::arg("workspace") = 0,
-      nb::arg("workspace_bytes") = 0, nb::arg("grads") = nb::none(), nb::arg("kernel") = "auto",
-      nb::arg("stream") = 0, doc);
+      nb::arg("workspace_bytes") = 0, nb::arg("q_descale") = 0, nb::arg("k_descale") = 0, nb::arg("v_descale") = 0,
+      nb::arg("grads") = nb::none(), nb::arg("kernel") = "auto", nb::arg("stream") = 0, doc);
 }
 
 // Refuses gradients given to a function other than backward.
@@ -210,12 +215,15 @@ NB_MODULE(_C, m) {
       "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).\n"
       "seqlens_k: device int32 [batch], keys in use per sequence. Paged KV: block_table device int32\n"
       "[batch, max_pages_per_seq], k/v [num_pages, page_size, Hkv, D]. num_splits: split-KV parts (0 auto).\n"
-      "workspace/workspace_bytes: device memory for split-KV's partial results (workspace_size()); 0: the\n"
-      "library allocates it.");
+      "workspace/workspace_bytes: device memory for split-KV's partial results or FP8's transposed V\n"
+      "(workspace_size()); 0: the library allocates it.\n"
+      "FP8: dtype 'e4m3' (q, k, v float8_e4m3fn, out bf16, D = 128, dense); q_descale/k_descale/v_descale:\n"
+      "0 (scale 1) or device fp32 [batch, heads_kv] contiguous dequantization scales (FlashAttention-3's).");
   def_problem_function(
       m, "workspace_size", &workspace_size,
-      "Bytes of workspace forward() needs for this problem (split-KV's partial results; 0 when it runs\n"
-      "unsplit), after the same checks. Pass a buffer of at least that size as workspace/workspace_bytes.");
+      "Bytes of workspace forward() needs for this problem (split-KV's partial results, or the FP8 path's\n"
+      "transposed V; 0 when it needs none), after the same checks. Pass a buffer of at least that size as\n"
+      "workspace/workspace_bytes.");
   def_problem_function(
       m, "backward", &backward,
       "The gradients of the forward problem given (its out and lse are inputs here): grads = (dout,\n"

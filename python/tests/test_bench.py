@@ -312,3 +312,104 @@ def test_backward_bench_runs_and_checks(tmp_path):
     assert {r["name"] for r in rows} == {"hattn", "hattn:bwd_02_mma_sync", "sdpa_cudnn", "sdpa_flash"}
     assert all(float(r["tflops"]) > 0 for r in rows)
     assert [r["status"] for r in rows if r["name"].startswith("hattn")] == ["ok"] * 4  # 2 shapes x 2
+
+
+# --- python -m hattn.bench_fp8 ----------------------------------------------------------------------------
+
+
+def test_fp8_bench_flags():
+    from hattn import bench_fp8
+
+    args = bench_fp8.parse_args([])
+    assert (args.seqlens, args.causal, args.out) == ("1k,4k,16k", "both", "results")
+    assert [(s.seqlen_q, s.causal) for s in args.shapes] == [(n, c) for n in (1024, 4096, 16384) for c in (False, True)]
+    for s in args.shapes:
+        assert s.batch * s.seqlen_q == 16384 and (s.heads_q, s.heads_kv, s.head_dim) == (16, 16, 128)
+    args = bench_fp8.parse_args(["--seqlens", "2k", "--causal", "yes", "--reps", "3", "--out", "/tmp/x"])
+    assert [(s.seqlen_q, s.batch, s.causal) for s in args.shapes] == [(2048, 8, True)]
+    assert args.reps == 3 and args.out == "/tmp/x"
+    for bad in (["--seqlens", "x"], ["--seqlens", ""], ["--causal", "maybe"], ["--reps", "0"]):
+        with pytest.raises(SystemExit):
+            bench_fp8.parse_args(bad)
+
+
+def test_fp8_bench_quantizes_per_batch_and_head():
+    import torch
+    from hattn import bench_fp8
+
+    t = torch.randn(2, 64, 4, 128) * torch.tensor([1.0, 10.0, 0.1, 3.0])[:, None]  # heads of different ranges
+    codes, descale = bench_fp8.quantize(t, heads_kv=2)
+    assert codes.dtype == torch.float8_e4m3fn and codes.shape == t.shape
+    assert descale.dtype == torch.float32 and descale.shape == (2, 2)
+    assert codes.float().abs().amax().item() == 448.0  # each group's largest value maps to 448
+    back = bench_fp8.dequantize(codes, descale, torch.float32)
+    assert ((back - t).abs() <= t.abs() / 16 + descale.max() * 2**-9).all()  # e4m3: 3 mantissa bits
+
+
+def test_fp8_bench_without_gpu_says_so(capsys):
+    import torch
+    from hattn import bench_fp8
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the benchmark would run")
+    assert bench_fp8.main(["--seqlens", "512"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fp8_error, status, rc", [(1e-3, "ok", 0), (0.5, "FAIL", 1), (float("nan"), "FAIL", 1)])
+def test_fp8_bench_checks_and_writes_csv(monkeypatch, tmp_path, capsys, fp8_error, status, rc):
+    """main's flow on CPU stand-ins: every implementation checked against cuDNN's output, the
+    passing ones timed, the CSV written with one row per (shape, implementation)."""
+    import torch
+    from hattn import bench_fp8
+
+    ref = torch.ones(2, 8, 2, 128)
+
+    def implementations(shape):
+        return {
+            "hattn_fp8": ("e4m3", lambda: ref + fp8_error),
+            "hattn_bf16": ("bf16", lambda: ref.clone()),
+            "sdpa_cudnn": ("bf16", lambda: ref.clone()),
+            "sdpa_flash": ("bf16", lambda: ref.clone()),
+        }
+
+    class Timer:
+        def __init__(self, *args):
+            pass
+
+        def interleaved(self, fns):
+            return [(1.0 + i, 5) for i in range(len(fns))]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(bench_fp8, "implementations", implementations)
+    monkeypatch.setattr(bench_fp8, "Timer", Timer)
+    monkeypatch.setattr(bench_fp8, "sm_clock_mhz", lambda: "1980")
+    monkeypatch.setattr(bench_fp8, "environment", lambda: {
+        "gpu": "stand-in", "torch": "-", "cudnn": "-", "commit": "abc", "sm_clock_mhz_start": "1980"})  # fmt: skip
+    assert bench_fp8.main(["--seqlens", "1k", "--causal", "no", "--out", str(tmp_path)]) == rc
+    with open(tmp_path / "pybench_fp8.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(bench_fp8.FIELDS)
+    by = {r["name"]: r for r in rows}
+    assert list(by) == list(bench_fp8.NAMES)
+    assert by["hattn_fp8"]["status"] == status and by["hattn_fp8"]["dtype"] == "e4m3"
+    assert by["sdpa_cudnn"]["status"] == "ok" and by["sdpa_cudnn"]["tol"] == ""  # the reference
+    assert all(r["commit"] == "abc" and r["gpu"] == "stand-in" and r["heads"] == "16" for r in rows)
+    if status == "ok":
+        assert float(by["hattn_fp8"]["tflops"]) > 0
+        assert float(by["hattn_fp8"]["max_err"]) == pytest.approx(1e-3, rel=1e-3)  # fp32 1 + 1e-3
+        assert float(by["sdpa_flash"]["ratio_to_best_bf16_anchor"]) <= 1.0
+    else:
+        assert by["hattn_fp8"]["ms"] == "" and "hattn_fp8: FAIL" in capsys.readouterr().out  # not timed
+
+
+@requires_hopper
+def test_fp8_bench_runs_and_checks(tmp_path):
+    from hattn import bench_fp8
+
+    assert bench_fp8.main(["--seqlens", "512", "--tokens", "1024", "--reps", "2", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "pybench_fp8.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["name"] for r in rows} == set(bench_fp8.NAMES) and len(rows) == 2 * 4  # full and causal
+    assert all(r["status"] == "ok" and float(r["tflops"]) > 0 for r in rows)

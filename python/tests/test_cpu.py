@@ -224,7 +224,7 @@ def test_binding_invalid_argument_is_value_error(overrides, pattern):
 
 
 def test_binding_dtype_name():
-    with pytest.raises(ValueError, match=r"dtype: must be 'bf16' or 'fp16' \(got 'fp32'\)"):
+    with pytest.raises(ValueError, match=r"dtype: must be 'bf16', 'fp16' or 'e4m3' \(got 'fp32'\)"):
         _C.forward(**problem(dtype="fp32"))
 
 

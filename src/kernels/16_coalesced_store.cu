@@ -49,8 +49,8 @@ enum NamedBarrier : int { kTurnConsumer0 = 1, kEpilogueConsumer0 = 1 + kMaxConsu
 constexpr int kTurnThreads = 2 * 128;  // the waiting warpgroup + the arriving one
 
 // kWide: the wide tile shape for long key sweeps; kNumConsumers: consumer warpgroups (2, or 3
-// at D = 64).
-template <int D, bool kWide, int kNumConsumers>
+// at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 128 with 128-key tiles).
+template <int D, bool kWide, int kNumConsumers, bool kFp8 = false>
 struct Config {
   static constexpr int kConsumers = kNumConsumers;     // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
@@ -58,7 +58,13 @@ struct Config {
   // Keys per K/V tile (the N of S = Q K^T).
   static constexpr int kBlockN = D == 256 ? (kWide ? 80 : 64) : !kWide ? 128 : D == 128 ? 176 : 160;
   static constexpr int kStages = D == 64 ? 3 : 2;      // K/V tiles in flight (3 fit beside O only at D = 64)
-  static constexpr int kColBlocks = D / 64;            // 64-element (128-byte) column blocks of a row
+  static constexpr int kAtomCols = kFp8 ? 128 : 64;    // elements in a 128-byte swizzle row
+  static constexpr int kColBlocks = D / kAtomCols;     // 128-byte column blocks of a row
+  // V's tile as the PV wgmma reads it: [kColBlocks][kBlockN keys][64], N-major; with FP8 V^T,
+  // [kBlockN / 128][D][128 keys], K-major (8-bit operands are never read transposed).
+  static constexpr int kVBlocks = kFp8 ? kBlockN / kAtomCols : kColBlocks;
+  static constexpr int kVBlockElems = (kFp8 ? D : kBlockN) * kAtomCols;
+  static constexpr int kOutColBlocks = D / 64;         // O is 16-bit (bf16 for FP8 inputs)
   // O leaves through a shared-memory tile and a TMA store when that tile fits beside Q and
   // the ring: Q + 2 x (K + V) + O is 192 KB at D = 128, but would be 240 KB with 176-key
   // tiles and 256 KB at D = 256 (64-key tiles). At D = 64 it is 130 KB, 152 KB with 160-key
@@ -80,21 +86,37 @@ struct Config {
   static_assert(kConsumers == 2 || (kConsumers == 3 && D == 64 && !kWide),
                 "three consumers fit their registers only at D = 64 with 128-key tiles");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
+  static_assert(!kFp8 || (D == 128 && !kWide && kConsumers == 2 && kBlockN == 128),
+                "the FP8 forward runs D = 128 with 128-key tiles (one swizzle row of V^T)");
 };
 
+// FP8 inputs: e4m3 q, k and v, out in bf16.
+template <typename T>
+constexpr bool kIsFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
+template <typename T>
+using OutType = std::conditional_t<kIsFp8<T>, __nv_bfloat16, T>;
+template <typename T, int D, bool kWide, int kNumConsumers>
+using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>>;
+
 constexpr float kLog2e = 1.4426950408889634f;
+// FP8: P is kept as 2^8 P (at most 256 < 448, e4m3's largest), so that weights down to 2^-14
+// stay in e4m3's normal range (2^-6 up) with 3 mantissa bits instead of rounding among the
+// subnormals' steps of 2^-9 (or to 0). The row sums carry the same factor, so O / sum is
+// unchanged; the LSE takes 8 ln 2 off.
+constexpr float kFp8PLog2 = 8.f;
 constexpr int kSwizzleBytes = 128;  // one row of a 64-column block
 constexpr int kAtomBytes = 1024;    // 8 rows x 128 bytes: the swizzle pattern's period
 
-// Every tile is [kColBlocks][rows][64]: TMA writes one 64-column box per block, 128B-swizzled.
+// Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
+// 128B-swizzled.
 template <typename T, int D, bool kWide, int kNumConsumers>
 struct SharedStorage {
-  using Cfg = Config<D, kWide, kNumConsumers>;
-  alignas(kAtomBytes) T q[Cfg::kColBlocks][Cfg::kBlockM * 64];
-  alignas(kAtomBytes) T k[Cfg::kStages][Cfg::kColBlocks][Cfg::kBlockN * 64];
-  alignas(kAtomBytes) T v[Cfg::kStages][Cfg::kColBlocks][Cfg::kBlockN * 64];
-  // O's staging tile, laid out like Q (a placeholder when O is stored from registers).
-  alignas(kAtomBytes) T o[Cfg::kStoreByTma ? Cfg::kColBlocks : 1][Cfg::kStoreByTma ? Cfg::kBlockM * 64 : 64];
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
+  alignas(kAtomBytes) T q[Cfg::kColBlocks][Cfg::kBlockM * Cfg::kAtomCols];
+  alignas(kAtomBytes) T k[Cfg::kStages][Cfg::kColBlocks][Cfg::kBlockN * Cfg::kAtomCols];
+  alignas(kAtomBytes) T v[Cfg::kStages][Cfg::kVBlocks][Cfg::kVBlockElems];
+  // O's staging tile, [D / 64][kBlockM][64] (a placeholder when O is stored from registers).
+  alignas(kAtomBytes) OutType<T> o[Cfg::kStoreByTma ? Cfg::kOutColBlocks : 1][Cfg::kStoreByTma ? Cfg::kBlockM * 64 : 64];
   uint64_t q_full[Cfg::kConsumers];   // one per consumer warpgroup: its 64 rows of Q
   uint64_t q_empty[Cfg::kConsumers];
   uint64_t k_full[Cfg::kStages];
@@ -116,13 +138,25 @@ constexpr int smem_bytes() {
 // Issues the TMA copies of one K or V tile (kBlockN keys from row `first_key`) into `dst`,
 // completing on `full` (the producer thread only): one 64-column box per column block.
 template <typename T, int D, bool kWide, int kNumConsumers>
-__device__ __forceinline__ void load_tile(T (&dst)[Config<D, kWide, kNumConsumers>::kColBlocks][Config<D, kWide, kNumConsumers>::kBlockN * 64],
+__device__ __forceinline__ void load_tile(T (&dst)[ConfigOf<T, D, kWide, kNumConsumers>::kColBlocks][ConfigOf<T, D, kWide, kNumConsumers>::kBlockN * ConfigOf<T, D, kWide, kNumConsumers>::kAtomCols],
                                           const CUtensorMap* map, int first_key, int head_kv, int batch, uint64_t* full) {
-  using Cfg = Config<D, kWide, kNumConsumers>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
   ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * D * sizeof(T));
 #pragma unroll
   for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-    ptx::cp_async_bulk_tensor_4d_g2s(dst[cb], map, cb * 64, first_key, head_kv, batch, full);
+    ptx::cp_async_bulk_tensor_4d_g2s(dst[cb], map, cb * Cfg::kAtomCols, first_key, head_kv, batch, full);
+}
+
+// FP8: the TMA copy of one V^T tile (the kBlockN keys from `first_key`, all D rows) from the
+// transposed copy [B][Hkv][D][keys], completing on `full`.
+template <typename T, int D, bool kWide, int kNumConsumers>
+__device__ __forceinline__ void load_vt_tile(T (&dst)[ConfigOf<T, D, kWide, kNumConsumers>::kVBlocks][ConfigOf<T, D, kWide, kNumConsumers>::kVBlockElems],
+                                             const CUtensorMap* map, int first_key, int head_kv, int batch, uint64_t* full) {
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
+  ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * D * sizeof(T));
+#pragma unroll
+  for (int vb = 0; vb < Cfg::kVBlocks; ++vb)
+    ptx::cp_async_bulk_tensor_4d_g2s(dst[vb], map, first_key + vb * Cfg::kAtomCols, 0, head_kv, batch, full);
 }
 
 // The work list with its last round cut (the final kernel's tail split). Without a mask every
@@ -170,10 +204,16 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
                       const AttentionParams p, const WorkList sched) {
-  using Cfg = Config<D, kWide, kNumConsumers>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
+  constexpr bool kFp8 = kIsFp8<T>;  // e4m3 q, k, v (V as its transposed copy), bf16 out
+  using OutT = OutType<T>;
+  static_assert(!kFp8 || !kRuntimeBounds, "the FP8 forward runs dense batches");
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr int kNTiles = kBlockN / 8;  // n8 column tiles of S in the accumulator
   constexpr int kDTiles = D / 8;        // n8 column tiles of O
+  // wgmma k steps, 32 bytes of a row each (k16 for 16-bit types, k32 for e4m3): over D for S,
+  // over the tile's keys for PV (P's A fragments).
+  constexpr int kSSteps = D * int(sizeof(T)) / 32, kPSteps = kBlockN * int(sizeof(T)) / 32;
   // The producer prefetches the next item's Q into L2 in the kernel with D = 128's 128-key
   // tiles (short sweeps): there it gained 1-3% on the H200, and up to 0.8% was lost with the
   // wide tiles and at D = 64 (results/evidence/q_prefetch_6b0b0f9/). The run-time bounds
@@ -282,11 +322,12 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
           for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
             if constexpr (kRuntimeBounds)  // (column, head in the group, head group, position, batch)
-              ptx::cp_async_bulk_tensor_5d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64, 0, item.head_q,
+              ptx::cp_async_bulk_tensor_5d_g2s(smem.q[cb] + c * 64 * Cfg::kAtomCols, &q_map, cb * Cfg::kAtomCols, 0, item.head_q,
                                                seq.q_start + ((block_row + c * 64) >> pack_shift), seq.batch_coord,
                                                &smem.q_full[c]);
             else
-              ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + c * 64 * 64, &q_map, cb * 64, block_row + c * 64,
+              ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + c * 64 * Cfg::kAtomCols, &q_map, cb * Cfg::kAtomCols,
+                                               block_row + c * 64,
                                                item.head_q, seq.batch_coord, &smem.q_full[c]);
           }
         }
@@ -321,7 +362,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
               for (int c = 0; c < Cfg::kConsumers; ++c)
 #pragma unroll
                 for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-                  ptx::cp_async_bulk_prefetch_tensor_4d_l2(&q_map, cb * 64, block_of(after) * kBlockM + c * 64,
+                  ptx::cp_async_bulk_prefetch_tensor_4d_l2(&q_map, cb * Cfg::kAtomCols, block_of(after) * kBlockM + c * 64,
                                                            after.head_q, after.batch);
             }
           }
@@ -340,6 +381,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
             for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
               ptx::cp_async_bulk_g2s(smem.v[stage][cb] + valid * 64, g_zero_rows, zero_bytes, &smem.v_full[stage]);
+          } else if constexpr (kFp8) {  // V^T: v_map is over the transposed copy
+            load_vt_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
           } else {
             load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
           }
@@ -353,22 +396,30 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // Descriptors built once: this consumer's Q rows, and the first stage's K and V (column block
   // 0). A tile's K and V descriptors add the stage's byte offset before the tile's waits, and
   // each k16 step a constant (advance_smem_desc), instead of building each from its address.
-  const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q[0] + warpgroup * 64 * 64, 16, kAtomBytes);
+  const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q[0] + warpgroup * 64 * Cfg::kAtomCols, 16, kAtomBytes);
   const uint64_t k_desc = ptx::make_smem_desc_sw128(smem.k[0][0], 16, kAtomBytes);
-  const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0][0], kBlockN * kSwizzleBytes, kAtomBytes);
+  // V N-major (LBO: the step between 64-column blocks), or FP8's V^T K-major (LBO unused).
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0][0], kFp8 ? 16 : kBlockN * kSwizzleBytes, kAtomBytes);
   constexpr uint32_t kKStageBytes = sizeof(smem.k[0]), kVStageBytes = sizeof(smem.v[0]);
 
   const int warp_row = warpgroup * 64 + warp_in_wg * 16;  // first row of this warp inside the CTA tile
-  const float scale_log2 = p.scale * kLog2e;  // c: 2^(s c) = e^(scale s)
+  float scale_log2 = p.scale * kLog2e;  // c: 2^(s c) = e^(scale s)
+  // FP8: scores are in units of q's and k's e4m3 codes, so each item folds its heads' descales
+  // into scale_log2 too, and the epilogue scales O by v's (read there: registers are short).
+  auto descales_at = [&](const WorkItem& item) { return int64_t(item.batch) * p.heads_kv + item.head_q / p.heads_per_kv; };
   // The turn goes round the consumers: 0 -> 1 (-> 2) -> 0.
   const int my_turn = kTurnConsumer0 + warpgroup;
   const int next_turn = kTurnConsumer0 + (warpgroup + 1) % Cfg::kConsumers;
 
   float o[kDTiles * 4];              // O: n8 tile dt holds columns 8 dt + 2 t + {0, 1}
+  // FP8: one tile's P V, added to O by the CUDA cores. Hopper's FP8 wgmma adds into its
+  // accumulators with about 14 bits kept (DeepSeek-V3's report), so O summed over a long
+  // sweep inside the wgmmas drifted: 12% off at 16k keys in python -m hattn.bench_fp8.
+  float o_tile[kFp8 ? kDTiles * 4 : 1];
   float s[kNTiles * 4];              // S / P of the current tile
   float row_max[2];                  // running max of the raw scores s
   float row_sum[2];                  // running sum of 2^(x - max) over this thread's columns
-  uint32_t p_frag[kBlockN / 16][4];  // P of the previous tile, as wgmma A fragments
+  uint32_t p_frag[kPSteps][4];       // P of the previous tile, as wgmma A fragments
   float alpha[2];                    // the previous tile's rescale factor, not yet applied to O
   bool rescale = false;              // some alpha of this warp is not 1: O *= alpha is needed
   int kv = 0;                        // K/V tiles consumed so far: the ring position
@@ -393,25 +444,41 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     ptx::mbarrier_wait(&smem.v_full[ring % Cfg::kStages], (ring / Cfg::kStages) % 2);
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o_tile[i]);
+    }
     ptx::wgmma_fence();
     // Per 16 keys one wgmma with N = D. V is read N-major: 16 keys = 2048 bytes down the tile;
-    // the 64-column blocks are kBlockN * 128 bytes apart (LBO).
+    // the 64-column blocks are kBlockN * 128 bytes apart (LBO). FP8: per 32 keys, 32 bytes along
+    // V^T's rows.
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t v_bytes = kk * 16 * 64 * sizeof(T);
-      ptx::WgmmaM64K16<T, D>::template rs<1>(o, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, v_bytes), 1);
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      if constexpr (kFp8) {
+        ptx::WgmmaM64K32<T, D>::rs(o_tile, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, kk * 32), kk > 0);
+      } else {
+        const uint32_t v_bytes = kk * 16 * 64 * sizeof(T);
+        ptx::WgmmaM64K16<T, D>::template rs<1>(o, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, v_bytes), 1);
+      }
     }
     ptx::wgmma_commit_group();
   };
-  // After wait_group<0>: PV has read V and P; release V's stage.
+  // After wait_group<0>: PV has read V and P; release V's stage (FP8: and add the tile's P V).
   auto finish_pv = [&](int ring) {
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
+    for (int kk = 0; kk < kPSteps; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) ptx::fence_operand(p_frag[kk][i]);
     if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[ring % Cfg::kStages]);
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int i = 0; i < kDTiles * 4; ++i) {
+        ptx::fence_operand(o_tile[i]);
+        o[i] += o_tile[i];
+      }
+    }
   };
 
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
@@ -426,6 +493,11 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // The query head of a (packed) row: the item's head, or with GQA packing its group's head
     // row % 2^pack_shift. The row's query position is row >> pack_shift.
     auto head_of = [&](int row) { return (item.head_q << pack_shift) + (row & ((1 << pack_shift) - 1)); };
+    if constexpr (kFp8) {
+      const int64_t at = descales_at(item);
+      scale_log2 = p.scale * (p.q_descale != nullptr ? __ldg(p.q_descale + at) : 1.f) *
+                   (p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f) * kLog2e;
+    }
 
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) o[i] = 0.f;
@@ -453,12 +525,16 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
       ptx::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        // Q's block kk / 4 and K's, k16 step kk % 4 inside it (32 bytes per step).
-        const uint32_t q_bytes = kk / 4 * sizeof(smem.q[0]) + kk % 4 * 16 * sizeof(T);
-        const uint32_t k_bytes = kk / 4 * sizeof(smem.k[0][0]) + kk % 4 * 16 * sizeof(T);
-        ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, q_bytes),
-                                                     ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
+      for (int kk = 0; kk < kSSteps; ++kk) {
+        // Q's block kk / 4 and K's, k step kk % 4 inside it (32 bytes per step).
+        const uint32_t q_bytes = kk / 4 * sizeof(smem.q[0]) + kk % 4 * 32;
+        const uint32_t k_bytes = kk / 4 * sizeof(smem.k[0][0]) + kk % 4 * 32;
+        if constexpr (kFp8)
+          ptx::WgmmaM64K32<T, kBlockN>::ss(s, ptx::advance_smem_desc(q_desc, q_bytes),
+                                           ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
+        else
+          ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, q_bytes),
+                                                       ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
       }
       ptx::wgmma_commit_group();
       if constexpr (kHasPrevious) issue_pv(ring - 1);
@@ -513,6 +589,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         // A row with no visible key yet subtracts 0, not -inf: weights 0, not NaN.
         const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+        const float p_offset = kFp8 ? m_scaled - kFp8PLog2 : m_scaled;  // FP8: 2^8 P
         // Exactly 1 when the max is unchanged (the compiler may fuse the exponent into an FFMA,
         // which would leave a rounding error instead of 0), so that the rescale can be skipped.
         alpha[r] = m == row_max[r] ? 1.f : ptx::ex2_approx_ftz_f32(row_max[r] * scale_log2 - m_scaled);
@@ -522,7 +599,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[nt * 4 + e] = ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -m_scaled));
+            s[nt * 4 + e] = ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -p_offset));
             sum += s[nt * 4 + e];
           }
         row_sum[r] = row_sum[r] * alpha[r] + sum;
@@ -533,13 +610,29 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         ptx::wgmma_wait_group<0>();  // PV(t - 1) has completed: P(t - 1)'s registers are free
         finish_pv(ring - 1);
       }
-      // P(t) as wgmma A fragments, one per 16 keys: S tiles 2kk and 2kk+1, rows g and g+8.
+      if constexpr (kFp8) {
+        // P(t) as e4m3 A fragments, one per 32 keys (S tiles 4kk .. 4kk+3). A fragment holds k
+        // 4t .. 4t+3 (registers 0, 1: rows g, g+8) and 16 + 4t .. 16 + 4t+3 (2, 3), where the
+        // accumulator gives a thread columns 2t, 2t+1 of each tile: k 4t + j takes tile 4kk + j / 2's
+        // column 2t + j % 2 (then tiles 4kk+2, 4kk+3). The sum over keys does not care, as long as
+        // V^T's copy holds its keys in the same order (kVtKeyOrder).
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        p_frag[kk][0] = frag::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-        p_frag[kk][1] = frag::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-        p_frag[kk][2] = frag::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-        p_frag[kk][3] = frag::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          const float* t = s + 16 * kk;
+          p_frag[kk][0] = frag::pack4_e4m3(t[0], t[1], t[4], t[5]);
+          p_frag[kk][1] = frag::pack4_e4m3(t[2], t[3], t[6], t[7]);
+          p_frag[kk][2] = frag::pack4_e4m3(t[8], t[9], t[12], t[13]);
+          p_frag[kk][3] = frag::pack4_e4m3(t[10], t[11], t[14], t[15]);
+        }
+      } else {
+        // P(t) as wgmma A fragments, one per 16 keys: S tiles 2kk and 2kk+1, rows g and g+8.
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          p_frag[kk][0] = frag::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+          p_frag[kk][1] = frag::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+          p_frag[kk][2] = frag::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+          p_frag[kk][3] = frag::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
       }
     };
 
@@ -568,6 +661,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
       inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+    }
+    if constexpr (kFp8) {
+      if (p.v_descale != nullptr) {
+        const float v_scale = __ldg(p.v_descale + descales_at(item));
+        inv_sum[0] *= v_scale;
+        inv_sum[1] *= v_scale;
+      }
     }
     // A part's row r of the thread (split-KV or a cut tail item): its O, normalized by its own
     // sum, and its LSE, in fp32 at `index` of the partial layout for the combine step; -inf and
@@ -618,7 +718,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         const int64_t index = packed ? int64_t(head) * p.total_q + out_seq.q_start + (row >> pack_shift)
                                      : (int64_t(item.batch) * p.heads_q + head) * p.seqlen_q + (row >> pack_shift);
         if (row < out_seq.seqlen_q << pack_shift)
-          p.lse[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+          p.lse[index] = row_sum[r] > 0.f ? kFp8 ? row_max[r] * (scale_log2 / kLog2e) + logf(row_sum[r]) - kFp8PLog2 / kLog2e
+                                                 : row_max[r] * p.scale + logf(row_sum[r])
+                                          : -INFINITY;
       }
     }
     if constexpr (Cfg::kStoreByTma) {
@@ -636,7 +738,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt)
           *reinterpret_cast<uint32_t*>(&smem.o[dt / 8][row * 64 + ((dt % 8) ^ (row % 8)) * 8 + 2 * tig]) =
-              frag::pack2<T>(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
+              frag::pack2<OutT>(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
       }
       ptx::fence_proxy_async_shared_cta();  // this thread's writes, before the TMA unit reads them
       ptx::bar_sync(epilogue_barrier, 128);  // RAW: the warpgroup's 64 rows are all written and fenced
@@ -648,7 +750,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       if (!kRuntimeBounds || p.cu_seqlens_q == nullptr || box_row0 + 64 <= out_seq.seqlen_q << pack_shift) {
         if (storer) {
 #pragma unroll
-          for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
+          for (int cb = 0; cb < Cfg::kOutColBlocks; ++cb) {
             if constexpr (kRuntimeBounds)  // the 5-D box of the Q load
               ptx::cp_async_bulk_tensor_5d_s2g(&o_map, cb * 64, 0, item.head_q,
                                                out_seq.q_start + (box_row0 >> pack_shift), out_seq.batch_coord,
@@ -662,7 +764,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       } else {
         constexpr int kChunks = D / 8;  // 16-byte pieces of a row
         const int rows = (out_seq.seqlen_q << pack_shift) - box_row0;  // < 64; the item has at least one
-        T* out = static_cast<T*>(p.out) + int64_t(out_seq.q_start) * p.out_seq_stride;  // a varlen batch: no batch
+        OutT* out = static_cast<OutT*>(p.out) + int64_t(out_seq.q_start) * p.out_seq_stride;  // a varlen batch: no batch
         for (int i = int(threadIdx.x) % 128; i < rows * kChunks; i += 128) {
           const int r = i / kChunks, c = i % kChunks;  // the tile's row warpgroup * 64 + r: swizzled by r % 8
           const int row = box_row0 + r;
@@ -673,13 +775,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         }
       }
     } else {
-      T* out = static_cast<T*>(p.out) + out_seq.batch_coord * p.out_batch_stride +
+      OutT* out = static_cast<OutT*>(p.out) + out_seq.batch_coord * p.out_batch_stride +
                out_seq.q_start * p.out_seq_stride;  // the sequence's [Sq, H, D] rows
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
         const int head = head_of(row);
-        T* out_row = out + int64_t(row >> pack_shift) * p.out_seq_stride + head * p.out_head_stride;
+        OutT* out_row = out + int64_t(row >> pack_shift) * p.out_seq_stride + head * p.out_head_stride;
         // A 4 x 4 transpose across the quad: thread t gets the four threads' pairs of n8 tile
         // 4k + t, 8 contiguous elements, and writes them as one 16-byte store. Every row is
         // 16-byte aligned: the API checks out's pointer and its strides (multiples of 8
@@ -690,7 +792,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           uint32_t a[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            a[j] = frag::pack2<T>(o[(4 * k + j) * 4 + 2 * r] * inv_sum[r], o[(4 * k + j) * 4 + 2 * r + 1] * inv_sum[r]);
+            a[j] = frag::pack2<OutT>(o[(4 * k + j) * 4 + 2 * r] * inv_sum[r], o[(4 * k + j) * 4 + 2 * r + 1] * inv_sum[r]);
           const bool hi = tig & 2, odd = tig & 1;
           uint32_t s0 = hi ? a[0] : a[2], s1 = hi ? a[1] : a[3];
           s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
@@ -788,6 +890,49 @@ __global__ void __launch_bounds__(128) combine_tail_kernel(const AttentionParams
   combine_row<T, D>(p.lse_partial + slot, p.o_partial + slot * D, block_m, list.tail_parts, out, lse);
 }
 
+// FP8: V^T's key order inside each 16 keys. Position l of V^T's row holds key kVtKeyOrder(l):
+// the e4m3 A fragment's k 4t + j is the accumulator's column 2t + j % 2 of n8 tile j / 2 (see
+// the P packing), so positions 4t .. 4t+3 hold keys 2t, 2t+1, 8 + 2t, 9 + 2t.
+__host__ __device__ constexpr int kVtKeyOrder(int l) { return (l & 3) < 2 ? 2 * (l >> 2) + (l & 3) : 6 + 2 * (l >> 2) + (l & 3); }
+constexpr int kVtTileKeys = 128;  // keys per V^T tile (one 128-byte swizzle row of e4m3)
+
+// V^T's copy: padded keys, a whole number of tiles.
+constexpr int vt_keys(int seqlen_k) { return (seqlen_k + kVtTileKeys - 1) / kVtTileKeys * kVtTileKeys; }
+inline size_t vt_bytes(const AttentionProblem& problem) {
+  return size_t(problem.batch) * problem.heads_kv * problem.head_dim * size_t(vt_keys(problem.seqlen_k));
+}
+
+// FP8: V [B, Sk, Hkv, D] (any strides) -> V^T [B][Hkv][D][keys], keys = Sk rounded up to 128
+// with zeros past Sk (their weights are 0, and 0 x 0 is 0 where 0 x NaN would not be), each 16
+// keys in kVtKeyOrder. One CTA per 128 keys of a (batch, K/V head): the tile goes through
+// shared memory, read in 16-byte rows of V and written in 16-byte pieces of V^T's rows.
+template <int D>
+__global__ void __launch_bounds__(256) transpose_v_kernel(const AttentionParams p, uint8_t* vt, int keys) {
+  __shared__ __align__(16) uint8_t tile[kVtTileKeys][D + 16];  // + 16: rows start on different banks
+  const int first_key = int(blockIdx.x) * kVtTileKeys, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + int64_t(batch) * p.v_batch_stride + int64_t(head) * p.v_head_stride;
+  constexpr int kChunks = D / 16;  // 16-byte pieces of a row of V
+  for (int i = int(threadIdx.x); i < kVtTileKeys * kChunks; i += 256) {
+    const int r = i / kChunks, c = i % kChunks, key = first_key + r;
+    const uint4 x = key < p.seqlen_k ? *reinterpret_cast<const uint4*>(v + int64_t(key) * p.v_seq_stride + c * 16)
+                                     : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(&tile[r][c * 16]) = x;
+  }
+  __syncthreads();  // the whole tile has landed before any thread reads a column of it
+  uint8_t* out = vt + ((int64_t(batch) * p.heads_kv + head) * D) * keys + first_key;
+  for (int i = int(threadIdx.x); i < D * (kVtTileKeys / 16); i += 256) {
+    const int d = i / (kVtTileKeys / 16), group = i % (kVtTileKeys / 16);  // 16 keys of row d of V^T
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      w[q] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w[q] |= uint32_t(tile[group * 16 + kVtKeyOrder(4 * q + j)][d]) << (8 * j);
+    }
+    *reinterpret_cast<uint4*>(out + int64_t(d) * keys + group * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // The split plan of a problem: split-KV's parts (run-time bounds kernels), or the tail split
 // (the others), and the size of their partial results.
 struct SplitPlan {
@@ -805,7 +950,7 @@ struct SplitPlan {
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, const SplitPlan& split, int sms,
                     cudaStream_t stream) {
-  using Cfg = Config<D, kWide, kNumConsumers>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
   constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
   QkvTensorMaps maps;
@@ -822,14 +967,37 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   CUtensorMap o_map{};  // only read when O leaves by TMA
   if constexpr (Cfg::kStoreByTma) {
     if constexpr (kRuntimeBounds)
-      s = make_grouped_bshd_tensor_map(&o_map, problem.out, problem.dtype, problem.tensor_batch(),
+      s = make_grouped_bshd_tensor_map(&o_map, problem.out, output_dtype(problem.dtype), problem.tensor_batch(),
                                        problem.tensor_rows_q(), problem.heads_q, D, problem.out_strides, group, 64, 64);
     else
-      s = make_bshd_tensor_map(&o_map, problem.out, problem.dtype, problem.tensor_batch(), problem.tensor_rows_q(),
+      s = make_bshd_tensor_map(&o_map, problem.out, output_dtype(problem.dtype), problem.tensor_batch(), problem.tensor_rows_q(),
                                problem.heads_q, D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
+  // FP8: V is read through its transposed copy (8-bit wgmma operands are K-major only), made
+  // first in the caller's workspace or in memory taken here on the stream.
+  uint8_t* vt = nullptr;
+  bool vt_owned = false;
+  if constexpr (kIsFp8<T>) {
+    const int keys = vt_keys(problem.seqlen_k);
+    if (problem.workspace != nullptr) {  // forward() checked its size
+      vt = static_cast<uint8_t*>(problem.workspace);
+    } else {
+      s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&vt), vt_bytes(problem), stream),
+                      std::string(kName) + ": cudaMallocAsync(V^T, " + std::to_string(vt_bytes(problem)) + " bytes)");
+      if (!s.ok()) return s;
+      vt_owned = true;
+    }
+    transpose_v_kernel<D><<<dim3(unsigned(keys / kVtTileKeys), unsigned(problem.heads_kv), unsigned(problem.batch)), 256,
+                            0, stream>>>(params, vt, keys);
+    s = launch_status(kName);
+    if (s.ok()) s = make_transposed_tensor_map(&maps.v, vt, problem.batch, problem.heads_kv, D, keys, kVtTileKeys);
+    if (!s.ok()) {
+      if (vt_owned) cudaFreeAsync(vt, stream);
+      return {s.code(), std::string(kName) + ": V^T: " + s.message()};
+    }
+  }
   const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
@@ -881,16 +1049,20 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   if (workspace != nullptr) {
     if (s.ok() && tail) {
       const int64_t tail_rows = int64_t(list.tail_items()) * Cfg::kBlockM;
-      combine_tail_kernel<T, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list, Cfg::kBlockM);
+      combine_tail_kernel<OutType<T>, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list, Cfg::kBlockM);
       s = launch_status(kName);
     } else if (s.ok()) {
-      combine_splits_kernel<T, D><<<unsigned((rows_all + 3) / 4), 128, 0, stream>>>(kernel_params, rows_all);
+      combine_splits_kernel<OutType<T>, D><<<unsigned((rows_all + 3) / 4), 128, 0, stream>>>(kernel_params, rows_all);
       s = launch_status(kName);
     }
     if (owned) {
       const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
       if (s.ok()) s = freed;
     }
+  }
+  if (vt_owned) {
+    const Status freed = cuda_status(cudaFreeAsync(vt, stream), std::string(kName) + ": cudaFreeAsync(V^T)");
+    if (s.ok()) s = freed;
   }
   return s;
 }
@@ -905,6 +1077,14 @@ static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultipl
 // The whole contract with a positive scale, as long as the work list fits an int
 // (B * Hq * ceil(Sq / 128) < 2^31); a paged cache's pages must hold whole K/V tiles.
 Status supports(const AttentionProblem& problem) {
+  if (problem.dtype == DType::e4m3) {
+    if (problem.head_dim != 128)
+      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run at head_dim 128 only; got " +
+                                             std::to_string(problem.head_dim)};
+    if (problem.has_window() || problem.has_sequence_bounds())
+      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run dense batches only: no sliding "
+                                                              "window, cu_seqlens, seqlens_k or block_table"};
+  }
   if (!(problem.scale() > 0.f))
     return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
                                        "on unscaled scores); got " + std::to_string(problem.scale())};
@@ -1044,9 +1224,18 @@ Status with_tile_shape(const TileChoice& c, F&& f) {
   }
 }
 
+// FP8 runs one shape: D = 128, 128-key tiles, two consumers, the dense kernel without GQA
+// packing or splits (supports() refused the rest).
+Status launch_fp8(const AttentionProblem& problem, const TileChoice& c, cudaStream_t stream) {
+  AttentionParams params = c.params;
+  params.pack_shift = 0;
+  return launch_typed<__nv_fp8_e4m3, 128, false, 2, false, false>(problem, params, SplitPlan{}, c.sms, stream);
+}
+
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   TileChoice c;
   if (Status s = choose_tiles(problem, &c); !s.ok()) return s;
+  if (problem.dtype == DType::e4m3) return launch_fp8(problem, c, stream);
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
     return with_tile_shape<D>(c, [&]<bool kWide, int kConsumers>() -> Status {
       using Cfg = Config<D, kWide, kConsumers>;
@@ -1062,6 +1251,10 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 
 // The workspace launch() will use: the same choices, no launch.
 Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
+  if (problem.dtype == DType::e4m3) {  // V^T's copy
+    *bytes = vt_bytes(problem);
+    return Status::Ok();
+  }
   TileChoice c;
   if (Status s = choose_tiles(problem, &c); !s.ok()) return s;
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {  // T: the plan does not depend on it
@@ -1078,7 +1271,7 @@ Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
 const KernelEntry& kernel_16_coalesced_store() {
   static const KernelEntry entry{kName, "O stored from registers in 16-byte pieces after a transpose across each quad (D = 256, wide D = 128)",
                                  supports, launch, /*supports_window=*/true, /*supports_varlen=*/true,
-                                 /*supports_paged=*/true, workspace_bytes};
+                                 /*supports_paged=*/true, /*supports_fp8=*/true, workspace_bytes};
   return entry;
 }
 

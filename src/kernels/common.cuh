@@ -51,6 +51,8 @@ Status dispatch_dtype_headdim(const AttentionProblem& problem, F&& f) {
     }
     return {StatusCode::not_supported, "head_dim " + std::to_string(problem.head_dim)};
   };
+  if (problem.dtype == DType::e4m3)  // only the final kernel has e4m3, outside this dispatch
+    return {StatusCode::not_supported, "dtype e4m3: not in this kernel's instantiations"};
   return problem.dtype == DType::bf16 ? by_dim(__nv_bfloat16{}) : by_dim(__half{});
 }
 

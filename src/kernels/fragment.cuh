@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -33,6 +34,14 @@ __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t pair) {
 template <>
 __device__ __forceinline__ float2 unpack2<__half>(uint32_t pair) {
   return __half22float2(reinterpret_cast<const __half2&>(pair));
+}
+
+// Four floats rounded to e4m3 (nearest even, saturated to +-448) and packed in one 32-bit
+// register, x0 in the lowest byte: cvt.rn.satfinite.e4m3x2.f32 (sm_89 on) per pair.
+__device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x0, x1), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x2, x3), __NV_SATFINITE, __NV_E4M3);
+  return lo | hi << 16;
 }
 
 }  // namespace hattn::frag

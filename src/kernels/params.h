@@ -51,6 +51,11 @@ struct AttentionParams {
   // pairs, row i being position i >> pack_shift, head (kv_head << pack_shift) + i % group. Rows
   // of the same K/V tile then share one sweep. 0 when off.
   int pack_shift;
+  // FP8 inputs (only the final kernel reads these): fp32 [B][Hkv] dequantization scales of q,
+  // k and v, or null for 1.
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
 };
 
 inline AttentionParams make_params(const AttentionProblem& p) {
@@ -100,6 +105,9 @@ inline AttentionParams make_params(const AttentionProblem& p) {
   a.o_partial = nullptr;
   a.lse_partial = nullptr;
   a.pack_shift = 0;  // likewise
+  a.q_descale = p.q_descale;
+  a.k_descale = p.k_descale;
+  a.v_descale = p.v_descale;
   return a;
 }
 

@@ -10,6 +10,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -65,9 +66,12 @@ __host__ __device__ __forceinline__ uint64_t advance_smem_desc(uint64_t desc, ui
   return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + (bytes >> 4));
 }
 
-// wgmma.mma_async m64nNk16, fp32 accumulators: WgmmaM64K16<T, N>::ss / ::rs.
+// wgmma.mma_async m64nNk16, fp32 accumulators: WgmmaM64K16<T, N>::ss / ::rs; m64nNk32 with
+// 8-bit operands: WgmmaM64K32<__nv_fp8_e4m3, N>. Each k step spans 32 bytes of a row either way.
 template <typename T, int N>
 struct WgmmaM64K16;
+template <typename T, int N>
+struct WgmmaM64K32;
 #include "ptx/wgmma_mma_async.inc"
 
 }  // namespace hattn::ptx
