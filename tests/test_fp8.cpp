@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -177,6 +178,9 @@ std::string describe(const Fp8Case& c) {
          " Hq=" + std::to_string(c.heads_q) + " Hkv=" + std::to_string(c.heads_kv) + (c.causal ? " causal" : " full") +
          (c.descales ? " descales" : "") + (c.padded ? " padded" : "") + (c.with_lse ? " lse" : "");
 }
+
+// gtest prints a case by this (not as bytes) in its names and failures.
+void PrintTo(const Fp8Case& c, std::ostream* os) { *os << describe(c); }
 
 class Fp8Test : public ::testing::TestWithParam<Fp8Case> {};
 

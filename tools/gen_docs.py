@@ -11,6 +11,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:backward -->         the backward beside SDPA's (python -m hattn.bench_backward)
     <!-- results:backward.PATH -->    the same from results/PATH.csv (an earlier run kept as evidence)
     <!-- results:ab.PATH -->          kernels side by side from one hattn-bench run, results/PATH.csv
+    <!-- results:fp8 -->              the FP8 forward beside bf16 attention (python -m hattn.bench_fp8)
     <!-- /results -->
 
 Numbers come only from results files: hattn-bench's CSV (default results/lineage.csv) and
@@ -224,6 +225,38 @@ def ab_table(csv_path):
     return "\n".join(out) + "\n"
 
 
+def fp8_table(csv_path):
+    """The FP8 forward beside bf16 attention on the same values (python -m hattn.bench_fp8)."""
+    if not csv_path.exists():
+        return f"_No FP8 results yet (`{csv_path.relative_to(ROOT)}`)._\n"
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    label = {"hattn_fp8": "hattn FP8", "hattn_bf16": "hattn bf16", "sdpa_cudnn": "cuDNN bf16",
+             "sdpa_flash": "FA2 bf16 (SDPA FLASH)"}
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    shapes = list(dict.fromkeys((r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r["heads"]))
+                                for r in rows))
+    index = {(r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r["heads"]), r["name"]): r for r in rows}
+    out = ["TFLOP/s of the forward at D = 128 (4 B H S^2 D, halved when causal, for every dtype), timed in one "
+           "process on the same values (`python -m hattn.bench_fp8`: e4m3 codes with per-head descales for "
+           "hattn FP8, their dequantized bf16 values for the others); the last columns are hattn FP8 over the "
+           "best bf16 anchor (cuDNN, FA2), and its check against cuDNN's output.", "",
+           "| shape | " + " | ".join(label.get(n, n) for n in names) + " | FP8 / best bf16 anchor | check |",
+           "|---|" + "---|" * (len(names) + 2)]
+    for causal, s, b, h in shapes:
+        got = {n: index.get((causal, s, b, h, n)) for n in names}
+        cells = [f"{float(r['tflops']):.0f}" if r and r["tflops"] else "–" for r in got.values()]
+        ours = got.get("hattn_fp8")
+        ratio = f"{float(ours['ratio_to_best_bf16_anchor']):.2f}" if ours and ours["ratio_to_best_bf16_anchor"] else "–"
+        out.append(f"| {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
+                   + f" | {ratio} | {ours['status'] if ours else '–'} |")
+    first = rows[0]
+    clocks = sorted({r["sm_clock_mhz"] for r in rows})
+    out += ["", f"_{first['gpu']}, commit `{first['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
+            f"from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
+    return "\n".join(out) + "\n"
+
+
 def capstone_table(directory):
     """One row per results/capstone/*.json: the step's time under each variant."""
     runs = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
@@ -285,6 +318,8 @@ def main():
             return backward_table(ROOT / "results" / "pybench_backward.csv")
         if name.startswith("backward."):
             return backward_table(ROOT / "results" / (name[len("backward."):] + ".csv"))
+        if name == "fp8":
+            return fp8_table(ROOT / "results" / "pybench_fp8.csv")
         if name.startswith("ab."):
             return ab_table(ROOT / "results" / (name[len("ab."):] + ".csv"))
         previous = None
