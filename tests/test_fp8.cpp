@@ -364,7 +364,7 @@ INSTANTIATE_TEST_SUITE_P(
     FinalKernel, Fp8Test,
     ::testing::Values(Fp8Case{1, 128, 128, 2, 2, false, false, false, true},     // one tile, no scales
                       Fp8Case{2, 200, 333, 4, 2, false, true, false, true},      // tails, GQA, descales
-                      Fp8Case{1, 300, 257, 4, 4, true, true, true, true},        // Sq > Sk causal: rows without keys, padded
+                      Fp8Case{1, 300, 257, 4, 4, true, true, true, true},        // Sq > Sk causal, padded
                       Fp8Case{2, 1000, 1000, 8, 1, true, true, false, false},    // MQA, causal, several tiles, no lse
                       Fp8Case{1, 77, 1500, 2, 2, false, true, true, true},       // Sq < Sk, long sweep, padded
                       Fp8Case{3, 513, 640, 6, 3, true, false, false, true},      // causal Sq < Sk, odd heads

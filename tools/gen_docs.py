@@ -247,7 +247,8 @@ def fp8_table(csv_path):
         got = {n: index.get((causal, s, b, h, n)) for n in names}
         cells = [f"{float(r['tflops']):.0f}" if r and r["tflops"] else "–" for r in got.values()]
         ours = got.get("hattn_fp8")
-        ratio = f"{float(ours['ratio_to_best_bf16_anchor']):.2f}" if ours and ours["ratio_to_best_bf16_anchor"] else "–"
+        ratio = ours["ratio_to_best_bf16_anchor"] if ours else ""
+        ratio = f"{float(ratio):.2f}" if ratio else "–"
         out.append(f"| {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
                    + f" | {ratio} | {ours['status'] if ours else '–'} |")
     first = rows[0]

@@ -152,9 +152,10 @@ struct AttentionProblem {
   // the same up to rounding, and the lineage kernels ignore it.
   std::optional<bool> pack_gqa;
 
-  // Device memory for split-KV's partial results (or the FP8 forward's transposed V), owned by the caller and used in the call's
-  // stream order (16-byte aligned): at least workspace_size() bytes, or the call fails naming
-  // workspace_bytes. Null: the library allocates it itself (cudaMallocAsync) when it splits.
+  // Device memory for split-KV's partial results (or the FP8 forward's transposed V), owned by
+  // the caller and used in the call's stream order (16-byte aligned): at least workspace_size()
+  // bytes, or the call fails naming workspace_bytes. Null: the library allocates it itself
+  // (cudaMallocAsync) when it needs one.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 

@@ -116,7 +116,8 @@ struct SharedStorage {
   alignas(kAtomBytes) T k[Cfg::kStages][Cfg::kColBlocks][Cfg::kBlockN * Cfg::kAtomCols];
   alignas(kAtomBytes) T v[Cfg::kStages][Cfg::kVBlocks][Cfg::kVBlockElems];
   // O's staging tile, [D / 64][kBlockM][64] (a placeholder when O is stored from registers).
-  alignas(kAtomBytes) OutType<T> o[Cfg::kStoreByTma ? Cfg::kOutColBlocks : 1][Cfg::kStoreByTma ? Cfg::kBlockM * 64 : 64];
+  alignas(kAtomBytes) OutType<T> o[Cfg::kStoreByTma ? Cfg::kOutColBlocks : 1]
+                                  [Cfg::kStoreByTma ? Cfg::kBlockM * 64 : 64];
   uint64_t q_full[Cfg::kConsumers];   // one per consumer warpgroup: its 64 rows of Q
   uint64_t q_empty[Cfg::kConsumers];
   uint64_t k_full[Cfg::kStages];
@@ -137,9 +138,15 @@ constexpr int smem_bytes() {
 
 // Issues the TMA copies of one K or V tile (kBlockN keys from row `first_key`) into `dst`,
 // completing on `full` (the producer thread only): one 64-column box per column block.
+// A stage's K tile (or V's, when not FP8), as SharedStorage lays it out.
+template <typename T, int D, bool kWide, int kNumConsumers, typename Cfg = ConfigOf<T, D, kWide, kNumConsumers>>
+using KTile = T[Cfg::kColBlocks][Cfg::kBlockN * Cfg::kAtomCols];
+template <typename T, int D, bool kWide, int kNumConsumers, typename Cfg = ConfigOf<T, D, kWide, kNumConsumers>>
+using VTile = T[Cfg::kVBlocks][Cfg::kVBlockElems];
+
 template <typename T, int D, bool kWide, int kNumConsumers>
-__device__ __forceinline__ void load_tile(T (&dst)[ConfigOf<T, D, kWide, kNumConsumers>::kColBlocks][ConfigOf<T, D, kWide, kNumConsumers>::kBlockN * ConfigOf<T, D, kWide, kNumConsumers>::kAtomCols],
-                                          const CUtensorMap* map, int first_key, int head_kv, int batch, uint64_t* full) {
+__device__ __forceinline__ void load_tile(KTile<T, D, kWide, kNumConsumers>& dst, const CUtensorMap* map,
+                                          int first_key, int head_kv, int batch, uint64_t* full) {
   using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
   ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * D * sizeof(T));
 #pragma unroll
@@ -150,8 +157,8 @@ __device__ __forceinline__ void load_tile(T (&dst)[ConfigOf<T, D, kWide, kNumCon
 // FP8: the TMA copy of one V^T tile (the kBlockN keys from `first_key`, all D rows) from the
 // transposed copy [B][Hkv][D][keys], completing on `full`.
 template <typename T, int D, bool kWide, int kNumConsumers>
-__device__ __forceinline__ void load_vt_tile(T (&dst)[ConfigOf<T, D, kWide, kNumConsumers>::kVBlocks][ConfigOf<T, D, kWide, kNumConsumers>::kVBlockElems],
-                                             const CUtensorMap* map, int first_key, int head_kv, int batch, uint64_t* full) {
+__device__ __forceinline__ void load_vt_tile(VTile<T, D, kWide, kNumConsumers>& dst, const CUtensorMap* map,
+                                             int first_key, int head_kv, int batch, uint64_t* full) {
   using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
   ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * D * sizeof(T));
 #pragma unroll
@@ -322,7 +329,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
           for (int cb = 0; cb < Cfg::kColBlocks; ++cb) {
             if constexpr (kRuntimeBounds)  // (column, head in the group, head group, position, batch)
-              ptx::cp_async_bulk_tensor_5d_g2s(smem.q[cb] + c * 64 * Cfg::kAtomCols, &q_map, cb * Cfg::kAtomCols, 0, item.head_q,
+              ptx::cp_async_bulk_tensor_5d_g2s(smem.q[cb] + c * 64 * Cfg::kAtomCols, &q_map, cb * Cfg::kAtomCols, 0,
+                                               item.head_q,
                                                seq.q_start + ((block_row + c * 64) >> pack_shift), seq.batch_coord,
                                                &smem.q_full[c]);
             else
@@ -362,8 +370,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
               for (int c = 0; c < Cfg::kConsumers; ++c)
 #pragma unroll
                 for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
-                  ptx::cp_async_bulk_prefetch_tensor_4d_l2(&q_map, cb * Cfg::kAtomCols, block_of(after) * kBlockM + c * 64,
-                                                           after.head_q, after.batch);
+                  ptx::cp_async_bulk_prefetch_tensor_4d_l2(&q_map, cb * Cfg::kAtomCols,
+                                                           block_of(after) * kBlockM + c * 64, after.head_q, after.batch);
             }
           }
           if (reused) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
@@ -382,7 +390,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
             for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
               ptx::cp_async_bulk_g2s(smem.v[stage][cb] + valid * 64, g_zero_rows, zero_bytes, &smem.v_full[stage]);
           } else if constexpr (kFp8) {  // V^T: v_map is over the transposed copy
-            load_vt_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
+            load_vt_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry,
+                                                     &smem.v_full[stage]);
           } else {
             load_tile<T, D, kWide, kNumConsumers>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
           }
@@ -406,7 +415,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   float scale_log2 = p.scale * kLog2e;  // c: 2^(s c) = e^(scale s)
   // FP8: scores are in units of q's and k's e4m3 codes, so each item folds its heads' descales
   // into scale_log2 too, and the epilogue scales O by v's (read there: registers are short).
-  auto descales_at = [&](const WorkItem& item) { return int64_t(item.batch) * p.heads_kv + item.head_q / p.heads_per_kv; };
+  auto descales_at = [&](const WorkItem& item) {
+    return int64_t(item.batch) * p.heads_kv + item.head_q / p.heads_per_kv;  // [B][Hkv]
+  };
   // The turn goes round the consumers: 0 -> 1 (-> 2) -> 0.
   const int my_turn = kTurnConsumer0 + warpgroup;
   const int next_turn = kTurnConsumer0 + (warpgroup + 1) % Cfg::kConsumers;
@@ -718,9 +729,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         const int64_t index = packed ? int64_t(head) * p.total_q + out_seq.q_start + (row >> pack_shift)
                                      : (int64_t(item.batch) * p.heads_q + head) * p.seqlen_q + (row >> pack_shift);
         if (row < out_seq.seqlen_q << pack_shift)
-          p.lse[index] = row_sum[r] > 0.f ? kFp8 ? row_max[r] * (scale_log2 / kLog2e) + logf(row_sum[r]) - kFp8PLog2 / kLog2e
-                                                 : row_max[r] * p.scale + logf(row_sum[r])
-                                          : -INFINITY;
+          p.lse[index] = row_sum[r] > 0.f
+                             ? kFp8 ? row_max[r] * (scale_log2 / kLog2e) + logf(row_sum[r]) - kFp8PLog2 / kLog2e
+                                    : row_max[r] * p.scale + logf(row_sum[r])
+                             : -INFINITY;
       }
     }
     if constexpr (Cfg::kStoreByTma) {
@@ -792,7 +804,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           uint32_t a[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            a[j] = frag::pack2<OutT>(o[(4 * k + j) * 4 + 2 * r] * inv_sum[r], o[(4 * k + j) * 4 + 2 * r + 1] * inv_sum[r]);
+            a[j] = frag::pack2<OutT>(o[(4 * k + j) * 4 + 2 * r] * inv_sum[r],
+                                     o[(4 * k + j) * 4 + 2 * r + 1] * inv_sum[r]);
           const bool hi = tig & 2, odd = tig & 1;
           uint32_t s0 = hi ? a[0] : a[2], s1 = hi ? a[1] : a[3];
           s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
@@ -893,7 +906,9 @@ __global__ void __launch_bounds__(128) combine_tail_kernel(const AttentionParams
 // FP8: V^T's key order inside each 16 keys. Position l of V^T's row holds key kVtKeyOrder(l):
 // the e4m3 A fragment's k 4t + j is the accumulator's column 2t + j % 2 of n8 tile j / 2 (see
 // the P packing), so positions 4t .. 4t+3 hold keys 2t, 2t+1, 8 + 2t, 9 + 2t.
-__host__ __device__ constexpr int kVtKeyOrder(int l) { return (l & 3) < 2 ? 2 * (l >> 2) + (l & 3) : 6 + 2 * (l >> 2) + (l & 3); }
+__host__ __device__ constexpr int kVtKeyOrder(int l) {
+  return (l & 3) < 2 ? 2 * (l >> 2) + (l & 3) : 6 + 2 * (l >> 2) + (l & 3);
+}
 constexpr int kVtTileKeys = 128;  // keys per V^T tile (one 128-byte swizzle row of e4m3)
 
 // V^T's copy: padded keys, a whole number of tiles.
@@ -910,7 +925,8 @@ template <int D>
 __global__ void __launch_bounds__(256) transpose_v_kernel(const AttentionParams p, uint8_t* vt, int keys) {
   __shared__ __align__(16) uint8_t tile[kVtTileKeys][D + 16];  // + 16: rows start on different banks
   const int first_key = int(blockIdx.x) * kVtTileKeys, head = int(blockIdx.y), batch = int(blockIdx.z);
-  const uint8_t* v = static_cast<const uint8_t*>(p.v) + int64_t(batch) * p.v_batch_stride + int64_t(head) * p.v_head_stride;
+  const uint8_t* v =
+      static_cast<const uint8_t*>(p.v) + int64_t(batch) * p.v_batch_stride + int64_t(head) * p.v_head_stride;
   constexpr int kChunks = D / 16;  // 16-byte pieces of a row of V
   for (int i = int(threadIdx.x); i < kVtTileKeys * kChunks; i += 256) {
     const int r = i / kChunks, c = i % kChunks, key = first_key + r;
@@ -970,8 +986,9 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       s = make_grouped_bshd_tensor_map(&o_map, problem.out, output_dtype(problem.dtype), problem.tensor_batch(),
                                        problem.tensor_rows_q(), problem.heads_q, D, problem.out_strides, group, 64, 64);
     else
-      s = make_bshd_tensor_map(&o_map, problem.out, output_dtype(problem.dtype), problem.tensor_batch(), problem.tensor_rows_q(),
-                               problem.heads_q, D, problem.out_strides, 64, 64);  // one consumer warpgroup's rows per box
+      s = make_bshd_tensor_map(&o_map, problem.out, output_dtype(problem.dtype), problem.tensor_batch(),
+                               problem.tensor_rows_q(), problem.heads_q, D, problem.out_strides, 64,
+                               64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
@@ -1049,7 +1066,8 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   if (workspace != nullptr) {
     if (s.ok() && tail) {
       const int64_t tail_rows = int64_t(list.tail_items()) * Cfg::kBlockM;
-      combine_tail_kernel<OutType<T>, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list, Cfg::kBlockM);
+      combine_tail_kernel<OutType<T>, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list,
+                                                                                             Cfg::kBlockM);
       s = launch_status(kName);
     } else if (s.ok()) {
       combine_splits_kernel<OutType<T>, D><<<unsigned((rows_all + 3) / 4), 128, 0, stream>>>(kernel_params, rows_all);
