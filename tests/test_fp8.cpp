@@ -145,6 +145,10 @@ TEST(Fp8Dispatch, RefusesWhatTheFinalKernelDoesNotRunInFp8) {
   p = fp8_problem();
   p.seqlens_k = reinterpret_cast<const int32_t*>(fake_ptr(7));
   expect_status(resolve_kernel(p, "auto", &name), StatusCode::not_supported, "dense batches only");
+  p = fp8_problem();
+  p.seqlen_k = (1 << 30) + 1;
+  p.k_strides = p.v_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, p.head_dim);
+  expect_status(resolve_kernel(p, "auto", &name), StatusCode::not_supported, "seqlen_k up to 2^30");
 }
 
 TEST(Fp8Dispatch, BackwardRefusesE4m3) {

@@ -136,14 +136,14 @@ constexpr int smem_bytes() {
   return int(sizeof(SharedStorage<T, D, kWide, kNumConsumers>)) + kAtomBytes;  // + slack to align the base to 1024
 }
 
-// Issues the TMA copies of one K or V tile (kBlockN keys from row `first_key`) into `dst`,
-// completing on `full` (the producer thread only): one 64-column box per column block.
-// A stage's K tile (or V's, when not FP8), as SharedStorage lays it out.
+// A stage's K tile (or V's, when not FP8), and its V tile, as SharedStorage lays them out.
 template <typename T, int D, bool kWide, int kNumConsumers, typename Cfg = ConfigOf<T, D, kWide, kNumConsumers>>
 using KTile = T[Cfg::kColBlocks][Cfg::kBlockN * Cfg::kAtomCols];
 template <typename T, int D, bool kWide, int kNumConsumers, typename Cfg = ConfigOf<T, D, kWide, kNumConsumers>>
 using VTile = T[Cfg::kVBlocks][Cfg::kVBlockElems];
 
+// Issues the TMA copies of one K or V tile (kBlockN keys from row `first_key`) into `dst`,
+// completing on `full` (the producer thread only): one 128-byte-wide box per column block.
 template <typename T, int D, bool kWide, int kNumConsumers>
 __device__ __forceinline__ void load_tile(KTile<T, D, kWide, kNumConsumers>& dst, const CUtensorMap* map,
                                           int first_key, int head_kv, int batch, uint64_t* full) {
@@ -425,7 +425,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   float o[kDTiles * 4];              // O: n8 tile dt holds columns 8 dt + 2 t + {0, 1}
   // FP8: one tile's P V, added to O by the CUDA cores. Hopper's FP8 wgmma adds into its
   // accumulators with about 14 bits kept (DeepSeek-V3's report), so O summed over a long
-  // sweep inside the wgmmas drifted: 12% off at 16k keys in python -m hattn.bench_fp8.
+  // sweep inside the wgmmas drifted (python -m hattn.bench_fp8 at 16k keys: 0.086 off cuDNN's
+  // output summed there, 0.070 summed here; most of the rest was P's rounding, see kFp8PLog2).
   float o_tile[kFp8 ? kDTiles * 4 : 1];
   float s[kNTiles * 4];              // S / P of the current tile
   float row_max[2];                  // running max of the raw scores s
@@ -1102,6 +1103,9 @@ Status supports(const AttentionProblem& problem) {
     if (problem.has_window() || problem.has_sequence_bounds())
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run dense batches only: no sliding "
                                                               "window, cu_seqlens, seqlens_k or block_table"};
+    if (problem.seqlen_k > (1 << 30))  // V^T's copy pads the keys to a multiple of 128 in an int
+      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs take seqlen_k up to 2^30; got " +
+                                             std::to_string(problem.seqlen_k)};
   }
   if (!(problem.scale() > 0.f))
     return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
