@@ -19,6 +19,7 @@
 #include "fragment.cuh"
 #include "hattn/hattn.h"
 #include "params.h"
+#include "ptx/tma.cuh"
 #include "sequence.cuh"
 
 namespace hattn {
@@ -155,7 +156,8 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const S
 // Varlen, where a TMA box ran past the sequence into the next one's rows: zeroes rows
 // [first, kRows) of a [D / 64][kRows][64] tile (first >= 0), each of the kThreads threads a
 // share of the 16-byte chunks: a row's 128 bytes stay in the row whatever the swizzle. The
-// caller fences (to the async proxy) and synchronizes before a wgmma reads the tile.
+// caller fences (to the async proxy) and synchronizes before a wgmma reads the tile
+// (zero_tile_pair_rows does both for two tiles).
 template <typename T, int D, int kRows, int kThreads>
 __device__ __forceinline__ void zero_tile_rows(T* tile, int first) {
   constexpr int kChunks = 64 * int(sizeof(T)) / 16;  // per row of a column block
@@ -164,6 +166,18 @@ __device__ __forceinline__ void zero_tile_rows(T* tile, int first) {
     const int cb = e / (rows * kChunks), r = first + e / kChunks % rows, c = e % kChunks;
     reinterpret_cast<uint4*>(tile + (cb * kRows + r) * 64)[c] = make_uint4(0u, 0u, 0u, 0u);
   }
+}
+
+// A variable-length batch: rows [first, kRows) of two tiles of one stage (Q and dO, or K and
+// V) that their boxes loaded from the next sequence, zeroed where a product would meet them as
+// 0 * x (x may be NaN), then fenced to the async proxy and synchronized across the CTA, so that
+// every warpgroup's wgmmas read the zeros. CTA-uniform.
+template <typename T, int D, int kRows, int kThreads>
+__device__ __forceinline__ void zero_tile_pair_rows(T* a, T* b, int first) {
+  zero_tile_rows<T, D, kRows, kThreads>(a, first);
+  zero_tile_rows<T, D, kRows, kThreads>(b, first);
+  ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read the tiles
+  __syncthreads();                      // every thread's zeros, before any warpgroup's wgmma
 }
 
 // delta_i = rowsum(dO_i * O_i), the softmax's term in dS. A row's D elements of O and of dO are

@@ -394,10 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);  // this block's Q and dO have landed
     if constexpr (kVarlen) {
       if (m0 + kBlockM > seq.seqlen_q) {  // CTA-uniform: the boxes ran into the next sequence's rows
-        zero_tile_rows<T, D, kBlockM, kThreads>(smem.q[stage][0], seq.seqlen_q - m0);
-        zero_tile_rows<T, D, kBlockM, kThreads>(smem.dout[stage][0], seq.seqlen_q - m0);
-        ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read Q and dO
-        __syncthreads();                      // every thread's zeros, before any warpgroup's wgmma
+        zero_tile_pair_rows<T, D, kBlockM, kThreads>(smem.q[stage][0], smem.dout[stage][0], seq.seqlen_q - m0);
       }
     }
 #pragma unroll

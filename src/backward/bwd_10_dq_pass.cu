@@ -263,10 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // CTA-uniform: the boxes ran into the next sequence's rows, which dK += dS^T Q and
       // dV += P^T dO would meet as 0 * x (x may be NaN).
       if (m0 + kBlockM > seq.seqlen_q) {
-        zero_tile_rows<T, kD, kBlockM, kThreads>(smem.q[stage][0], seq.seqlen_q - m0);
-        zero_tile_rows<T, kD, kBlockM, kThreads>(smem.dout[stage][0], seq.seqlen_q - m0);
-        ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read Q and dO
-        __syncthreads();                      // every thread's zeros, before any warpgroup's wgmma
+        zero_tile_pair_rows<T, kD, kBlockM, kThreads>(smem.q[stage][0], smem.dout[stage][0], seq.seqlen_q - m0);
       }
     }
 #pragma unroll
@@ -548,10 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // CTA-uniform: the boxes ran into the next sequence's keys, which dQ += dS K would meet
       // as 0 * x (x from K, or from V through dP; either may be NaN).
       if (n0 + kBlockN > seq.seqlen_k) {
-        zero_tile_rows<T, kD, kBlockN, kThreads>(smem.k[stage][0], seq.seqlen_k - n0);
-        zero_tile_rows<T, kD, kBlockN, kThreads>(smem.v[stage][0], seq.seqlen_k - n0);
-        ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read K and V
-        __syncthreads();                      // every thread's zeros, before any warpgroup's wgmma
+        zero_tile_pair_rows<T, kD, kBlockN, kThreads>(smem.k[stage][0], smem.v[stage][0], seq.seqlen_k - n0);
       }
     }
 #pragma unroll
