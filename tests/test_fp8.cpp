@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fake_problem.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 #include "hattn/reference.h"
@@ -69,25 +70,12 @@ TEST(E4m3, OutputDtype) {
   EXPECT_STREQ(dtype_name(DType::e4m3), "e4m3");
 }
 
-const void* fake_ptr(uintptr_t n) { return reinterpret_cast<const void*>(0x100000 + n * 0x10000); }
+using testing::fake_ptr;
 
+// The validation tests' problem with e4m3 inputs and a q_descale (out stays bf16).
 AttentionProblem fp8_problem() {
-  AttentionProblem p;
+  AttentionProblem p = testing::valid_problem();
   p.dtype = DType::e4m3;
-  p.batch = 2;
-  p.seqlen_q = 100;
-  p.seqlen_k = 130;
-  p.heads_q = 8;
-  p.heads_kv = 2;
-  p.head_dim = 128;
-  p.q = fake_ptr(1);
-  p.q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, p.head_dim);
-  p.k = fake_ptr(2);
-  p.k_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, p.head_dim);
-  p.v = fake_ptr(3);
-  p.v_strides = p.k_strides;
-  p.out = const_cast<void*>(fake_ptr(4));
-  p.out_strides = p.q_strides;
   p.q_descale = static_cast<const float*>(fake_ptr(5));
   return p;
 }

@@ -6,34 +6,15 @@
 #include <limits>
 #include <string>
 
+#include "fake_problem.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 
 namespace hattn {
 namespace {
 
-// Aligned addresses that are never dereferenced: validation must not touch memory.
-const void* fake_ptr(uintptr_t n) { return reinterpret_cast<const void*>(0x100000 + n * 0x10000); }
-
-AttentionProblem valid_problem() {
-  AttentionProblem p;
-  p.dtype = DType::bf16;
-  p.batch = 2;
-  p.seqlen_q = 100;
-  p.seqlen_k = 130;
-  p.heads_q = 8;
-  p.heads_kv = 2;
-  p.head_dim = 128;
-  p.q = fake_ptr(1);
-  p.q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, p.head_dim);
-  p.k = fake_ptr(2);
-  p.k_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, p.head_dim);
-  p.v = fake_ptr(3);
-  p.v_strides = p.k_strides;
-  p.out = const_cast<void*>(fake_ptr(4));
-  p.out_strides = p.q_strides;
-  return p;
-}
+using testing::fake_ptr;
+using testing::valid_problem;
 
 void expect_invalid(const AttentionProblem& p, const std::string& argument) {
   Status s = validate_arguments(p);
