@@ -161,38 +161,51 @@ def anchors_table(csv_path):
     return "\n".join(out) + "\n"
 
 
-def backward_table(csv_path):
-    """hattn's backward beside SDPA's (python -m hattn.bench_backward), one row per shape."""
+def pybench_table(csv_path, what, caption, label, ours, ratio_key, ratio_title, heads_key):
+    """One row per shape of a python -m hattn.bench_* CSV: TFLOP/s per implementation (`label`
+    names them), then `ours` over the best anchor (`ratio_key`) and ours's check."""
     if not csv_path.exists():
-        return f"_No backward results yet (`{csv_path.relative_to(ROOT)}`)._\n"
+        return f"_No {what} results yet (`{csv_path.relative_to(ROOT)}`)._\n"
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
-    label = {"hattn": "hattn (auto, autograd)", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA FLASH)",
-             "varlen_cudnn": "cuDNN varlen", "varlen_flash": "FA2 varlen"}
+
+    def key(r):
+        return int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r[heads_key])
+
     names = list(dict.fromkeys(r["name"] for r in rows))
-    shapes = list(dict.fromkeys((int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), int(r["batch"]),
-                                 int(r["heads_q"])) for r in rows))
-    index = {(int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r["heads_q"]),
-              r["name"]): r for r in rows}
-    out = ["TFLOP/s of the backward alone (dq, dk, dv; 2.5x the forward's FLOPs), bf16, timed in one process "
-           "on the same tensors (`python -m hattn.bench_backward`). `hattn:NAME` is backward kernel NAME called "
-           "directly; the last columns are hattn (\"auto\" at that commit) over the better anchor, and the check "
-           "against the reference anchor's gradients (the first that ran: cuDNN's; FA2's for a varlen run, whose S is "
-           "its longest sequence).", "",
-           "| shape | " + " | ".join(label.get(n, n) for n in names) + " | hattn / best anchor | check |",
+    shapes = list(dict.fromkeys(key(r) for r in rows))
+    index = {(*key(r), r["name"]): r for r in rows}
+    out = [caption, "",
+           "| shape | " + " | ".join(label.get(n, n) for n in names) + f" | {ratio_title} | check |",
            "|---|" + "---|" * (len(names) + 2)]
-    for d, causal, s, b, h in shapes:
-        got = {n: index.get((d, causal, s, b, h, n)) for n in names}
-        cells = [f"{float(r['tflops']):.0f}" if r else "–" for r in got.values()]
-        ours = got.get("hattn")
-        ratio = f"{float(ours['ratio_to_best_anchor']):.2f}" if ours else "–"
+    for shape in shapes:
+        d, causal, s, b, h = shape
+        got = {n: index.get((*shape, n)) for n in names}
+        cells = [f"{float(r['tflops']):.0f}" if r and r["tflops"] else "–" for r in got.values()]
+        mine = got.get(ours)
+        ratio = mine[ratio_key] if mine else ""
+        ratio = f"{float(ratio):.2f}" if ratio else "–"
         out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
-                   + f" | {ratio} | {ours['status'] if ours else '–'} |")
+                   + f" | {ratio} | {mine['status'] if mine else '–'} |")
     first = rows[0]
     clocks = sorted({r["sm_clock_mhz"] for r in rows})
     out += ["", f"_{first['gpu']}, commit `{first['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
             f"from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
     return "\n".join(out) + "\n"
+
+
+def backward_table(csv_path):
+    """hattn's backward beside SDPA's (python -m hattn.bench_backward), one row per shape."""
+    return pybench_table(
+        csv_path, "backward",
+        "TFLOP/s of the backward alone (dq, dk, dv; 2.5x the forward's FLOPs), bf16, timed in one process "
+        "on the same tensors (`python -m hattn.bench_backward`). `hattn:NAME` is backward kernel NAME called "
+        "directly; the last columns are hattn (\"auto\" at that commit) over the better anchor, and the check "
+        "against the reference anchor's gradients (the first that ran: cuDNN's; FA2's for a varlen run, whose S is "
+        "its longest sequence).",
+        {"hattn": "hattn (auto, autograd)", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA FLASH)",
+         "varlen_cudnn": "cuDNN varlen", "varlen_flash": "FA2 varlen"},
+        "hattn", "ratio_to_best_anchor", "hattn / best anchor", "heads_q")
 
 
 def ab_table(csv_path):
@@ -227,35 +240,15 @@ def ab_table(csv_path):
 
 def fp8_table(csv_path):
     """The FP8 forward beside bf16 attention on the same values (python -m hattn.bench_fp8)."""
-    if not csv_path.exists():
-        return f"_No FP8 results yet (`{csv_path.relative_to(ROOT)}`)._\n"
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    label = {"hattn_fp8": "hattn FP8", "hattn_bf16": "hattn bf16", "sdpa_cudnn": "cuDNN bf16",
-             "sdpa_flash": "FA2 bf16 (SDPA FLASH)"}
-    names = list(dict.fromkeys(r["name"] for r in rows))
-    shapes = list(dict.fromkeys((r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r["heads"]))
-                                for r in rows))
-    index = {(r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r["heads"]), r["name"]): r for r in rows}
-    out = ["TFLOP/s of the forward at D = 128 (4 B H S^2 D, halved when causal, for every dtype), timed in one "
-           "process on the same values (`python -m hattn.bench_fp8`: e4m3 codes with per-head descales for "
-           "hattn FP8, their dequantized bf16 values for the others); the last columns are hattn FP8 over the "
-           "best bf16 anchor (cuDNN, FA2), and its check against cuDNN's output.", "",
-           "| shape | " + " | ".join(label.get(n, n) for n in names) + " | FP8 / best bf16 anchor | check |",
-           "|---|" + "---|" * (len(names) + 2)]
-    for causal, s, b, h in shapes:
-        got = {n: index.get((causal, s, b, h, n)) for n in names}
-        cells = [f"{float(r['tflops']):.0f}" if r and r["tflops"] else "–" for r in got.values()]
-        ours = got.get("hattn_fp8")
-        ratio = ours["ratio_to_best_bf16_anchor"] if ours else ""
-        ratio = f"{float(ratio):.2f}" if ratio else "–"
-        out.append(f"| {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
-                   + f" | {ratio} | {ours['status'] if ours else '–'} |")
-    first = rows[0]
-    clocks = sorted({r["sm_clock_mhz"] for r in rows})
-    out += ["", f"_{first['gpu']}, commit `{first['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
-            f"from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
-    return "\n".join(out) + "\n"
+    return pybench_table(
+        csv_path, "FP8",
+        "TFLOP/s of the forward at D = 128 (4 B H S^2 D, halved when causal, for every dtype), timed in one "
+        "process on the same values (`python -m hattn.bench_fp8`: e4m3 codes with per-head descales for "
+        "hattn FP8, their dequantized bf16 values for the others); the last columns are hattn FP8 over the "
+        "best bf16 anchor (cuDNN, FA2), and its check against cuDNN's output.",
+        {"hattn_fp8": "hattn FP8", "hattn_bf16": "hattn bf16", "sdpa_cudnn": "cuDNN bf16",
+         "sdpa_flash": "FA2 bf16 (SDPA FLASH)"},
+        "hattn_fp8", "ratio_to_best_bf16_anchor", "FP8 / best bf16 anchor", "heads")
 
 
 def capstone_table(directory):
