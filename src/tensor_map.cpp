@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <string>
 
 namespace hattn {
@@ -27,14 +28,16 @@ Status encode_fn(PFN_cuTensorMapEncodeTiled_v12000* out) {
 }
 
 // A tiled map of `rank` dimensions (innermost first) over `elem_bytes`-byte elements of
-// `type` with 128-byte swizzled boxes whose rows are box[0] elements (128 bytes). `strides`
+// `type` with swizzled boxes whose rows are box[0] elements: 128 bytes (128-byte swizzle), or 64
+// (64-byte swizzle: FP8 rows at D = 64). `strides`
 // are in elements, rank - 1 of them (dimension 0 is contiguous); a dimension of extent 1 gets
 // a stand-in stride (never used, but TMA wants a 16-byte multiple).
 Status encode_swizzled(CUtensorMap* map, const void* base, CUtensorMapDataType type, int64_t elem_bytes, int rank,
                        const int64_t* dims, const int64_t* strides, const uint32_t* box) {
-  if (box[0] * elem_bytes != 128)  // the kernels' swizzled tile layout assumes 128-byte box rows
+  const int64_t row_bytes = box[0] * elem_bytes;  // the kernels' swizzled tile layouts: 128- or 64-byte rows
+  if (row_bytes != 128 && row_bytes != 64)
     return {StatusCode::invalid_argument, "tensor map: box_cols * " + std::to_string(elem_bytes) +
-                                              " bytes must be 128 (got " + std::to_string(box[0]) + " columns)"};
+                                              " bytes must be 128 or 64 (got " + std::to_string(box[0]) + " columns)"};
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   Status s = encode_fn(&encode);
   if (!s.ok()) return s;
@@ -57,7 +60,8 @@ Status encode_swizzled(CUtensorMap* map, const void* base, CUtensorMapDataType t
     if (d > 0) byte_strides[d - 1] = cuuint64_t(dims[d] == 1 ? 16 : strides[d - 1] * elem_bytes);
   }
   const CUresult r = encode(map, type, cuuint32_t(rank), const_cast<void*>(base), global_dims, byte_strides, box_dims,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return {StatusCode::cuda_error, "cuTensorMapEncodeTiled (" + std::to_string(rank) + "-D) failed with CUresult " +
@@ -110,7 +114,8 @@ Status make_transposed_tensor_map(CUtensorMap* map, const void* base, int batch,
 
 Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_box_rows, const char* kernel,
                             QkvTensorMaps* maps) {
-  const int kBoxCols = 128 / dtype_size(p.dtype);  // 128 bytes: one swizzle row
+  // One swizzle row: 128 bytes, or a whole row where that is shorter (e4m3 at D = 64: 64 bytes).
+  const int kBoxCols = std::min(128 / dtype_size(p.dtype), p.head_dim);
   Status s = make_bshd_tensor_map(&maps->q, p.q, p.dtype, p.tensor_batch(), p.tensor_rows_q(), p.heads_q, p.head_dim,
                                   p.q_strides, q_box_rows, kBoxCols);
   if (s.ok())

@@ -122,11 +122,11 @@ TEST(Fp8Validation, StridesAreSixteenByteMultiplesOfBytes) {
 TEST(Fp8Dispatch, RefusesWhatTheFinalKernelDoesNotRunInFp8) {
   std::string name;
   AttentionProblem p = fp8_problem();
-  p.head_dim = 64;
-  p.q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, 64);
-  p.k_strides = p.v_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, 64);
+  p.head_dim = 256;
+  p.q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, 256);
+  p.k_strides = p.v_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, 256);
   p.out_strides = p.q_strides;
-  expect_status(resolve_kernel(p, "auto", &name), StatusCode::not_supported, "head_dim 128 only");
+  expect_status(resolve_kernel(p, "auto", &name), StatusCode::not_supported, "head_dim 64 and 128");
   p = fp8_problem();
   p.window_left = 16;
   expect_status(resolve_kernel(p, "auto", &name), StatusCode::not_supported, "dense batches only");
@@ -158,6 +158,7 @@ TEST(Fp8Dispatch, BackwardRefusesE4m3) {
 // --- GPU -------------------------------------------------------------------------------------
 
 struct Fp8Case {
+  int head_dim;
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   bool causal;
   bool descales;   // random per-(batch, K/V head) scales, else none (1)
@@ -166,7 +167,7 @@ struct Fp8Case {
 };
 
 std::string describe(const Fp8Case& c) {
-  return "B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) + " Sk=" + std::to_string(c.seqlen_k) +
+  return "D=" + std::to_string(c.head_dim) + " B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) + " Sk=" + std::to_string(c.seqlen_k) +
          " Hq=" + std::to_string(c.heads_q) + " Hkv=" + std::to_string(c.heads_kv) + (c.causal ? " causal" : " full") +
          (c.descales ? " descales" : "") + (c.padded ? " padded" : "") + (c.with_lse ? " lse" : "");
 }
@@ -200,7 +201,7 @@ TEST_P(Fp8Test, MatchesFp64Reference) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
   const Fp8Case c = GetParam();
-  constexpr int D = 128;
+  const int D = c.head_dim;
   const Strides qs = bshd(c.seqlen_q, c.heads_q, D, c.padded), ks = bshd(c.seqlen_k, c.heads_kv, D, c.padded);
   const Strides os = bshd(c.seqlen_q, c.heads_q, D, c.padded);
   const size_t q_elems = size_t(c.batch) * qs.batch, kv_elems = size_t(c.batch) * ks.batch;
@@ -354,13 +355,17 @@ TEST_P(Fp8Test, MatchesFp64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(
     FinalKernel, Fp8Test,
-    ::testing::Values(Fp8Case{1, 128, 128, 2, 2, false, false, false, true},     // one tile, no scales
-                      Fp8Case{2, 200, 333, 4, 2, false, true, false, true},      // tails, GQA, descales
-                      Fp8Case{1, 300, 257, 4, 4, true, true, true, true},        // Sq > Sk causal, padded
-                      Fp8Case{2, 1000, 1000, 8, 1, true, true, false, false},    // MQA, causal, several tiles, no lse
-                      Fp8Case{1, 77, 1500, 2, 2, false, true, true, true},       // Sq < Sk, long sweep, padded
-                      Fp8Case{3, 513, 640, 6, 3, true, false, false, true},      // causal Sq < Sk, odd heads
-                      Fp8Case{1, 100, 16384, 2, 2, false, true, false, true}));  // 128 tiles summed into O
+    ::testing::Values(Fp8Case{128, 1, 128, 128, 2, 2, false, false, false, true},     // one tile, no scales
+                      Fp8Case{128, 2, 200, 333, 4, 2, false, true, false, true},      // tails, GQA, descales
+                      Fp8Case{128, 1, 300, 257, 4, 4, true, true, true, true},        // Sq > Sk causal, padded
+                      Fp8Case{128, 2, 1000, 1000, 8, 1, true, true, false, false},    // MQA, causal, no lse
+                      Fp8Case{128, 1, 77, 1500, 2, 2, false, true, true, true},       // Sq < Sk, long sweep, padded
+                      Fp8Case{128, 3, 513, 640, 6, 3, true, false, false, true},      // causal Sq < Sk, odd heads
+                      Fp8Case{128, 1, 100, 16384, 2, 2, false, true, false, true},    // 128 tiles summed into O
+                      Fp8Case{64, 1, 128, 128, 2, 2, false, false, false, true},      // D = 64: 64-byte swizzle
+                      Fp8Case{64, 2, 200, 333, 4, 2, true, true, true, true},         // tails, GQA, causal, padded
+                      Fp8Case{64, 1, 300, 257, 4, 4, true, true, false, true},        // Sq > Sk causal
+                      Fp8Case{64, 1, 100, 8192, 2, 2, false, true, false, true}));    // 64 tiles summed into O
 
 }  // namespace
 }  // namespace hattn

@@ -242,7 +242,7 @@ def fp8_table(csv_path):
     """The FP8 forward beside bf16 attention on the same values (python -m hattn.bench_fp8)."""
     return pybench_table(
         csv_path, "FP8",
-        "TFLOP/s of the forward at D = 128 (4 B H S^2 D, halved when causal, for every dtype), timed in one "
+        "TFLOP/s of the forward (4 B H S^2 D, halved when causal, for every dtype), timed in one "
         "process on the same values (`python -m hattn.bench_fp8`: e4m3 codes with per-head descales for "
         "hattn FP8, their dequantized bf16 values for the others); the last columns are hattn FP8 over the "
         "best bf16 anchor (cuDNN, FA2), and its check against cuDNN's output.",

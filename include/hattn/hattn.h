@@ -164,7 +164,7 @@ struct AttentionProblem {
   // computes with q * q_descale[b * heads_kv + h / (heads_q / heads_kv)], and its K/V head's k
   // and v likewise. Null means 1. Only with e4m3. The values must be positive (the kernel takes
   // the softmax's running max on unscaled scores); like varlen offsets they stay on the GPU and
-  // are the caller's promise. The final kernel runs e4m3 at head_dim 128,
+  // are the caller's promise. The final kernel runs e4m3 at head_dim 64 and 128,
   // dense batches (no window, varlen, seqlens_k or paged cache); P enters the PV product in
   // e4m3 too, as in FlashAttention-3. Its V goes through a transposed copy in the workspace.
   const float* q_descale = nullptr;

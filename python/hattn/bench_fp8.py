@@ -37,7 +37,7 @@ import torch
 from .bench import (GRID_TOKENS, Shape, Timer, anchor_fn, environment, grid_shapes, make_inputs, max_error,
                     parse_int_list, sm_clock_mhz)  # fmt: skip
 
-HEAD_DIM = 128  # the only head_dim of the FP8 path
+HEAD_DIMS = (64, 128)  # the FP8 path's head dims
 ANCHORS = ("sdpa_cudnn", "sdpa_flash")
 NAMES = ("hattn_fp8", "hattn_bf16") + ANCHORS
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
@@ -52,6 +52,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hattn.bench_fp8", description=__doc__.split("\n")[0])
     p.add_argument("--seqlens", default="1k,4k,16k", help="sequence lengths (default: 1k,4k,16k)")
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both", help="masks (default: both)")
+    p.add_argument("--dims", default="128", help="head dims, of 64 and 128 (default: 128)")
     p.add_argument("--tokens", type=int, default=GRID_TOKENS, help=f"batch * seqlen (default: {GRID_TOKENS})")
     p.add_argument("--reps", type=int, default=30,
                    help="timed calls per implementation; the median counts (default: 30)")  # fmt: skip
@@ -69,8 +70,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(f"--seqlens: one or more lengths >= 1 (got {args.seqlens!r})")
     if args.reps < 1 or args.warmup < 0 or args.tokens < 1:
         p.error("--reps and --tokens must be >= 1, --warmup >= 0")
+    try:
+        args.dim_list = parse_int_list(args.dims)
+    except ValueError as e:
+        p.error(f"--dims: {e}")
+    if not args.dim_list or any(d not in HEAD_DIMS for d in args.dim_list):
+        p.error(f"--dims: head dims of the FP8 path, {', '.join(map(str, HEAD_DIMS))} (got {args.dims!r})")
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    args.shapes = grid_shapes((HEAD_DIM,), args.seqlen_list, causal, tokens=args.tokens)
+    args.shapes = grid_shapes(args.dim_list, args.seqlen_list, causal, tokens=args.tokens)
     return args
 
 
@@ -192,9 +199,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     timer = Timer(args.flush_mb, args.warmup, args.reps, args.budget_s)
     print(f"# FP8 forward on {env['gpu']} | SM clock {env['sm_clock_mhz_start']} MHz | torch {env['torch']} "
           f"| cuDNN {env['cudnn']} | commit {env['commit']}")  # fmt: skip
-    print(f"# D={HEAD_DIM}, B*S={args.tokens}; TFLOP/s (4 B H S^2 D, halved when causal); median of up to "
-          f"{args.reps} after {args.warmup} warm-up, {args.flush_mb} MB L2 flush")  # fmt: skip
-    print(f"{'mask':6} {'S':>6} {'BxH':>6} " + " ".join(f"{n:>11}" for n in NAMES) + "  fp8/best  check")
+    print(f"# D={','.join(map(str, args.dim_list))}, B*S={args.tokens}; TFLOP/s (4 B H S^2 D, halved when causal); "
+          f"median of up to {args.reps} after {args.warmup} warm-up, {args.flush_mb} MB L2 flush")  # fmt: skip
+    print(f"{'D':>4} {'mask':6} {'S':>6} {'BxH':>6} " + " ".join(f"{n:>11}" for n in NAMES) + "  fp8/best  check")
     rows: List[Dict] = []
     for shape in args.shapes:
         try:
@@ -210,7 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            if r["status"] != "ok") or "ok"  # fmt: skip
         tflops = " ".join(f"{r['tflops']:11.1f}" if r["tflops"] else f"{'-':>11}" for r in shape_rows)
         ratio_text = f"{ratio:8.3f}" if ratio else f"{'-':>8}"
-        print(f"{'causal' if shape.causal else 'full':6} {shape.seqlen_q:>6} {shape.batch:>2}x{shape.heads_q:<3} "
+        print(f"{shape.head_dim:>4} {'causal' if shape.causal else 'full':6} {shape.seqlen_q:>6} {shape.batch:>2}x{shape.heads_q:<3} "
               f"{tflops}  {ratio_text}  {checks}", flush=True)  # fmt: skip
         torch.cuda.empty_cache()
     print(f"# SM clock at the end: {sm_clock_mhz()} MHz")

@@ -968,8 +968,8 @@ def attention_fp8(
     per-(batch, K/V head) dequantization scales; the output is bf16.
 
     Args:
-        q: [B, Sq, Hq, 128] CUDA tensor, torch.float8_e4m3fn (head_dim 128 only).
-        k, v: [B, Sk, Hkv, 128], torch.float8_e4m3fn on q's device; Hq % Hkv == 0 (GQA/MQA).
+        q: [B, Sq, Hq, D] CUDA tensor, torch.float8_e4m3fn; D in {64, 128}.
+        k, v: [B, Sk, Hkv, D], torch.float8_e4m3fn on q's device; Hq % Hkv == 0 (GQA/MQA).
         q_descale, k_descale, v_descale: None (scale 1) or torch.float32 [B, Hkv] on q's
             device (copied when not contiguous). Query head h of batch b computes with
             q[b, :, h] * q_descale[b, h // (Hq // Hkv)], and its K/V head g = h // (Hq // Hkv)
@@ -977,18 +977,18 @@ def attention_fp8(
             attention of those dequantized values.
         causal: bottom-right aligned causal mask, as in attention(). Rows that see no key give
             output 0 and LSE -inf.
-        softmax_scale: default 1/sqrt(128), applied to the dequantized scores.
+        softmax_scale: default 1/sqrt(D), applied to the dequantized scores.
         return_lse: also return the row log-sum-exp (natural log) of the dequantized, scaled
             scores, fp32 [B, Hq, Sq].
         kernel: "auto" or a name from hattn.kernels(); only the final kernel (what "auto" picks)
             has FP8 inputs, a lineage kernel raises NotImplementedError.
 
     Returns:
-        out [B, Sq, Hq, 128] contiguous torch.bfloat16; or (out, lse) when return_lse.
+        out [B, Sq, Hq, D] contiguous torch.bfloat16; or (out, lse) when return_lse.
 
     Raises:
         TypeError / ValueError: malformed arguments (the message names the argument).
-        NotImplementedError: what the FP8 path does not run (head_dim other than 128, a lineage
+        NotImplementedError: what the FP8 path does not run (head_dim 256, a lineage
             kernel), or inputs that require grad: there is no FP8 backward, so rather than give
             no gradient this refuses them (call it under torch.no_grad() or on detached tensors).
         RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.

@@ -49,7 +49,7 @@ enum NamedBarrier : int { kTurnConsumer0 = 1, kEpilogueConsumer0 = 1 + kMaxConsu
 constexpr int kTurnThreads = 2 * 128;  // the waiting warpgroup + the arriving one
 
 // kWide: the wide tile shape for long key sweeps; kNumConsumers: consumer warpgroups (2, or 3
-// at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 128 with 128-key tiles).
+// at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 64 or 128 with 128-key tiles).
 template <int D, bool kWide, int kNumConsumers, bool kFp8 = false>
 struct Config {
   static constexpr int kConsumers = kNumConsumers;     // consumer warpgroups
@@ -58,12 +58,16 @@ struct Config {
   // Keys per K/V tile (the N of S = Q K^T).
   static constexpr int kBlockN = D == 256 ? (kWide ? 80 : 64) : !kWide ? 128 : D == 128 ? 176 : 160;
   static constexpr int kStages = D == 64 ? 3 : 2;      // K/V tiles in flight (3 fit beside O only at D = 64)
-  static constexpr int kAtomCols = kFp8 ? 128 : 64;    // elements in a 128-byte swizzle row
-  static constexpr int kColBlocks = D / kAtomCols;     // 128-byte column blocks of a row
+  // Q's and K's rows go in swizzle rows of 128 bytes, or 64 where a whole row is shorter (FP8 at
+  // D = 64: 64-byte swizzle).
+  static constexpr int kRowBytes = kFp8 && D < 128 ? D : 128;
+  static constexpr int kAtomCols = kFp8 ? kRowBytes : 64;  // elements in a swizzle row of Q or K
+  static constexpr int kColBlocks = D / kAtomCols;         // column blocks of a row
+  static constexpr int kVtRowKeys = 128;                   // FP8: keys in a 128-byte swizzle row of V^T
   // V's tile as the PV wgmma reads it: [kColBlocks][kBlockN keys][64], N-major; with FP8 V^T,
   // [kBlockN / 128][D][128 keys], K-major (8-bit operands are never read transposed).
-  static constexpr int kVBlocks = kFp8 ? kBlockN / kAtomCols : kColBlocks;
-  static constexpr int kVBlockElems = (kFp8 ? D : kBlockN) * kAtomCols;
+  static constexpr int kVBlocks = kFp8 ? kBlockN / kVtRowKeys : kColBlocks;
+  static constexpr int kVBlockElems = kFp8 ? D * kVtRowKeys : kBlockN * kAtomCols;
   static constexpr int kOutColBlocks = D / 64;         // O is 16-bit (bf16 for FP8 inputs)
   // O leaves through a shared-memory tile and a TMA store when that tile fits beside Q and
   // the ring: Q + 2 x (K + V) + O is 192 KB at D = 128, but would be 240 KB with 176-key
@@ -86,8 +90,8 @@ struct Config {
   static_assert(kConsumers == 2 || (kConsumers == 3 && D == 64 && !kWide),
                 "three consumers fit their registers only at D = 64 with 128-key tiles");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
-  static_assert(!kFp8 || (D == 128 && !kWide && kConsumers == 2 && kBlockN == 128),
-                "the FP8 forward runs D = 128 with 128-key tiles (one swizzle row of V^T)");
+  static_assert(!kFp8 || ((D == 64 || D == 128) && !kWide && kConsumers == 2 && kBlockN == 128),
+                "the FP8 forward runs D = 64 and 128 with 128-key tiles (one swizzle row of V^T)");
 };
 
 // FP8 inputs: e4m3 q, k and v, out in bf16.
@@ -163,7 +167,7 @@ __device__ __forceinline__ void load_vt_tile(VTile<T, D, kWide, kNumConsumers>& 
   ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * D * sizeof(T));
 #pragma unroll
   for (int vb = 0; vb < Cfg::kVBlocks; ++vb)
-    ptx::cp_async_bulk_tensor_4d_g2s(dst[vb], map, first_key + vb * Cfg::kAtomCols, 0, head_kv, batch, full);
+    ptx::cp_async_bulk_tensor_4d_g2s(dst[vb], map, first_key + vb * Cfg::kVtRowKeys, 0, head_kv, batch, full);
 }
 
 // The work list with its last round cut (the final kernel's tail split). Without a mask every
@@ -405,8 +409,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // Descriptors built once: this consumer's Q rows, and the first stage's K and V (column block
   // 0). A tile's K and V descriptors add the stage's byte offset before the tile's waits, and
   // each k16 step a constant (advance_smem_desc), instead of building each from its address.
-  const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q[0] + warpgroup * 64 * Cfg::kAtomCols, 16, kAtomBytes);
-  const uint64_t k_desc = ptx::make_smem_desc_sw128(smem.k[0][0], 16, kAtomBytes);
+  // Q and K K-major: 128-byte swizzle, or 64-byte (8-row atoms of 512 bytes) for FP8 at D = 64.
+  const auto qk_desc = [](const void* tile) {
+    return Cfg::kRowBytes == 128 ? ptx::make_smem_desc_sw128(tile, 16, kAtomBytes)
+                                 : ptx::make_smem_desc_sw64(tile, 16, 8 * Cfg::kRowBytes);
+  };
+  const uint64_t q_desc = qk_desc(smem.q[0] + warpgroup * 64 * Cfg::kAtomCols);
+  const uint64_t k_desc = qk_desc(smem.k[0][0]);
   // V N-major (LBO: the step between 64-column blocks), or FP8's V^T K-major (LBO unused).
   const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0][0], kFp8 ? 16 : kBlockN * kSwizzleBytes, kAtomBytes);
   constexpr uint32_t kKStageBytes = sizeof(smem.k[0]), kVStageBytes = sizeof(smem.v[0]);
@@ -1097,8 +1106,8 @@ static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultipl
 // (B * Hq * ceil(Sq / 128) < 2^31); a paged cache's pages must hold whole K/V tiles.
 Status supports(const AttentionProblem& problem) {
   if (problem.dtype == DType::e4m3) {
-    if (problem.head_dim != 128)
-      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run at head_dim 128 only; got " +
+    if (problem.head_dim != 64 && problem.head_dim != 128)
+      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run at head_dim 64 and 128; got " +
                                              std::to_string(problem.head_dim)};
     if (problem.has_window() || problem.has_sequence_bounds())
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run dense batches only: no sliding "
@@ -1246,11 +1255,13 @@ Status with_tile_shape(const TileChoice& c, F&& f) {
   }
 }
 
-// FP8 runs one shape: D = 128, 128-key tiles, two consumers, the dense kernel without GQA
-// packing or splits (supports() refused the rest).
+// FP8 runs one shape per head dim (64, 128): 128-key tiles, two consumers, the dense kernel
+// without GQA packing or splits (supports() refused the rest).
 Status launch_fp8(const AttentionProblem& problem, const TileChoice& c, cudaStream_t stream) {
   AttentionParams params = c.params;
   params.pack_shift = 0;
+  if (problem.head_dim == 64)
+    return launch_typed<__nv_fp8_e4m3, 64, false, 2, false, false>(problem, params, SplitPlan{}, c.sms, stream);
   return launch_typed<__nv_fp8_e4m3, 128, false, 2, false, false>(problem, params, SplitPlan{}, c.sms, stream);
 }
 

@@ -57,6 +57,15 @@ __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* tile, uint3
          (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// The same for a 64-byte-swizzled operand (CU_TENSOR_MAP_SWIZZLE_64B; rows of 64 bytes, 8-row
+// atoms of 512 bytes, the tile on a 512-byte boundary): swizzle mode 2 in bits 62-63. K-major:
+// LBO unused (1), SBO = 512.
+__device__ __forceinline__ uint64_t make_smem_desc_sw64(const void* tile, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t addr = cvta_to_shared_u32(tile);
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(2) << 62);
+}
+
 // The descriptor of the same layout `bytes` further on (a multiple of 16): only the start
 // address field (address / 16, bits 0-13) moves. Shared memory ends below 256 KB, so the 32-bit
 // add never carries out of that field, and the upper word (SBO, swizzle mode) is kept as is.
