@@ -18,6 +18,7 @@
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 #include "hattn/reference.h"
+#include "kernels/exp2_fma.cuh"
 
 namespace hattn {
 namespace {
@@ -61,6 +62,19 @@ TEST(E4m3, RoundsToTheNearestCode) {
       if ((code & 0x7F) != 0x7F) best = std::min(best, std::fabs(bits_to_float(uint16_t(code), DType::e4m3) - x));
     if (std::fabs(x) <= 448.f) EXPECT_EQ(std::fabs(got - x), best) << x;
   }
+}
+
+TEST(Exp2Fma, WithinItsBoundAndZeroBelowTheRange) {
+  double worst = 0;
+  for (int i = -1260000; i <= 1270000; i += 7) {  // x in [-126, 127]
+    const float x = float(i) / 10000;
+    worst = std::max(worst, std::fabs(double(exp2_fma(x)) / std::exp2(double(x)) - 1));
+  }
+  EXPECT_LT(worst, 2e-4);
+  EXPECT_EQ(exp2_fma(-126.5f), 0.f);
+  EXPECT_EQ(exp2_fma(-1000.f), 0.f);
+  EXPECT_EQ(exp2_fma(-std::numeric_limits<float>::infinity()), 0.f);
+  EXPECT_NEAR(exp2_fma(8.f), 256.f, 256 * 2e-4);  // the FP8 path's largest, 2^8 P at the row max
 }
 
 TEST(E4m3, OutputDtype) {

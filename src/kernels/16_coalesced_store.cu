@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "exp2_fma.cuh"
 #include "fragment.cuh"
 #include "params.h"
 #include "ptx/ex2.cuh"
@@ -74,6 +75,12 @@ struct Config {
   // tiles and 256 KB at D = 256 (64-key tiles). At D = 64 it is 130 KB, 152 KB with 160-key
   // tiles.
   static constexpr bool kStoreByTma = D == 64 || (D == 128 && !kWide);
+  // Of every 4 n8 tiles of P, this many take their exponentials on the FMA pipe (exp2_fma)
+  // instead of MUFU.EX2. FP8 at D = 128 is bound by MUFU (a tile pair's ex2 and e4m3
+  // conversions take as long as its halved GEMMs): on the H200 one of four ran 1-2% faster
+  // from S = 4k, two or three slower, and every count slowed bf16 at D = 64
+  // (results/evidence/fp8_fma_exp2_trial/).
+  static constexpr int kFmaExp2Tiles = kFp8 && D == 128 ? 1 : 0;
   // Register budgets per thread after setmaxnreg. setmaxnreg only moves registers inside the
   // CTA's own pool, which is what the CTA got at launch: kThreads x the compiler's cap under
   // __launch_bounds__(kThreads, 1), 65536 / kThreads rounded down to a multiple of 8 (168).
@@ -620,7 +627,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[nt * 4 + e] = ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -p_offset));
+            const float x = fmaf(s[nt * 4 + e], scale_log2, -p_offset);
+            s[nt * 4 + e] = nt % 4 < Cfg::kFmaExp2Tiles ? exp2_fma(x) : ptx::ex2_approx_ftz_f32(x);
             sum += s[nt * 4 + e];
           }
         row_sum[r] = row_sum[r] * alpha[r] + sum;
