@@ -938,32 +938,55 @@ inline size_t vt_bytes(const AttentionProblem& problem) {
 // FP8: V [B, Sk, Hkv, D] (any strides) -> V^T [B][Hkv][D][keys], keys = Sk rounded up to 128
 // with zeros past Sk (their weights are 0, and 0 x 0 is 0 where 0 x NaN would not be), each 16
 // keys in kVtKeyOrder. One CTA per 128 keys of a (batch, K/V head): the tile goes through
-// shared memory, read in 16-byte rows of V and written in 16-byte pieces of V^T's rows.
+// shared memory, read in 16-byte rows of V; each thread then takes a 16-key x 4-column block,
+// 16 words of the tile, and turns it into 16 bytes of 4 rows of V^T with byte permutes.
+//
+// The tile's 16-byte chunks are swizzled: chunk c of row r sits at c ^ (r / 16 % kChunks). A
+// warp reads the same row of 8 key groups (rows 16 apart) at 4 adjacent words; the swizzle
+// spreads the groups over 8 chunks, so 32 banks at D = 128 (2 ways at D = 64, 4 chunks a row),
+// and its stores write 128 contiguous bytes of 4 V^T rows.
 template <int D>
 __global__ void __launch_bounds__(256) transpose_v_kernel(const AttentionParams p, uint8_t* vt, int keys) {
-  __shared__ __align__(16) uint8_t tile[kVtTileKeys][D + 16];  // + 16: rows start on different banks
+  constexpr int kChunks = D / 16;  // 16-byte pieces of a row of V
+  constexpr int kGroups = kVtTileKeys / 16;
+  __shared__ __align__(16) uint8_t tile[kVtTileKeys][D];
+  const auto chunk_at = [](int row, int chunk) { return 16 * (chunk ^ (row / 16 % kChunks)); };
   const int first_key = int(blockIdx.x) * kVtTileKeys, head = int(blockIdx.y), batch = int(blockIdx.z);
   const uint8_t* v =
       static_cast<const uint8_t*>(p.v) + int64_t(batch) * p.v_batch_stride + int64_t(head) * p.v_head_stride;
-  constexpr int kChunks = D / 16;  // 16-byte pieces of a row of V
-  for (int i = int(threadIdx.x); i < kVtTileKeys * kChunks; i += 256) {
-    const int r = i / kChunks, c = i % kChunks, key = first_key + r;
-    const uint4 x = key < p.seqlen_k ? *reinterpret_cast<const uint4*>(v + int64_t(key) * p.v_seq_stride + c * 16)
-                                     : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(&tile[r][c * 16]) = x;
+  constexpr int kLoads = kVtTileKeys * kChunks / 256;
+  uint4 x[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {  // all loads first: kLoads in flight per thread
+    const int r = (int(threadIdx.x) + 256 * i) / kChunks, c = int(threadIdx.x) % kChunks, key = first_key + r;
+    x[i] = key < p.seqlen_k ? *reinterpret_cast<const uint4*>(v + int64_t(key) * p.v_seq_stride + c * 16)
+                            : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int r = (int(threadIdx.x) + 256 * i) / kChunks, c = int(threadIdx.x) % kChunks;
+    *reinterpret_cast<uint4*>(&tile[r][chunk_at(r, c)]) = x[i];
   }
   __syncthreads();  // the whole tile has landed before any thread reads a column of it
   uint8_t* out = vt + ((int64_t(batch) * p.heads_kv + head) * D) * keys + first_key;
-  for (int i = int(threadIdx.x); i < D * (kVtTileKeys / 16); i += 256) {
-    const int d = i / (kVtTileKeys / 16), group = i % (kVtTileKeys / 16);  // 16 keys of row d of V^T
-    uint32_t w[4];
+  for (int i = int(threadIdx.x); i < kGroups * (D / 4); i += 256) {
+    const int group = i % kGroups, col = 4 * (i / kGroups);  // keys 16 group.., columns col..col + 3
+    uint32_t w[16];  // w[l]: columns col..col + 3 of key kVtKeyOrder(l) of the group
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      w[q] = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) w[q] |= uint32_t(tile[group * 16 + kVtKeyOrder(4 * q + j)][d]) << (8 * j);
+    for (int l = 0; l < 16; ++l) {
+      const int r = group * 16 + kVtKeyOrder(l);
+      w[l] = *reinterpret_cast<const uint32_t*>(&tile[r][chunk_at(r, col / 16) + col % 16]);
     }
-    *reinterpret_cast<uint4*>(out + int64_t(d) * keys + group * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {  // row col + b of V^T: byte b of each word, in order
+      constexpr uint32_t kPair[4] = {0x40, 0x51, 0x62, 0x73};  // byte b of the first word, then of the second
+      uint32_t row[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        row[q] = __byte_perm(__byte_perm(w[4 * q], w[4 * q + 1], kPair[b]),
+                             __byte_perm(w[4 * q + 2], w[4 * q + 3], kPair[b]), 0x5410);
+      *reinterpret_cast<uint4*>(out + int64_t(col + b) * keys + group * 16) = make_uint4(row[0], row[1], row[2], row[3]);
+    }
   }
 }
 
