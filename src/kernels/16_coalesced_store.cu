@@ -942,9 +942,9 @@ inline size_t vt_bytes(const AttentionProblem& problem) {
 // 16 words of the tile, and turns it into 16 bytes of 4 rows of V^T with byte permutes.
 //
 // The tile's 16-byte chunks are swizzled: chunk c of row r sits at c ^ (r / 16 % kChunks). A
-// warp reads the same row of 8 key groups (rows 16 apart) at 4 adjacent words; the swizzle
-// spreads the groups over 8 chunks, so 32 banks at D = 128 (2 ways at D = 64, 4 chunks a row),
-// and its stores write 128 contiguous bytes of 4 V^T rows.
+// warp's read takes 4 adjacent words from one row of each of 8 key groups (rows 16 apart); the
+// swizzle puts the 8 groups' words in 8 different chunks, so on 32 banks at D = 128 (2 ways at
+// D = 64, whose rows have 4 chunks). Each of its stores writes 128 contiguous bytes of 4 V^T rows.
 template <int D>
 __global__ void __launch_bounds__(256) transpose_v_kernel(const AttentionParams p, uint8_t* vt, int keys) {
   constexpr int kChunks = D / 16;  // 16-byte pieces of a row of V
