@@ -1,8 +1,8 @@
 """python -m hattn.bench_fp8: hattn's FP8 forward beside bf16 attention, on the same values, in one process.
 
-For every shape (D = 128 by default, --dims 64,128 for both; heads x D = 2048 and batch * seqlen
-= --tokens, as the FlashAttention-3 grid) it makes bf16 BSHD q, k, v (randn + 0.5, as hattn.bench), quantizes each to e4m3
-with one scale per (batch, head) (the largest |value| maps to 448; the scale is the descale),
+For every shape (D = 128 by default, --dims 64,128 for both; heads x D = 2048 and batch *
+seqlen = --tokens, as the FlashAttention-3 grid) it makes bf16 BSHD q, k, v (randn + 0.5, as
+hattn.bench), quantizes each to e4m3 with one scale per (batch, head) (the largest |value| maps to 448; the scale is the descale),
 and gives the bf16 implementations the dequantized values (codes x descale, rounded to bf16),
 so that every implementation computes the same attention:
 
