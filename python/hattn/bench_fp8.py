@@ -2,9 +2,9 @@
 
 For every shape (D = 128 by default, --dims 64,128 for both; heads x D = 2048 and batch *
 seqlen = --tokens, as the FlashAttention-3 grid) it makes bf16 BSHD q, k, v (randn + 0.5, as
-hattn.bench), quantizes each to e4m3 with one scale per (batch, head) (the largest |value| maps to 448; the scale is the descale),
-and gives the bf16 implementations the dequantized values (codes x descale, rounded to bf16),
-so that every implementation computes the same attention:
+hattn.bench), quantizes each to e4m3 with one scale per (batch, head) (the largest |value| maps
+to 448; the scale is the descale), and gives the bf16 implementations the dequantized values
+(codes x descale, rounded to bf16), so that every implementation computes the same attention:
 
   hattn_fp8     hattn.attention_fp8 on the e4m3 codes with q_descale, k_descale, v_descale
   hattn_bf16    hattn.attention ("auto") on the dequantized bf16 values
