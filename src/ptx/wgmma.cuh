@@ -42,28 +42,31 @@ __device__ __forceinline__ void fence_operand(uint32_t& reg) { asm volatile("" :
 // (volatile) waits that follow, into the instructions between a barrier and the first wgmma.
 __device__ __forceinline__ void fence_operand(uint64_t& reg) { asm volatile("" : "+l"(reg)::"memory"); }
 
-// Shared-memory matrix descriptor for a 128-byte-swizzled operand (the layout TMA writes with
-// CU_TENSOR_MAP_SWIZZLE_128B; the tile must start on a 1024-byte boundary).
+// Shared-memory matrix descriptor of a swizzled operand:
 //   bits  0-13  start address >> 4
 //   bits 16-29  leading-dimension byte offset >> 4
 //   bits 32-45  stride-dimension byte offset >> 4
-//   bits 62-63  swizzle mode, 1 = 128B
+//   bits 62-63  swizzle mode: 1 = 128B, 2 = 64B
+__device__ __forceinline__ uint64_t make_smem_desc(const void* tile, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                                   uint32_t swizzle_mode) {
+  const uint32_t addr = cvta_to_shared_u32(tile);
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(swizzle_mode) << 62);
+}
+
+// A 128-byte-swizzled operand (the layout TMA writes with CU_TENSOR_MAP_SWIZZLE_128B; the tile
+// must start on a 1024-byte boundary).
 // K-major operands (Q, K): LBO is unused (1); SBO = 1024, the step between 8-row groups.
 // MN-major operands (V read as N-major B): LBO = the step between 64-element column blocks;
 // SBO = 1024, the step between groups of 8 rows along K.
 __device__ __forceinline__ uint64_t make_smem_desc_sw128(const void* tile, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  const uint32_t addr = cvta_to_shared_u32(tile);
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
-         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+  return make_smem_desc(tile, lbo_bytes, sbo_bytes, 1);
 }
 
-// The same for a 64-byte-swizzled operand (CU_TENSOR_MAP_SWIZZLE_64B; rows of 64 bytes, 8-row
-// atoms of 512 bytes, the tile on a 512-byte boundary): swizzle mode 2 in bits 62-63. K-major:
-// LBO unused (1), SBO = 512.
+// A 64-byte-swizzled operand (CU_TENSOR_MAP_SWIZZLE_64B; rows of 64 bytes, 8-row atoms of 512
+// bytes, the tile on a 512-byte boundary). K-major: LBO unused (1), SBO = 512.
 __device__ __forceinline__ uint64_t make_smem_desc_sw64(const void* tile, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  const uint32_t addr = cvta_to_shared_u32(tile);
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo_bytes & 0x3FFFF) >> 4) << 16) |
-         (uint64_t((sbo_bytes & 0x3FFFF) >> 4) << 32) | (uint64_t(2) << 62);
+  return make_smem_desc(tile, lbo_bytes, sbo_bytes, 2);
 }
 
 // The descriptor of the same layout `bytes` further on (a multiple of 16): only the start
