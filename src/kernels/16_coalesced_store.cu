@@ -48,6 +48,9 @@ constexpr const char* kName = "16_coalesced_store";
 constexpr int kMaxConsumers = 3;
 enum NamedBarrier : int { kTurnConsumer0 = 1, kEpilogueConsumer0 = 1 + kMaxConsumers };
 constexpr int kTurnThreads = 2 * 128;  // the waiting warpgroup + the arriving one
+// FP8: keys in one 128-byte swizzle row of V^T (e4m3): the PV wgmma's V^T tile, the TMA box the
+// producer loads it with, the transpose kernel's tile and the padding of V^T's keys.
+constexpr int kVtTileKeys = 128;
 
 // kWide: the wide tile shape for long key sweeps; kNumConsumers: consumer warpgroups (2, or 3
 // at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 64 or 128 with 128-key tiles).
@@ -64,11 +67,10 @@ struct Config {
   static constexpr int kRowBytes = kFp8 && D < 128 ? D : 128;
   static constexpr int kAtomCols = kFp8 ? kRowBytes : 64;  // elements in a swizzle row of Q or K
   static constexpr int kColBlocks = D / kAtomCols;         // column blocks of a row
-  static constexpr int kVtRowKeys = 128;                   // FP8: keys in a 128-byte swizzle row of V^T
   // V's tile as the PV wgmma reads it: [kColBlocks][kBlockN keys][64], N-major; with FP8 V^T,
   // [kBlockN / 128][D][128 keys], K-major (8-bit operands are never read transposed).
-  static constexpr int kVBlocks = kFp8 ? kBlockN / kVtRowKeys : kColBlocks;
-  static constexpr int kVBlockElems = kFp8 ? D * kVtRowKeys : kBlockN * kAtomCols;
+  static constexpr int kVBlocks = kFp8 ? kBlockN / kVtTileKeys : kColBlocks;
+  static constexpr int kVBlockElems = kFp8 ? D * kVtTileKeys : kBlockN * kAtomCols;
   static constexpr int kOutColBlocks = D / 64;         // O is 16-bit (bf16 for FP8 inputs)
   // O leaves through a shared-memory tile and a TMA store when that tile fits beside Q and
   // the ring: Q + 2 x (K + V) + O is 192 KB at D = 128, but would be 240 KB with 176-key
@@ -174,7 +176,7 @@ __device__ __forceinline__ void load_vt_tile(VTile<T, D, kWide, kNumConsumers>& 
   ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * D * sizeof(T));
 #pragma unroll
   for (int vb = 0; vb < Cfg::kVBlocks; ++vb)
-    ptx::cp_async_bulk_tensor_4d_g2s(dst[vb], map, first_key + vb * Cfg::kVtRowKeys, 0, head_kv, batch, full);
+    ptx::cp_async_bulk_tensor_4d_g2s(dst[vb], map, first_key + vb * kVtTileKeys, 0, head_kv, batch, full);
 }
 
 // The work list with its last round cut (the final kernel's tail split). Without a mask every
@@ -927,7 +929,6 @@ __global__ void __launch_bounds__(128) combine_tail_kernel(const AttentionParams
 __host__ __device__ constexpr int kVtKeyOrder(int l) {
   return (l & 3) < 2 ? 2 * (l >> 2) + (l & 3) : 6 + 2 * (l >> 2) + (l & 3);
 }
-constexpr int kVtTileKeys = 128;  // keys per V^T tile (one 128-byte swizzle row of e4m3)
 
 // V^T's copy: padded keys, a whole number of tiles.
 constexpr int vt_keys(int seqlen_k) { return (seqlen_k + kVtTileKeys - 1) / kVtTileKeys * kVtTileKeys; }
