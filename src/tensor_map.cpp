@@ -29,9 +29,9 @@ Status encode_fn(PFN_cuTensorMapEncodeTiled_v12000* out) {
 
 // A tiled map of `rank` dimensions (innermost first) over `elem_bytes`-byte elements of
 // `type` with swizzled boxes whose rows are box[0] elements: 128 bytes (128-byte swizzle), or 64
-// (64-byte swizzle: FP8 rows at D = 64). `strides`
-// are in elements, rank - 1 of them (dimension 0 is contiguous); a dimension of extent 1 gets
-// a stand-in stride (never used, but TMA wants a 16-byte multiple).
+// (64-byte swizzle: FP8 rows at D = 64). `strides` are in elements, rank - 1 of them (dimension
+// 0 is contiguous); a dimension of extent 1 gets a stand-in stride (never used, but TMA wants a
+// 16-byte multiple).
 Status encode_swizzled(CUtensorMap* map, const void* base, CUtensorMapDataType type, int64_t elem_bytes, int rank,
                        const int64_t* dims, const int64_t* strides, const uint32_t* box) {
   const int64_t row_bytes = box[0] * elem_bytes;  // the kernels' swizzled tile layouts: 128- or 64-byte rows

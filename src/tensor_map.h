@@ -8,8 +8,9 @@
 namespace hattn {
 
 // A 4-D tensor map over a [B, S, H, D] tensor with element strides `strides`: dimensions
-// {D, S, H, B} innermost first, a box of {box_cols, box_rows, 1, 1} elements, 128-byte
-// swizzle (box_cols * dtype_size(dtype) bytes must be 128). Rows past S read as zero and are not written.
+// {D, S, H, B} innermost first, a box of {box_cols, box_rows, 1, 1} elements whose rows of
+// box_cols * dtype_size(dtype) bytes are 128 (128-byte swizzle) or 64 (64-byte swizzle). Rows
+// past S read as zero and are not written.
 Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                             int head_dim, const Strides& strides, int box_rows, int box_cols);
 
@@ -33,9 +34,10 @@ Status make_transposed_tensor_map(CUtensorMap* map, const void* base, int batch,
                                   int box_keys);
 
 // The three maps of an attention problem: q with boxes of q_box_rows rows, k and v with
-// boxes of kv_box_rows rows, all 128 bytes wide (64 columns, 128 for e4m3); a variable-length batch's maps are over its
-// packed rows ([1, total, H, D]), a paged cache's over its pages ([num_pages, page_size, H, D]).
-// Errors name `kernel`.
+// boxes of kv_box_rows rows, one swizzle row wide: 128 bytes (64 columns, 128 for e4m3), or
+// 64 for e4m3 at D = 64; a variable-length batch's maps are over its packed rows
+// ([1, total, H, D]), a paged cache's over its pages ([num_pages, page_size, H, D]). Errors
+// name `kernel`.
 struct QkvTensorMaps {
   CUtensorMap q, k, v;
 };
