@@ -1034,8 +1034,13 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
+  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow>;
+  s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                  std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (!s.ok()) return s;
   // FP8: V is read through its transposed copy (8-bit wgmma operands are K-major only), made
-  // first in the caller's workspace or in memory taken here on the stream.
+  // first in the caller's workspace or in memory taken here on the stream (after every step
+  // that can fail without freeing it).
   uint8_t* vt = nullptr;
   bool vt_owned = false;
   if constexpr (kIsFp8<T>) {
@@ -1043,8 +1048,9 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
     if (problem.workspace != nullptr) {  // forward() checked its size
       vt = static_cast<uint8_t*>(problem.workspace);
     } else {
-      s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&vt), vt_bytes(problem), stream),
-                      std::string(kName) + ": cudaMallocAsync(V^T, " + std::to_string(vt_bytes(problem)) + " bytes)");
+      const size_t bytes = vt_bytes(problem);
+      s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&vt), bytes, stream),
+                      std::string(kName) + ": cudaMallocAsync(V^T, " + std::to_string(bytes) + " bytes)");
       if (!s.ok()) return s;
       vt_owned = true;
     }
@@ -1057,10 +1063,6 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       return {s.code(), std::string(kName) + ": V^T: " + s.message()};
     }
   }
-  const auto kernel = coalesced_store_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow>;
-  s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                  std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (!s.ok()) return s;
   // Packed items are per K/V head, and their blocks hold kBlockM / group query positions.
   PersistentLaunch plan =
       plan_persistent_launch(problem.batch, params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
