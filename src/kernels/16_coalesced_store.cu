@@ -83,6 +83,11 @@ struct Config {
   // from S = 4k, two or three slower, and every count slowed bf16 at D = 64
   // (results/evidence/fp8_fma_exp2_trial/).
   static constexpr int kFmaExp2Tiles = kFp8 && D == 128 ? 1 : 0;
+  // FP8: K/V tiles whose P V products o_tile sums in the tensor cores before the CUDA cores add
+  // them to O. Two halve the adds at D = 64, where they ran 3-6% faster from S = 4k (1% slower at
+  // 1k); at D = 128 two ran 3% slower (results/evidence/fp8_promote_trial/).
+  static constexpr int kPvTilesPerSum = kFp8 && D == 64 ? 2 : 1;
+  static constexpr bool kSumsPvTiles = kPvTilesPerSum > 1;
   // Register budgets per thread after setmaxnreg. setmaxnreg only moves registers inside the
   // CTA's own pool, which is what the CTA got at launch: kThreads x the compiler's cap under
   // __launch_bounds__(kThreads, 1), 65536 / kThreads rounded down to a multiple of 8 (168).
@@ -446,6 +451,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // sweep inside the wgmmas drifted (python -m hattn.bench_fp8 at 16k keys: 0.086 off cuDNN's
   // output summed there, 0.070 summed here; most of the rest was P's rounding, see kFp8PLog2).
   float o_tile[kFp8 ? kDTiles * 4 : 1];
+  // FP8 with kPvTilesPerSum > 1: o_tile holds the P V of an item's tiles since the last one
+  // whose index is a multiple of kPvTilesPerSum. The index is ring - kv: a counter, or even a
+  // constexpr local here, changed ptxas's code for the bf16 kernels.
   float s[kNTiles * 4];              // S / P of the current tile
   float row_max[2];                  // running max of the raw scores s
   float row_sum[2];                  // running sum of 2^(x - max) over this thread's columns
@@ -467,6 +475,17 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         o[dt * 4 + 2] *= alpha[1];
         o[dt * 4 + 3] *= alpha[1];
       }
+      if constexpr (Cfg::kSumsPvTiles) {
+        if ((ring - kv) % Cfg::kPvTilesPerSum != 0) {  // o_tile's tiles, not yet in O, follow the max too
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            o_tile[dt * 4 + 0] *= alpha[0];
+            o_tile[dt * 4 + 1] *= alpha[0];
+            o_tile[dt * 4 + 2] *= alpha[1];
+            o_tile[dt * 4 + 3] *= alpha[1];
+          }
+        }
+      }
     }
     // The stage's V descriptor, before the wait: after it, each wgmma adds only a constant.
     uint64_t v_stage_desc = ptx::advance_smem_desc(v_desc, ring % Cfg::kStages * kVStageBytes);
@@ -485,7 +504,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) {
       if constexpr (kFp8) {
-        ptx::WgmmaM64K32<T, D>::rs(o_tile, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, kk * 32), kk > 0);
+        ptx::WgmmaM64K32<T, D>::rs(o_tile, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, kk * 32),
+                                   kk > 0 || (Cfg::kSumsPvTiles && (ring - kv) % Cfg::kPvTilesPerSum != 0));
       } else {
         const uint32_t v_bytes = kk * 16 * 64 * sizeof(T);
         ptx::WgmmaM64K16<T, D>::template rs<1>(o, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, v_bytes), 1);
@@ -493,7 +513,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     }
     ptx::wgmma_commit_group();
   };
-  // After wait_group<0>: PV has read V and P; release V's stage (FP8: and add the tile's P V).
+  // After wait_group<0>: PV has read V and P; release V's stage (FP8: and add o_tile's P V to
+  // O every kPvTilesPerSum tiles; flush_o_tile adds what an item's last tiles leave).
   auto finish_pv = [&](int ring) {
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
@@ -504,9 +525,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[ring % Cfg::kStages]);
     if constexpr (kFp8) {
 #pragma unroll
-      for (int i = 0; i < kDTiles * 4; ++i) {
-        ptx::fence_operand(o_tile[i]);
-        o[i] += o_tile[i];
+      for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o_tile[i]);
+      if (!Cfg::kSumsPvTiles || (ring - kv) % Cfg::kPvTilesPerSum == Cfg::kPvTilesPerSum - 1) {
+#pragma unroll
+        for (int i = 0; i < kDTiles * 4; ++i) o[i] += o_tile[i];
       }
     }
   };
@@ -678,6 +700,12 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       issue_pv(kv + n_tiles - 1);  // the last tile's PV
       ptx::wgmma_wait_group<0>();
       finish_pv(kv + n_tiles - 1);
+      if constexpr (Cfg::kSumsPvTiles) {
+        if (n_tiles % Cfg::kPvTilesPerSum != 0) {  // the item's last tiles
+#pragma unroll
+          for (int i = 0; i < kDTiles * 4; ++i) o[i] += o_tile[i];
+        }
+      }
       kv += n_tiles;
       ++uses;
     }
