@@ -388,7 +388,8 @@ const std::vector<const BackwardKernel*>& backward_kernels() {
   static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma(),
                                                       &backward_dq_per_cta(), &backward_tma_dq(), &backward_hot_loop(),
                                                       &backward_dkdv_direct(), &backward_dq_overlap(),
-                                                      &backward_split_d(), &backward_dq_pass()};
+                                                      &backward_split_d(), &backward_dq_pass(),
+                                                      &backward_dq_pipeline()};
   return all;
 }
 }  // namespace

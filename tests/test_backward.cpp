@@ -104,7 +104,7 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
   ASSERT_TRUE(validate_backward_arguments(b).ok());
   Options options;
-  // Refused here; "auto" is bwd_10_dq_pass (D = 256 only).
+  // Refused here; "auto" is bwd_11_dq_pipeline (D = 256 only).
   for (const char* name :
        {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
         "bwd_08_dq_overlap"}) {
@@ -125,7 +125,8 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
 TEST(BackwardValidation, KernelNamesInLineageOrder) {
   const std::vector<std::string> want{"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma", "bwd_04_dq_per_cta",
                                       "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
-                                      "bwd_08_dq_overlap", "bwd_09_split_d", "bwd_10_dq_pass"};
+                                      "bwd_08_dq_overlap", "bwd_09_split_d", "bwd_10_dq_pass",
+                                      "bwd_11_dq_pipeline"};
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
@@ -267,7 +268,7 @@ TEST(BackwardValidation, AutoRouting) {
     const char* kernel;
   };
   for (const Want& w : {Want{false, 64, "bwd_08_dq_overlap"}, Want{false, 128, "bwd_08_dq_overlap"},
-                        Want{false, 256, "bwd_10_dq_pass"}, Want{true, 64, "bwd_08_dq_overlap"},
+                        Want{false, 256, "bwd_11_dq_pipeline"}, Want{true, 64, "bwd_08_dq_overlap"},
                         Want{true, 128, "bwd_08_dq_overlap"}, Want{true, 256, "bwd_10_dq_pass"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
     std::string resolved;

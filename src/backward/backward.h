@@ -42,5 +42,8 @@ const BackwardKernel& backward_split_d();
 // bwd_10_dq_pass.cu: B09 without dQ, and dQ in a pass of its own (64 queries a CTA, over the
 // keys): no atomics for dQ (D = 256, dense or variable-length batches).
 const BackwardKernel& backward_dq_pass();
+// bwd_11_dq_pipeline.cu: B10 with its dQ pass warp-specialized: 128 queries a CTA, a producer
+// streaming K and V, dS kept in registers (D = 256, dense batches).
+const BackwardKernel& backward_dq_pipeline();
 
 }  // namespace hattn
