@@ -412,7 +412,8 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
             "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
             "batches only"};
   // "auto", as for the forward: the newest kernel that supports the problem (bwd_08 up to
-  // D = 128 and bwd_10 at D = 256, dense or variable-length).
+  // D = 128, dense or variable-length; at D = 256 bwd_11 for a dense batch, bwd_10 for a
+  // variable-length one).
   if (name == "auto") {
     std::string reasons;
     for (const BackwardKernel* k : backward_kernels()) {
