@@ -12,6 +12,11 @@
 #   BENCH2_ARGS, BENCH3_ARGS
 #                    when set, more hattn-bench runs with these flags (bench2.csv, bench3.csv):
 #                    e.g. the same kernel with split-KV on and off
+#   AB_ARGS          when set: hattn-bench with these flags, which name two kernels
+#                    (--kernels A,B), then again with the two swapped (ab.csv, ba.csv): an A/B
+#                    in both orders, e.g. AB_ARGS='--backward --kernels X,Y --dims 256 --no-gemm'
+#   NCU_ARGS         when set: ncu's duration and tensor-pipe share of every kernel of one
+#                    hattn-bench call with these flags and --reps 1 (ncu.txt)
 #   GTEST_FILTER     restrict the GPU tests (default: all)
 #   BACKWARD_BENCH_ARGS
 #                    extra flags for the backward lineage's hattn-bench run (after the forward's)
@@ -32,7 +37,7 @@
 #   PACK=1           at the end, pack OUT_DIR into OUT_DIR.tgz and remove it (one file to
 #                    bring back from a remote machine instead of many)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${1:-${OUT:-build/gpu_run}}
 mkdir -p "$out"
 export HATTN_COMMIT=${HATTN_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
@@ -45,10 +50,9 @@ note() { summary+=("$*"); echo "== $*"; }
   tee "$out/machine.txt"
 
 # --- build (ptxas report kept for registers and spills) --------------------------------------
-build=build-gpu
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHATTN_PTXAS_VERBOSE=ON >"$out/build.log" 2>&1 &&
-  cmake --build "$build" -j "$jobs" >>"$out/build.log" 2>&1
-if [ $? -ne 0 ]; then
+build="build-gpu"
+if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHATTN_PTXAS_VERBOSE=ON >"$out/build.log" 2>&1 &&
+  cmake --build "$build" -j "$jobs" >>"$out/build.log" 2>&1; }; then
   tail -40 "$out/build.log"
   echo "BUILD FAILED (log: $out/build.log)"
   exit 1
@@ -119,6 +123,25 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     tee "$out/bench_backward.log"
   note "backward bench: rc=${PIPESTATUS[0]} -> $out/bench_backward.csv"
 fi
+if [ -n "${AB_ARGS:-}" ]; then
+  ab_kernels=$(printf '%s\n' "$AB_ARGS" | sed -n 's/.*--kernels[ =]\([^ ]*\).*/\1/p')
+  ba_kernels=$(printf '%s\n' "$ab_kernels" | tr ',' '\n' | tac | paste -sd, -)
+  for order in ab ba; do
+    args=$AB_ARGS
+    [ "$order" = ba ] && args=${AB_ARGS/--kernels $ab_kernels/--kernels $ba_kernels}
+    # shellcheck disable=SC2086
+    "$build/hattn-bench" --csv "$out/$order.csv" $args >"$out/$order.log" 2>&1
+    note "A/B ($order): rc=$? -> $out/$order.csv"
+    sed -n '/^# TFLOP\/s/,$p' "$out/$order.log"
+  done
+fi
+if [ -n "${NCU_ARGS:-}" ]; then
+  # shellcheck disable=SC2086
+  ncu --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed \
+    "$build/hattn-bench" $NCU_ARGS --reps 1 >"$out/ncu.txt" 2>&1
+  note "ncu: rc=$? -> $out/ncu.txt"
+  grep -E "^  [a-z_ ]*[(<]|^  void|duration|pct" "$out/ncu.txt" | head -40
+fi
 for n in 2 3; do
   args_var="BENCH${n}_ARGS"
   [ -n "${!args_var:-}" ] || continue
@@ -158,6 +181,7 @@ if [ "${PYTHON:-0}" = 1 ]; then
   fi
   if [ "${CAPSTONE:-0}" = 1 ]; then
     for spec in "wan2.1-1.3b 480p 5" "wan2.1-14b 720p 3"; do
+      # shellcheck disable=SC2086  # the spec's words are the arguments
       set -- $spec
       python3 -m hattn.capstone --model "$1" --size "$2" --reps "$3" --out "$out/capstone_$1_$2" \
         >"$out/capstone_$1_$2.log" 2>&1
