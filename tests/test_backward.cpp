@@ -251,8 +251,8 @@ TEST(BackwardValidation, VarlenRefusals) {
 
 // Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B08
 // for a dense or a variable-length batch up to D = 128 (B07-B05 and B03 refuse the latter); at
-// D = 256 B10, dense or variable-length (B09 refuses the latter). A kernel named for what it
-// refuses says why.
+// D = 256 B11 for a dense batch and B10 for a variable-length one (B09 and B11 refuse the
+// latter). A kernel named for what it refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
     AttentionProblem& p = b.forward;
