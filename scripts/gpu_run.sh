@@ -33,6 +33,8 @@
 #                    720p). With PYTHON=1, diffusers is installed from .whl/ when that exists
 #                    (scripts/fetch_wheels.sh), before the Python tests.
 #   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
+#   PREBUILT         an archive from scripts/prebuild.sh: its binaries (and build log) instead of
+#                    building here, which saves the GPU machine's build time
 #   TEST_TIMEOUT     seconds before a hung GPU test, sanitizer or pytest run is killed (default 1200)
 #   PACK=1           at the end, pack OUT_DIR into OUT_DIR.tgz and remove it (one file to
 #                    bring back from a remote machine instead of many)
@@ -51,18 +53,30 @@ note() { summary+=("$*"); echo "== $*"; }
 
 # --- build (ptxas report kept for registers and spills) --------------------------------------
 build="build-gpu"
-if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHATTN_PTXAS_VERBOSE=ON >"$out/build.log" 2>&1 &&
-  cmake --build "$build" -j "$jobs" >>"$out/build.log" 2>&1; }; then
-  tail -40 "$out/build.log"
-  echo "BUILD FAILED (log: $out/build.log)"
-  exit 1
+if [ -n "${PREBUILT:-}" ]; then
+  # Binaries built elsewhere (scripts/prebuild.sh): unpacked, not rebuilt.
+  if ! { mkdir -p "$build" && tar xJf "$PREBUILT" -C "$build"; }; then
+    echo "PREBUILT: cannot unpack $PREBUILT"
+    exit 1
+  fi
+  cp "$build/prebuild.log" "$out/build.log"
+  note "prebuilt binaries of $(cat "$build/prebuild_commit.txt") ($(grep -c 'registers' "$out/build.log") ptxas reports in build.log)"
+else
+  rm -f "$build"/prebuild_*.txt  # an earlier PREBUILT run's, which would describe another build
+  if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHATTN_PTXAS_VERBOSE=ON >"$out/build.log" 2>&1 &&
+    cmake --build "$build" -j "$jobs" >>"$out/build.log" 2>&1; }; then
+    tail -40 "$out/build.log"
+    echo "BUILD FAILED (log: $out/build.log)"
+    exit 1
+  fi
+  note "build ok ($(grep -c 'registers' "$out/build.log") ptxas reports in build.log)"
 fi
-note "build ok ($(grep -c 'registers' "$out/build.log") ptxas reports in build.log)"
 # Register/spill report per kernel: the function name line followed by its usage lines.
 grep -E "Compiling entry function|registers|spill" "$out/build.log" >"$out/ptxas.txt" || true
 # Spills against tools/spill_budget.txt, as scripts/test.sh checks them on a CPU machine (the
 # same nvcc version: the one CMake recorded for this build).
-nvcc_version=$(grep -ho 'CMAKE_CUDA_COMPILER_VERSION "[0-9.]*"' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake |
+nvcc_version=$(cat "$build"/prebuild_nvcc.txt 2>/dev/null ||
+  grep -ho 'CMAKE_CUDA_COMPILER_VERSION "[0-9.]*"' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake |
   head -1 | grep -o '[0-9][0-9.]*' || true)
 python3 tools/check_spills.py "$out/build.log" --nvcc "${nvcc_version:-unknown}" >"$out/spills.txt" 2>&1
 note "spill check: rc=$? ($(tail -1 "$out/spills.txt"))"
@@ -74,7 +88,9 @@ fi
 
 # --- disassembly: which MMA instructions each kernel uses, and no local memory -------------
 if command -v cuobjdump >/dev/null; then
-  cuobjdump --dump-sass "$build/libhattn.a" >"$out/sass.txt" 2>&1 || true
+  sass_of="$build/libhattn.a"
+  [ -f "$sass_of" ] || sass_of="$build/hattn_tests"  # prebuilt: the test binary holds every kernel
+  cuobjdump --dump-sass "$sass_of" >"$out/sass.txt" 2>&1 || true
   python3 - "$out/sass.txt" >"$out/sass_summary.txt" <<'PY'
 import re, sys, collections
 counts = collections.OrderedDict(); fn = None
