@@ -181,8 +181,9 @@ struct Fp8Case {
 };
 
 std::string describe(const Fp8Case& c) {
-  return "D=" + std::to_string(c.head_dim) + " B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) + " Sk=" + std::to_string(c.seqlen_k) +
-         " Hq=" + std::to_string(c.heads_q) + " Hkv=" + std::to_string(c.heads_kv) + (c.causal ? " causal" : " full") +
+  return "D=" + std::to_string(c.head_dim) + " B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) +
+         " Sk=" + std::to_string(c.seqlen_k) + " Hq=" + std::to_string(c.heads_q) +
+         " Hkv=" + std::to_string(c.heads_kv) + (c.causal ? " causal" : " full") +
          (c.descales ? " descales" : "") + (c.padded ? " padded" : "") + (c.with_lse ? " lse" : "");
 }
 

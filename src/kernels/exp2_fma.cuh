@@ -8,32 +8,11 @@
 // of P); then 2^j added to the exponent. Three FADD, three FFMA, a shift, an add and a select.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 namespace hattn {
-
-namespace detail {
-__host__ __device__ __forceinline__ int32_t float_bits(float x) {
-#ifdef __CUDA_ARCH__
-  return __float_as_int(x);
-#else
-  int32_t i;
-  std::memcpy(&i, &x, 4);
-  return i;
-#endif
-}
-__host__ __device__ __forceinline__ float bits_float(int32_t i) {
-#ifdef __CUDA_ARCH__
-  return __int_as_float(i);
-#else
-  float x;
-  std::memcpy(&x, &i, 4);
-  return x;
-#endif
-}
-}  // namespace detail
 
 // 2^x for x <= 127 within a relative 1e-4; exactly 0 below -126 (and for -inf), as the softmax
 // needs for masked scores (ex2.approx.ftz flushes there too). NaN in, 0 out: callers never pass it.
@@ -42,7 +21,7 @@ __host__ __device__ __forceinline__ float exp2_fma(float x) {
   const float t = x + kRound;
   const float f = x - (t - kRound);  // in [-1/2, 1/2]
   const float p = fmaf(fmaf(fmaf(0.05583828315f, f, 0.24263948202f), f, 0.69313675165f), f, 0.99992454052f);
-  const float y = detail::bits_float(detail::float_bits(p) + int32_t(uint32_t(detail::float_bits(t)) << 23));
+  const float y = std::bit_cast<float>(std::bit_cast<int32_t>(p) + int32_t(std::bit_cast<uint32_t>(t) << 23));
   return x >= -126.f ? y : 0.f;
 }
 
