@@ -104,7 +104,7 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
   ASSERT_TRUE(validate_backward_arguments(b).ok());
   Options options;
-  // Refused here; "auto" is bwd_11_dq_pipeline (D = 256 only).
+  // Refused here; "auto" is bwd_12_dkdv_pipeline (D = 256 only).
   for (const char* name :
        {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
         "bwd_08_dq_overlap"}) {
@@ -126,7 +126,7 @@ TEST(BackwardValidation, KernelNamesInLineageOrder) {
   const std::vector<std::string> want{"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma", "bwd_04_dq_per_cta",
                                       "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
                                       "bwd_08_dq_overlap", "bwd_09_split_d", "bwd_10_dq_pass",
-                                      "bwd_11_dq_pipeline"};
+                                      "bwd_11_dq_pipeline", "bwd_12_dkdv_pipeline"};
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
@@ -251,8 +251,8 @@ TEST(BackwardValidation, VarlenRefusals) {
 
 // Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B08
 // for a dense or a variable-length batch up to D = 128 (B07-B05 and B03 refuse the latter); at
-// D = 256 B11 for a dense batch and B10 for a variable-length one (B09 and B11 refuse the
-// latter). A kernel named for what it refuses says why.
+// D = 256 B12 for a dense batch and B10 for a variable-length one (B09, B11 and B12 refuse
+// the latter). A kernel named for what it refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
     AttentionProblem& p = b.forward;
@@ -268,7 +268,7 @@ TEST(BackwardValidation, AutoRouting) {
     const char* kernel;
   };
   for (const Want& w : {Want{false, 64, "bwd_08_dq_overlap"}, Want{false, 128, "bwd_08_dq_overlap"},
-                        Want{false, 256, "bwd_11_dq_pipeline"}, Want{true, 64, "bwd_08_dq_overlap"},
+                        Want{false, 256, "bwd_12_dkdv_pipeline"}, Want{true, 64, "bwd_08_dq_overlap"},
                         Want{true, 128, "bwd_08_dq_overlap"}, Want{true, 256, "bwd_10_dq_pass"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
     std::string resolved;

@@ -45,5 +45,9 @@ const BackwardKernel& backward_dq_pass();
 // bwd_11_dq_pipeline.cu: B10 with its dQ pass warp-specialized: 128 queries a CTA, a producer
 // streaming K and V, dS kept in registers (D = 256, dense batches).
 const BackwardKernel& backward_dq_pipeline();
+// bwd_12_dkdv_pipeline.cu: B11 with its dK/dV pass warp-specialized: a producer loading Q, dO,
+// LSE and delta, each block's dV and dK left running under the next block's S^T and dP^T (D = 256,
+// dense batches).
+const BackwardKernel& backward_dkdv_pipeline();
 
 }  // namespace hattn
