@@ -29,6 +29,9 @@
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
 #   PY_VARLEN        equal|mixed: also python -m hattn.bench --varlen MODE (flags: PY_VARLEN_ARGS)
 #   PY_BACKWARD_ARGS when set (may be empty): also python -m hattn.bench_backward with these flags
+#   PY_KERNEL_TIMES_ARGS
+#                    when set (may be empty): also python -m hattn.kernel_times with these flags
+#                    (each GPU kernel of one backward call: hattn's and SDPA's)
 #   CAPSTONE=1       with PYTHON=1: also python -m hattn.capstone (Wan 2.1 1.3B at 480p, 14B at
 #                    720p). With PYTHON=1, diffusers is installed from .whl/ when that exists
 #                    (scripts/fetch_wheels.sh), before the Python tests.
@@ -194,6 +197,12 @@ if [ "${PYTHON:-0}" = 1 ]; then
     PYTHONUNBUFFERED=1 python3 -m hattn.bench_backward --out "$out" ${PY_BACKWARD_ARGS} 2>&1 |
       tee "$out/py_bench_backward.log"
     note "python backward bench: rc=${PIPESTATUS[0]}"
+  fi
+  if [ -n "${PY_KERNEL_TIMES_ARGS+x}" ]; then
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 python3 -m hattn.kernel_times --out "$out" ${PY_KERNEL_TIMES_ARGS} 2>&1 |
+      tee "$out/kernel_times.log"
+    note "python kernel times: rc=${PIPESTATUS[0]}"
   fi
   if [ "${CAPSTONE:-0}" = 1 ]; then
     for spec in "wan2.1-1.3b 480p 5" "wan2.1-14b 720p 3"; do
