@@ -59,8 +59,8 @@ def one_call_kernels(call) -> List[tuple]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        print("python -m hattn.kernel_times: no CUDA device; nothing to profile")
-        return 1
+        print("python -m hattn.kernel_times: no CUDA GPU here; nothing to profile", file=sys.stderr)
+        return 2
     dims = parse_int_list(args.dims)
     seqlens = parse_int_list(args.seqlens)
     causal = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]

@@ -413,3 +413,32 @@ def test_fp8_bench_runs_and_checks(tmp_path):
         rows = list(csv.DictReader(f))
     assert {r["name"] for r in rows} == set(bench_fp8.NAMES) and len(rows) == 2 * 4  # full and causal
     assert all(r["status"] == "ok" and float(r["tflops"]) > 0 for r in rows)
+
+
+def test_kernel_times_flags_and_no_gpu(capsys):
+    import torch
+    from hattn import kernel_times
+
+    args = kernel_times.parse_args([])
+    assert (args.dims, args.seqlens, args.causal, args.impls) == ("128", "1k,16k", "both", list(kernel_times.IMPLEMENTATIONS))
+    with pytest.raises(SystemExit):
+        kernel_times.parse_args(["--impls", "hattn,nonesuch"])
+    assert "unknown nonesuch" in capsys.readouterr().err
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the profile would run")
+    assert kernel_times.main(["--dims", "64", "--seqlens", "512"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+@requires_hopper
+def test_kernel_times_lists_each_backward_kernel(tmp_path):
+    from hattn import kernel_times
+
+    assert kernel_times.main(["--dims", "64", "--seqlens", "512", "--causal", "no", "--impls", "hattn,sdpa_cudnn",
+                              "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "kernel_times.csv")))
+    ours = [r["kernel"] for r in rows if r["impl"] == "hattn"]
+    # The backward's three kernels: delta, the main pass, dQ's conversion.
+    assert any("delta_kernel" in k for k in ours) and any("convert_kernel" in k for k in ours), ours
+    assert all(float(r["us"]) > 0 for r in rows)
+    assert any(r["impl"] == "sdpa_cudnn" for r in rows)

@@ -187,7 +187,10 @@ __device__ __forceinline__ void zero_tile_pair_rows(T* a, T* b, int first) {
 // loads in flight before it sums any. The row indices are divisions by run-time heads and
 // seqlen: 64-bit once a block, 32-bit once a row. A packed batch's rows are one batch entry of
 // total_q rows here (run_backward sets p.fwd so), its rows that belong to no sequence included:
-// no kernel reads their delta.
+// no kernel reads their delta. Where the main kernel adds dQ into fp32 sums (p.dq_accum), this
+// kernel also zeroes each row's sum, which is row block_row + k of it (a separate memset of
+// the sums took about half as long again as this kernel; cuDNN's backward zeroes its dQ sum
+// in its dot(dO, O) kernel the same way, results/evidence/backward_kernel_times/).
 constexpr int kDeltaThreads = 256, kDeltaPasses = 4;
 template <int D>
 constexpr int delta_rows_per_block() {
@@ -221,6 +224,10 @@ __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(BackwardParams p) 
       d_o[pass] = *reinterpret_cast<const int4*>(static_cast<const T*>(p.dout) + b * p.dout_batch_stride +
                                                  int64_t(i) * p.dout_seq_stride + h * p.dout_head_stride + d);
       out_row[pass] = (int64_t(b) * f.heads_q + h) * f.seqlen_q + i;
+      if (p.dq_accum != nullptr) {  // the row's dQ sum starts at 0: row block_row + k of [B, Sq, Hq, D]
+        float4* sum = reinterpret_cast<float4*>(p.dq_accum + (block_row + k) * D + d);
+        sum[0] = sum[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
   }
 #pragma unroll
@@ -348,9 +355,10 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   p.dk_accum = dkdv_written_by_kernel ? nullptr : scratch + rows_q_sums * fwd.head_dim;
   p.dv_accum = dkdv_written_by_kernel ? nullptr : p.dk_accum + rows_k * fwd.head_dim;
   p.delta = scratch + (rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
-  s = cuda_status(
-      cudaMemsetAsync(scratch, 0, size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim * sizeof(float), stream),
-      std::string(name) + ": zeroing the fp32 sums");
+  // The dK and dV sums are zeroed here, the dQ sum by delta_kernel (row by row, as it goes).
+  if (s.ok() && rows_k_sums > 0)
+    s = cuda_status(cudaMemsetAsync(p.dk_accum, 0, size_t(2 * rows_k_sums) * fwd.head_dim * sizeof(float), stream),
+                    std::string(name) + ": zeroing the fp32 sums of dK and dV");
   if (s.ok()) {
     s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
       BackwardParams rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
