@@ -389,7 +389,8 @@ const std::vector<const BackwardKernel*>& backward_kernels() {
                                                       &backward_dq_per_cta(), &backward_tma_dq(), &backward_hot_loop(),
                                                       &backward_dkdv_direct(), &backward_dq_overlap(),
                                                       &backward_split_d(), &backward_dq_pass(),
-                                                      &backward_dq_pipeline(), &backward_dkdv_pipeline()};
+                                                      &backward_dq_pipeline(), &backward_dkdv_pipeline(),
+                                                      &backward_producer()};
   return all;
 }
 }  // namespace
@@ -411,9 +412,9 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
     return {StatusCode::not_supported,
             "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
             "batches only"};
-  // "auto", as for the forward: the newest kernel that supports the problem (bwd_08 up to
-  // D = 128, dense or variable-length; at D = 256 bwd_12 for a dense batch, bwd_10 for a
-  // variable-length one).
+  // "auto", as for the forward: the newest kernel that supports the problem (up to D = 128
+  // bwd_13 for a dense batch, bwd_08 for a variable-length one; at D = 256 bwd_12 for a dense
+  // batch, bwd_10 for a variable-length one).
   if (name == "auto") {
     std::string reasons;
     for (const BackwardKernel* k : backward_kernels()) {

@@ -49,5 +49,8 @@ const BackwardKernel& backward_dq_pipeline();
 // LSE and delta, each block's dV and dK left running under the next block's S^T and dP^T (D = 256,
 // dense batches).
 const BackwardKernel& backward_dkdv_pipeline();
+// bwd_13_producer.cu: B08 with a producer warpgroup: Q/dO stages released by mbarriers, no
+// CTA-wide barrier a block (D = 64 and 128, dense batches).
+const BackwardKernel& backward_producer();
 
 }  // namespace hattn
