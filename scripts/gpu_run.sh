@@ -23,6 +23,9 @@
 #   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip both benchmarks
 #   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
 #   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
+#   SANITIZE_SHAPES  KERNEL:I,J,...: instead, backward kernel KERNEL on the backward suite's dense
+#                    shapes I, J, ... (0-based, in the test list's order; their test indices
+#                    shift as kernels and shapes are added), e.g. bwd_13_producer:1,2,7,12
 #   PYTHON=1         also build the Python package and run its tests and benchmark
 #   PYTEST_ARGS      with PYTHON=1: what pytest runs (default: python/tests; e.g.
 #                    "python/tests/test_backward.py python/tests/test_bench.py -k backward")
@@ -121,10 +124,21 @@ fi
 # --- sanitizers on small shapes ----------------------------------------------------------------
 if [ "${SANITIZE:-0}" = 1 ]; then
   filter=${SANITIZE_FILTER:-'AllKernels/KernelTest.MatchesFp64Reference/*_4_*:*MatchesFp64Reference/*_7_*:*MatchesFp64Reference/*_12_*'}
+  if [ -n "${SANITIZE_SHAPES:-}" ]; then
+    kernel=${SANITIZE_SHAPES%%:*}
+    mapfile -t names < <("$build/hattn_tests" --gtest_list_tests \
+      --gtest_filter="Shapes/BackwardTest.MatchesFp64Reference/${kernel}_*" | grep -Eo "MatchesFp64Reference/${kernel}_[0-9]+")
+    IFS=, read -ra picks <<<"${SANITIZE_SHAPES#*:}"
+    filter=""
+    for i in "${picks[@]}"; do
+      [ -n "${names[$i]:-}" ] && filter+="${filter:+:}Shapes/BackwardTest.${names[$i]}"
+    done
+    note "SANITIZE_SHAPES $SANITIZE_SHAPES: ${filter:-no such kernel or shapes}"
+  fi
   for tool in memcheck racecheck; do
     timeout "${TEST_TIMEOUT:-1200}" compute-sanitizer --tool $tool --error-exitcode 9 "$build/hattn_tests" \
       --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1
-    note "compute-sanitizer $tool: rc=$? ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?' "$out/sanitizer_$tool.log" | tail -1))"
+    note "compute-sanitizer $tool: rc=$? ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards? displayed' "$out/sanitizer_$tool.log" | tail -1))"
   done
 fi
 
