@@ -234,8 +234,8 @@ struct BackwardProblem {
 // batch and bwd_10_dq_pass for a variable-length one) or one of backward_kernel_names(); a
 // kernel that cannot run the problem returns not_supported and says why (bwd_03_wgmma to
 // bwd_08_dq_overlap and bwd_13: D <= 128; bwd_09 to bwd_12: D = 256; bwd_03_wgmma,
-// bwd_05_tma_dq to bwd_07_dkdv_direct, bwd_09, bwd_11 to bwd_13: no variable-length batch). Takes fp32 scratch memory with cudaMallocAsync on the stream.
-// Asynchronous, like forward().
+// bwd_05_tma_dq to bwd_07_dkdv_direct, bwd_09, bwd_11 to bwd_13: no variable-length batch).
+// Takes fp32 scratch memory with cudaMallocAsync on the stream. Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
 // The backward kernels in lineage order.

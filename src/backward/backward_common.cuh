@@ -189,8 +189,8 @@ __device__ __forceinline__ void zero_tile_pair_rows(T* a, T* b, int first) {
 // total_q rows here (run_backward sets p.fwd so), its rows that belong to no sequence included:
 // no kernel reads their delta. Where the main kernel adds dQ into fp32 sums (p.dq_accum), this
 // kernel also zeroes each row's sum, which is row block_row + k of it (a separate memset of
-// the sums took about half as long again as this kernel; cuDNN's backward zeroes its dQ sum
-// in its dot(dO, O) kernel the same way, results/evidence/backward_kernel_times/).
+// the sums took about half as long as this kernel, on top of it; cuDNN's backward zeroes its
+// dQ sum in its dot(dO, O) kernel the same way, results/evidence/backward_kernel_times/).
 constexpr int kDeltaThreads = 256, kDeltaPasses = 4;
 template <int D>
 constexpr int delta_rows_per_block() {
@@ -356,7 +356,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   p.dv_accum = dkdv_written_by_kernel ? nullptr : p.dk_accum + rows_k * fwd.head_dim;
   p.delta = scratch + (rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
   // The dK and dV sums are zeroed here, the dQ sum by delta_kernel (row by row, as it goes).
-  if (s.ok() && rows_k_sums > 0)
+  if (rows_k_sums > 0)
     s = cuda_status(cudaMemsetAsync(p.dk_accum, 0, size_t(2 * rows_k_sums) * fwd.head_dim * sizeof(float), stream),
                     std::string(name) + ": zeroing the fp32 sums of dK and dV");
   if (s.ok()) {
