@@ -80,6 +80,35 @@ TEST(TileScheduler, PersistentLaunchPlan) {
   EXPECT_GT(work_items(1 << 20, 64, 1 << 20, 128), kMaxWorkItems);  // refused by supports()
 }
 
+// A remembered plan is the plan: asked again (after others pushed it toward the end of the
+// thread's list, and after it fell out), the same grid and order.
+TEST(TileScheduler, RememberedPlansMatch) {
+  struct Shape {
+    int batch, heads, seqlen;
+    bool causal;
+    int window_left;
+  };
+  const std::vector<Shape> shapes{{16, 16, 1024, true, -1}, {1, 16, 16384, true, -1}, {32, 16, 512, true, -1},
+                                  {2, 3, 300, false, -1},   {4, 8, 2000, false, 100}, {8, 4, 700, true, 50},
+                                  {1, 1, 1, false, -1},     {3, 5, 1000, true, -1},   {2, 16, 4096, true, -1},
+                                  {16, 32, 1024, true, -1}};
+  for (int pass = 0; pass < 3; ++pass)
+    for (const Shape& s : shapes) {
+      const PersistentLaunch got =
+          plan_persistent_launch(s.batch, s.heads, s.seqlen, s.seqlen, s.causal, 128, 128, 132, s.window_left);
+      const PersistentLaunch want =
+          compute_persistent_launch(s.batch, s.heads, s.seqlen, s.seqlen, s.causal, 128, 128, 132, s.window_left, -1);
+      EXPECT_EQ(got.ctas, want.ctas);
+      EXPECT_EQ(got.sched.m_blocks, want.sched.m_blocks);
+      EXPECT_EQ(got.sched.heads_q, want.sched.heads_q);
+      EXPECT_EQ(got.sched.pairs, want.sched.pairs);
+      EXPECT_EQ(got.sched.by_rank, want.sched.by_rank) << s.batch << "x" << s.heads << " S=" << s.seqlen;
+    }
+  // Any argument is part of the key: another SM count is another grid.
+  EXPECT_EQ(plan_persistent_launch(16, 16, 1024, 1024, true, 128, 128, 132).ctas, 132);
+  EXPECT_EQ(plan_persistent_launch(16, 16, 1024, 1024, true, 128, 128, 114).ctas, 114);
+}
+
 // 13's tile-shape choice: the mean keys per query block, after the causal mask.
 TEST(TileScheduler, MeanKeysPerBlock) {
   EXPECT_EQ(mean_keys_per_block(128, 100, 9000, false), 9000.0);

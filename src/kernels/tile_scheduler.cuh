@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
 
@@ -172,9 +173,9 @@ struct PersistentLaunch {
 
 // With a sliding window (the final kernel), the items' costs vary as under the causal mask,
 // and the order is estimated the same way.
-inline PersistentLaunch plan_persistent_launch(int batch, int heads_q, int seqlen_q, int seqlen_k, bool causal,
-                                               int block_m, int block_n, int sms, int window_left = -1,
-                                               int window_right = -1) {
+inline PersistentLaunch compute_persistent_launch(int batch, int heads_q, int seqlen_q, int seqlen_k, bool causal,
+                                                  int block_m, int block_n, int sms, int window_left,
+                                                  int window_right) {
   PersistentLaunch plan;
   plan.ctas = int(std::min<int64_t>(work_items(batch, heads_q, seqlen_q, block_m), sms));
   const int right = causal ? 0 : window_right;
@@ -184,6 +185,31 @@ inline PersistentLaunch plan_persistent_launch(int batch, int heads_q, int seqle
   };
   plan.sched = make_tile_scheduler(batch, heads_q, seqlen_q, block_m, causal || window_left >= 0 || right >= 0,
                                    plan.ctas, tiles_of);
+  return plan;
+}
+
+// The same, remembered: under a mask the estimate walks the work list twice, 20-70 us of host
+// time a call at 2k-8k items, and a model calls the same few shapes over and over. Each host
+// thread keeps its last kPlansKept plans (no lock), keyed on every argument.
+inline PersistentLaunch plan_persistent_launch(int batch, int heads_q, int seqlen_q, int seqlen_k, bool causal,
+                                               int block_m, int block_n, int sms, int window_left = -1,
+                                               int window_right = -1) {
+  struct Kept {
+    std::array<int, 10> key;
+    PersistentLaunch plan;
+  };
+  constexpr int kPlansKept = 8;
+  thread_local std::array<Kept, kPlansKept> kept{};
+  thread_local int kept_count = 0, next_slot = 0;
+  const std::array<int, 10> key{batch, heads_q, seqlen_q, seqlen_k, int(causal), block_m, block_n, sms, window_left,
+                                window_right};
+  for (int i = 0; i < kept_count; ++i)
+    if (kept[i].key == key) return kept[i].plan;
+  const PersistentLaunch plan = compute_persistent_launch(batch, heads_q, seqlen_q, seqlen_k, causal, block_m, block_n,
+                                                          sms, window_left, window_right);
+  kept[next_slot] = {key, plan};
+  next_slot = (next_slot + 1) % kPlansKept;
+  kept_count = std::min(kept_count + 1, kPlansKept);
   return plan;
 }
 
