@@ -15,8 +15,9 @@
 #   AB_ARGS          when set: hattn-bench with these flags, which name two kernels
 #                    (--kernels A,B), then again with the two swapped (ab.csv, ba.csv): an A/B
 #                    in both orders, e.g. AB_ARGS='--backward --kernels X,Y --dims 256 --no-gemm'
-#   NCU_ARGS         when set: ncu's duration and tensor-pipe share of every kernel of one
-#                    hattn-bench call with these flags and --reps 1 (ncu.txt)
+#   NCU_ARGS         when set: ncu's duration, tensor-pipe share, L2 hit rate and reduction
+#                    sectors, and the warps' barrier and long-scoreboard stall shares, of every
+#                    kernel of one hattn-bench call with these flags and --reps 1 (ncu.txt)
 #   GTEST_FILTER     restrict the GPU tests (default: all)
 #   BACKWARD_BENCH_ARGS
 #                    extra flags for the backward lineage's hattn-bench run (after the forward's)
@@ -169,11 +170,14 @@ if [ -n "${AB_ARGS:-}" ]; then
   done
 fi
 if [ -n "${NCU_ARGS:-}" ]; then
+  metrics=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed
+  metrics+=,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_red.sum
+  metrics+=,smsp__warp_issue_stalled_barrier_per_warp_active.pct
+  metrics+=,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct
   # shellcheck disable=SC2086
-  ncu --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed \
-    "$build/hattn-bench" $NCU_ARGS --reps 1 >"$out/ncu.txt" 2>&1
+  ncu --metrics "$metrics" "$build/hattn-bench" $NCU_ARGS --reps 1 >"$out/ncu.txt" 2>&1
   note "ncu: rc=$? -> $out/ncu.txt"
-  grep -E "^  [a-z_ ]*[(<]|^  void|duration|pct" "$out/ncu.txt" | head -40
+  grep -E "^  [a-z_ ]*[(<]|^  void|duration|tensor_op" "$out/ncu.txt" | head -40
 fi
 for n in 2 3; do
   args_var="BENCH${n}_ARGS"
