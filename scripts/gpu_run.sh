@@ -150,9 +150,12 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # shellcheck disable=SC2086
   "$build/hattn-bench" --csv "$out/bench.csv" ${BENCH_ARGS---settle 0.5} 2>&1 | tee "$out/bench.log"
   note "bench: rc=${PIPESTATUS[0]} -> $out/bench.csv"
-  # The backward lineage from B02 (B01, on CUDA cores, takes minutes a shape).
+  # The backward lineage from B02 (B01, on CUDA cores, takes minutes a shape): every backward
+  # kernel the binary registers, from its --list, so that a new step is timed without an edit here.
+  backward_kernels=$("$build/hattn-bench" --list | sed -n '/^backward kernels/,$p' |
+    grep -Eo '^  bwd_[0-9a-z_]+' | grep -v 'bwd_01_' | tr -d ' ' | paste -sd, -)
   # shellcheck disable=SC2086
-  "$build/hattn-bench" --backward --kernels bwd_02_mma_sync,bwd_03_wgmma,bwd_04_dq_per_cta,bwd_05_tma_dq,bwd_06_hot_loop,bwd_07_dkdv_direct,bwd_08_dq_overlap,bwd_09_split_d,bwd_10_dq_pass,bwd_11_dq_pipeline,bwd_12_dkdv_pipeline,bwd_13_producer --dims 64,128,256 \
+  "$build/hattn-bench" --backward --kernels "$backward_kernels" --dims 64,128,256 \
     --seqlens 1024,4096,16384 --no-gemm --csv "$out/bench_backward.csv" ${BACKWARD_BENCH_ARGS:-} 2>&1 |
     tee "$out/bench_backward.log"
   note "backward bench: rc=${PIPESTATUS[0]} -> $out/bench_backward.csv"
