@@ -190,8 +190,8 @@ inline PersistentLaunch compute_persistent_launch(int batch, int heads_q, int se
 
 // The same, remembered: under a mask the estimate walks the work list twice, tens of us of
 // host time a call at a few thousand items (results/evidence/plan_host_time/), and a model
-// calls the same few shapes over and over. Each host
-// thread keeps its last kPlansKept plans (no lock), keyed on every argument.
+// calls the same few shapes over and over. Each host thread keeps its last kPlansKept plans
+// (no lock), keyed on every argument.
 inline PersistentLaunch plan_persistent_launch(int batch, int heads_q, int seqlen_q, int seqlen_k, bool causal,
                                                int block_m, int block_n, int sms, int window_left = -1,
                                                int window_right = -1) {
