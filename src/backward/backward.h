@@ -50,7 +50,7 @@ const BackwardKernel& backward_dq_pipeline();
 // dense batches).
 const BackwardKernel& backward_dkdv_pipeline();
 // bwd_13_producer.cu: B08 with a producer warpgroup: Q/dO stages released by mbarriers, no
-// CTA-wide barrier a block (D = 64 and 128, dense batches).
+// CTA-wide barrier a block (D = 64 and 128, dense and variable-length batches).
 const BackwardKernel& backward_producer();
 
 }  // namespace hattn

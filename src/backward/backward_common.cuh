@@ -154,15 +154,15 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const S
 }
 
 // Varlen, where a TMA box ran past the sequence into the next one's rows: zeroes rows
-// [first, kRows) of a [D / 64][kRows][64] tile (first >= 0), each of the kThreads threads a
-// share of the 16-byte chunks: a row's 128 bytes stay in the row whatever the swizzle. The
-// caller fences (to the async proxy) and synchronizes before a wgmma reads the tile
-// (zero_tile_pair_rows does both for two tiles).
+// [first, kRows) of a [D / 64][kRows][64] tile (first >= 0), each of the kThreads threads
+// (`thread` 0 .. kThreads - 1 of them) a share of the 16-byte chunks: a row's 128 bytes stay in
+// the row whatever the swizzle. The caller fences (to the async proxy) and synchronizes before
+// a wgmma reads the tile (zero_tile_pair_rows does both for two tiles).
 template <typename T, int D, int kRows, int kThreads>
-__device__ __forceinline__ void zero_tile_rows(T* tile, int first) {
+__device__ __forceinline__ void zero_tile_rows(T* tile, int first, int thread = int(threadIdx.x)) {
   constexpr int kChunks = 64 * int(sizeof(T)) / 16;  // per row of a column block
   const int rows = kRows - first;
-  for (int e = int(threadIdx.x); e < D / 64 * rows * kChunks; e += kThreads) {
+  for (int e = thread; e < D / 64 * rows * kChunks; e += kThreads) {
     const int cb = e / (rows * kChunks), r = first + e / kChunks % rows, c = e % kChunks;
     reinterpret_cast<uint4*>(tile + (cb * kRows + r) * 64)[c] = make_uint4(0u, 0u, 0u, 0u);
   }
