@@ -26,12 +26,13 @@ forward has two, FlashAttention's convention. Output: a table and pybench_backwa
 sequences' lengths as in python -m hattn.bench --varlen), with torch's varlen kernels through
 their aten ops and autograd (what torch.nn.attention.varlen.varlen_attn calls):
   hattn            hattn.attention_varlen through autograd ("auto")
+  hattn:NAME       with --kernels: backward kernel NAME alone on the packed batch, through hattn._C
   varlen_flash     aten._flash_attention_forward with cum_seq_q/k (FlashAttention-2; the reference)
   varlen_cudnn     aten._cudnn_attention_forward with cum_seq_q/k, only with --anchors: on the
                    H200 (torch 2.11, cuDNN 9.19) its backward gave inf/NaN gradients on some
                    shapes and faulted on one (results/evidence/bwd_08_varlen/)
 With one anchor the bound is 4 eps max |ref|. FLOPs sum the sequences'. Output:
-pybench_backward_varlen_<mode>.csv; no --kernels.
+pybench_backward_varlen_<mode>.csv.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help=f"comma-separated anchors, the first the reference (default: {','.join(ANCHORS)}; "
                         f"with --varlen {','.join(VARLEN_DEFAULT_ANCHORS)}, known: {','.join(VARLEN_ANCHORS)})")
     args = p.parse_args(argv)
-    if args.varlen and (args.kernels or args.tokens != GRID_TOKENS):
-        p.error("--varlen times hattn's \"auto\" on the grid's token count: no --kernels or --tokens with it")
+    if args.varlen and args.tokens != GRID_TOKENS:
+        p.error("--varlen runs the grid's token count: no --tokens with it")
     known = VARLEN_ANCHORS if args.varlen else ANCHORS
     default = VARLEN_DEFAULT_ANCHORS if args.varlen else ANCHORS
     args.anchor_list = [a for a in args.anchors.split(",") if a] if args.anchors is not None else list(default)
@@ -156,6 +157,28 @@ def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool) -> Callable[[],
     return call
 
 
+def kernel_varlen_backward_fn(kernel: str, q, k, v, dout, cu, longest: int, causal: bool) -> Callable[[], tuple]:
+    """Backward kernel `kernel` alone on packed q, k, v, through hattn._C, after a forward that
+    gives out and lse; returns packed (dq, dk, dv)."""
+    import hattn
+    from hattn import _C
+    from hattn.ops import _problem_kwargs, _strides
+
+    with torch.no_grad():
+        out, lse = hattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    kwargs = _problem_kwargs(q, k, v, out, lse, causal, None, kernel, varlen=(cu, cu, longest, longest))
+    grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def call():
+        _C.backward(**kwargs, grads=grads, stream=stream)
+        return dq, dk, dv
+
+    call.keep_alive = (out, lse, cu)  # kwargs holds only their addresses (see kernel_backward_fn)
+    return call
+
+
 def all_finite(grads: Sequence[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(g).all()) for g in grads)
 
@@ -196,6 +219,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.varlen:
             q, k, v, cu, dout = make_varlen_inputs(shape, dtype, seed=seed, with_dout=True)
             fns = {"hattn": varlen_backward_fn("hattn", q, k, v, dout, cu, shape.seqlen_q, shape.causal)}
+            for name in names:
+                if name.startswith("hattn:"):
+                    fns[name] = kernel_varlen_backward_fn(name[6:], q, k, v, dout, cu, shape.seqlen_q, shape.causal)
             for name in anchors:
                 try:
                     fns[name] = varlen_backward_fn(name, q, k, v, dout, cu, shape.seqlen_q, shape.causal)
