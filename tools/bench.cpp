@@ -73,7 +73,7 @@ void usage() {
       "  --pack-gqa on|off   force GQA packing (default: automatic; final kernel only)\n"
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
       "                      sampled rows of dq are checked against the fp64 reference; --kernels\n"
-      "                      then names backward kernels (default: auto)\n"
+      "                      then names backward kernels (default: auto); with --varlen too\n"
       "  --dtype bf16|fp16   (default bf16)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
@@ -230,10 +230,8 @@ int parse(int argc, char** argv, Config* c) {
     std::fprintf(stderr, "hattn-bench: --settle applies to the forward only, not with --backward\n");
     return 2;
   }
-  if (c->backward && (!c->varlen.empty() || c->page_size > 0)) {  // the timing below builds dense tensors only
-    std::fprintf(stderr,
-                 "hattn-bench: --backward times dense batches only (not --varlen or --page-size); "
-                 "python -m hattn.bench_backward --varlen equal|mixed times the variable-length backward\n");
+  if (c->backward && c->page_size > 0) {  // the backward takes no paged cache
+    std::fprintf(stderr, "hattn-bench: --backward takes dense or --varlen batches, not --page-size\n");
     return 2;
   }
   if (c->backward) {  // --kernels names backward kernels here; by default "auto"
@@ -389,16 +387,18 @@ bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& ker
 }
 
 // The backward on `w`: a forward (the final kernel) makes out and lse, then hattn::backward
-// with a random dout is checked on the sampled rows of dq (fp64 reference) and timed like the
-// forward: an L2 flush, then the call between events. FLOPs: 2.5x the forward's (FlashAttention's
-// convention: five matrix products where the forward has two).
+// with a random dout is checked on the sampled rows of dq (fp64 reference; a varlen batch's
+// sequence on its own, as check_outputs does) and timed like the forward: an L2 flush, then the
+// call between events. FLOPs: 2.5x the forward's (FlashAttention's convention: five matrix
+// products where the forward has two).
 bool time_backward(const Config& cfg, const Options& options, harness::Workload& w,
                    const std::vector<harness::RowId>& sample, uint64_t seed, void* flush, size_t flush_bytes, Row* row) {
   const Shape& shape = w.shape;
   const AttentionProblem& p = w.problem;
   if (!forward(p).ok() || cudaDeviceSynchronize() != cudaSuccess) return false;
-  const size_t q_elems = size_t(p.batch) * p.seqlen_q * p.heads_q * p.head_dim;
-  const size_t k_elems = size_t(p.batch) * p.seqlen_k * p.heads_kv * p.head_dim;
+  // Dense [B, S, H, D], or packed [total, H, D] (one batch entry of total rows).
+  const size_t q_elems = size_t(p.tensor_batch()) * p.tensor_rows_q() * p.heads_q * p.head_dim;
+  const size_t k_elems = size_t(p.tensor_batch()) * p.tensor_rows_k() * p.heads_kv * p.head_dim;
   std::mt19937 rng{uint32_t(seed)};
   const harness::HostTensor dout_host = harness::random_normal(q_elems, shape.dtype, &rng);
   harness::DeviceBuffer dout, dq, dk, dv;
@@ -408,8 +408,8 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   CHECK_CUDA(cudaMemcpy(dout.get(), dout_host.bits.data(), q_elems * 2, cudaMemcpyHostToDevice));
   BackwardProblem b;
   b.forward = p;
-  const Strides q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, p.head_dim);
-  const Strides k_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, p.head_dim);
+  const Strides q_strides = contiguous_bshd(p.tensor_rows_q(), p.heads_q, p.head_dim);
+  const Strides k_strides = contiguous_bshd(p.tensor_rows_k(), p.heads_kv, p.head_dim);
   b.dout = dout.get();
   b.dout_strides = q_strides;
   b.dq = dq.get();
@@ -443,10 +443,22 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   double largest = 0, worst = 0;
   bool finite = true;
   for (const harness::RowId& r : sample) {
-    ref::attention_backward_dq_row_fp64(w.host, dout_host.values.data(), q_strides, r.b, r.h, r.i, want.data());
+    ref::HostProblem host = w.host;
+    const float* dout_rows = dout_host.values.data();
+    int64_t row = int64_t(r.b) * p.seqlen_q + r.i;  // of the [B * S, H, D] or [total, H, D] rows
+    if (shape.varlen()) {  // sequence r.b on its own, over its rows of the packed tensors
+      host.batch = 1;
+      host.seqlen_q = shape.seqlens_q[r.b];
+      host.seqlen_k = shape.seqlens_k[r.b];
+      host.q += int64_t(w.cu_q[r.b]) * host.q_strides.seq;
+      host.k += int64_t(w.cu_k[r.b]) * host.k_strides.seq;
+      host.v += int64_t(w.cu_k[r.b]) * host.v_strides.seq;
+      dout_rows += int64_t(w.cu_q[r.b]) * q_strides.seq;
+      row = w.cu_q[r.b] + r.i;
+    }
+    ref::attention_backward_dq_row_fp64(host, dout_rows, q_strides, shape.varlen() ? 0 : r.b, r.h, r.i, want.data());
     for (int d = 0; d < p.head_dim; ++d) {
-      const float got = ref::bits_to_float(
-          dq_bits[((size_t(r.b) * p.seqlen_q + r.i) * p.heads_q + r.h) * p.head_dim + d], shape.dtype);
+      const float got = ref::bits_to_float(dq_bits[(size_t(row) * p.heads_q + r.h) * p.head_dim + d], shape.dtype);
       finite &= std::isfinite(got);
       largest = std::max(largest, std::abs(want[d]));
       worst = std::max(worst, std::abs(double(got) - want[d]));
@@ -621,7 +633,7 @@ int main(int argc, char** argv) {
       Options options;
       options.kernel = kernel;
       Status s = cfg.backward ? Status::Ok() : check(w.problem, kernel);
-      if (cfg.backward) {  // dense shapes only: parse() refuses --varlen and --page-size with it
+      if (cfg.backward) {  // dense or varlen shapes: parse() refuses --page-size with it
         if (!time_backward(cfg, options, w, sample, 1234 + done, flush.get(), flush_bytes, &row)) row.check = "error";
       } else if (!s.ok()) {
         row.check = s.code() == StatusCode::not_supported ? "unsupported" : "error";
