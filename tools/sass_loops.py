@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""The loops of one or more kernels in an nvdisasm listing, with their instruction mix.
+
+    python3 tools/sass_loops.py LISTING REGEX [--out FILE] [--min N]
+
+LISTING is `nvdisasm -c` output (scripts/disasm.sh makes one); REGEX picks kernels by mangled
+name. For each kernel: its instruction count and HGMMA count, then each loop (a branch back
+to an earlier label) that holds an HGMMA or at least --min instructions: its address range,
+size and opcode histogram. --out writes the matching kernels' listings to FILE.
+"""
+import argparse
+import collections
+import re
+import sys
+
+
+def split_kernels(text):
+    """{mangled name: [listing lines]} per .text section."""
+    kernels, current = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*\.section\s+\.text\.(\S+?),", line)
+        if m:
+            current = m.group(1)
+            kernels[current] = []
+        elif current:
+            kernels[current].append(line)
+    return kernels
+
+
+def opcode(instruction):
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
+
+
+def loops(lines):
+    """[(first, last, [instructions])] for each backward branch."""
+    labels, instrs = {}, []
+    for line in lines:
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(instrs)
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            instrs.append((int(m.group(1), 16), m.group(2).strip()))
+    found = []
+    for j, (_, text) in enumerate(instrs):
+        m = re.search(r"BRA\s+(?:`\()?(\.L_x_\d+)", text)
+        if m and labels.get(m.group(1), j + 1) <= j:
+            start = labels[m.group(1)]
+            found.append((instrs[start][0], instrs[j][0], [t for _, t in instrs[start:j + 1]]))
+    return instrs, found
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("listing")
+    p.add_argument("regex")
+    p.add_argument("--out")
+    p.add_argument("--min", type=int, default=200, help="show loops without HGMMA from this size (default 200)")
+    args = p.parse_args(argv)
+    kernels = {k: v for k, v in split_kernels(open(args.listing).read()).items() if re.search(args.regex, k)}
+    if not kernels:
+        print(f"no kernel matches {args.regex!r}", file=sys.stderr)
+        return 1
+    if args.out:
+        with open(args.out, "w") as f:
+            for name, lines in kernels.items():
+                f.write(f"// {name}\n" + "\n".join(lines) + "\n")
+    for name, lines in kernels.items():
+        instrs, found = loops(lines)
+        total = collections.Counter(opcode(t) for _, t in instrs)
+        print(f"{name}\n  {len(instrs)} instructions, HGMMA {total['HGMMA']}")
+        for first, last, body in found:
+            ops = collections.Counter(opcode(t) for t in body)
+            if ops["HGMMA"] == 0 and len(body) < args.min:
+                continue
+            print(f"  loop {first:#x}-{last:#x}: {len(body)} instructions, HGMMA {ops['HGMMA']}")
+            print("    " + ", ".join(f"{k} {v}" for k, v in ops.most_common(24)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
