@@ -443,16 +443,10 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   double largest = 0, worst = 0;
   bool finite = true;
   for (const harness::RowId& r : sample) {
-    ref::HostProblem host = w.host;
+    const ref::HostProblem host = harness::sequence_host(w, r.b);  // varlen: sequence r.b on its own
     const float* dout_rows = dout_host.values.data();
     int64_t row = int64_t(r.b) * p.seqlen_q + r.i;  // of the [B * S, H, D] or [total, H, D] rows
-    if (shape.varlen()) {  // sequence r.b on its own, over its rows of the packed tensors
-      host.batch = 1;
-      host.seqlen_q = shape.seqlens_q[r.b];
-      host.seqlen_k = shape.seqlens_k[r.b];
-      host.q += int64_t(w.cu_q[r.b]) * host.q_strides.seq;
-      host.k += int64_t(w.cu_k[r.b]) * host.k_strides.seq;
-      host.v += int64_t(w.cu_k[r.b]) * host.v_strides.seq;
+    if (shape.varlen()) {
       dout_rows += int64_t(w.cu_q[r.b]) * q_strides.seq;
       row = w.cu_q[r.b] + r.i;
     }

@@ -449,6 +449,19 @@ std::string CheckResult::summary() const {
   return os.str();
 }
 
+ref::HostProblem sequence_host(const Workload& w, int b) {
+  ref::HostProblem host = w.host;
+  if (w.shape.varlen()) {
+    host.batch = 1;
+    host.seqlen_q = w.shape.seqlens_q[b];
+    host.seqlen_k = w.shape.seqlens_k[b];
+    host.q += int64_t(w.cu_q[b]) * host.q_strides.seq;
+    host.k += int64_t(w.cu_k[b]) * host.k_strides.seq;
+    host.v += int64_t(w.cu_k[b]) * host.v_strides.seq;
+  }
+  return host;
+}
+
 CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
   CheckResult r;
   const Shape& s = w.shape;
@@ -490,16 +503,8 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
       float lowp_lse;
       // A varlen batch: sequence b on its own (a one-sequence problem over its rows), and its
       // row i at packed row cu_q[b] + i of batch entry 0.
-      ref::HostProblem host = w.host;
+      ref::HostProblem host = sequence_host(w, row.b);
       if (!s.seqlens_k_used.empty()) host.seqlen_k = std::min(host.seqlen_k, s.seqlens_k_used[row.b]);
-      if (s.varlen()) {
-        host.batch = 1;
-        host.seqlen_q = s.seqlens_q[row.b];
-        host.seqlen_k = s.seqlens_k[row.b];
-        host.q += int64_t(w.cu_q[row.b]) * host.q_strides.seq;
-        host.k += int64_t(w.cu_k[row.b]) * host.k_strides.seq;
-        host.v += int64_t(w.cu_k[row.b]) * host.v_strides.seq;
-      }
       ref::attention_row_fp64(host, s.varlen() ? 0 : row.b, row.h, row.i, ref_out.data(), &ref_lse);
       ref::attention_row_lowp(host, dtype, s.varlen() ? 0 : row.b, row.h, row.i, lowp_out.data(), &lowp_lse);
       if (s.varlen()) row = {0, row.h, w.cu_q[row.b] + row.i};

@@ -125,6 +125,10 @@ std::vector<RowId> all_rows(const Shape& shape);
 // edges and random rows of the first and last (batch, head).
 std::vector<RowId> sample_rows(const Shape& shape, int count, uint64_t seed);
 
+// The host problem the reference runs for sequence `b` of a varlen batch: that sequence on its
+// own (one batch entry over its rows of the packed tensors). A dense batch's host problem as it is.
+ref::HostProblem sequence_host(const Workload& workload, int b);
+
 // Copies the outputs back and checks `rows` (gaps and NaN are checked over the whole output).
 CheckResult check_outputs(const Workload& workload, const std::vector<RowId>& rows);
 
