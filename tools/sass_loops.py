@@ -11,6 +11,7 @@ size and opcode histogram. --out writes the matching kernels' listings to FILE.
 import argparse
 import collections
 import re
+import signal
 import sys
 
 
@@ -80,4 +81,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly
     raise SystemExit(main())
