@@ -132,17 +132,23 @@ def varlen_backward_fn(name: str, q, k, v, dout, cu, longest: int, causal: bool)
     return call
 
 
-def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
-    """Backward kernel `kernel` alone on BSHD q, k, v, through hattn._C, after a forward that
-    gives out and lse; returns (dq, dk, dv)."""
+def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None) -> Callable[[], tuple]:
+    """Backward kernel `kernel` alone through hattn._C, after a forward that gives out and lse;
+    returns (dq, dk, dv). q, k, v are BSHD, or packed [total, H, D] with varlen = (cu_seqlens,
+    longest sequence), the same for queries and keys."""
     import hattn
     from hattn import _C
     from hattn.ops import _problem_kwargs, _strides
 
     with torch.no_grad():
-        out, lse = hattn.attention(q, k, v, causal=causal, return_lse=True)
+        if varlen is None:
+            out, lse = hattn.attention(q, k, v, causal=causal, return_lse=True)
+        else:
+            cu, longest = varlen
+            out, lse = hattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    kwargs = _problem_kwargs(q, k, v, out, lse, causal, None, kernel)
+    problem_varlen = None if varlen is None else (cu, cu, longest, longest)
+    kwargs = _problem_kwargs(q, k, v, out, lse, causal, None, kernel, varlen=problem_varlen)
     grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
     stream = torch.cuda.current_stream().cuda_stream
 
@@ -150,32 +156,11 @@ def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool) -> Callable[[],
         _C.backward(**kwargs, grads=grads, stream=stream)
         return dq, dk, dv
 
-    # kwargs holds only the addresses of out and lse. Without a reference to the tensors their
-    # memory went back to torch's caching allocator when this function returned, and the kernel
-    # read whatever was allocated there next (the "dv far off" of da02153 and e979dbf).
-    call.keep_alive = (out, lse)
-    return call
-
-
-def kernel_varlen_backward_fn(kernel: str, q, k, v, dout, cu, longest: int, causal: bool) -> Callable[[], tuple]:
-    """Backward kernel `kernel` alone on packed q, k, v, through hattn._C, after a forward that
-    gives out and lse; returns packed (dq, dk, dv)."""
-    import hattn
-    from hattn import _C
-    from hattn.ops import _problem_kwargs, _strides
-
-    with torch.no_grad():
-        out, lse = hattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    kwargs = _problem_kwargs(q, k, v, out, lse, causal, None, kernel, varlen=(cu, cu, longest, longest))
-    grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
-    stream = torch.cuda.current_stream().cuda_stream
-
-    def call():
-        _C.backward(**kwargs, grads=grads, stream=stream)
-        return dq, dk, dv
-
-    call.keep_alive = (out, lse, cu)  # kwargs holds only their addresses (see kernel_backward_fn)
+    # kwargs holds only the addresses of out and lse (and cu_seqlens). Without a reference to
+    # the tensors their memory went back to torch's caching allocator when this function
+    # returned, and the kernel read whatever was allocated there next (the "dv far off" of
+    # da02153 and e979dbf).
+    call.keep_alive = (out, lse, varlen)
     return call
 
 
@@ -221,7 +206,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             fns = {"hattn": varlen_backward_fn("hattn", q, k, v, dout, cu, shape.seqlen_q, shape.causal)}
             for name in names:
                 if name.startswith("hattn:"):
-                    fns[name] = kernel_varlen_backward_fn(name[6:], q, k, v, dout, cu, shape.seqlen_q, shape.causal)
+                    fns[name] = kernel_backward_fn(name[6:], q, k, v, dout, shape.causal, (cu, shape.seqlen_q))
             for name in anchors:
                 try:
                     fns[name] = varlen_backward_fn(name, q, k, v, dout, cu, shape.seqlen_q, shape.causal)
