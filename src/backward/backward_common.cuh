@@ -58,8 +58,8 @@ __device__ __forceinline__ void keys_seen_by(const AttentionParams& p, int64_t o
 
 // The queries [first, last) among seqlen_q that see at least one of the keys [n0, n1): the
 // inverse of keys_seen_by over a block of keys.
-__device__ __forceinline__ void queries_seeing_keys(const AttentionParams& p, int64_t offset, int seqlen_q, int n0,
-                                                    int n1, int* first, int* last) {
+__host__ __device__ __forceinline__ void queries_seeing_keys(const AttentionParams& p, int64_t offset, int seqlen_q,
+                                                             int n0, int n1, int* first, int* last) {
   const int right = p.causal ? 0 : p.window_right;
   // Query i sees key n1 - 1 or earlier only from i + offset + right >= n0; it sees a key
   // before n1 only while i + offset - window_left < n1.
@@ -71,11 +71,13 @@ __device__ __forceinline__ void queries_seeing_keys(const AttentionParams& p, in
   *last = int(hi);
 }
 
-// The two for a dense batch: the problem's lengths and the forward's causal_offset.
+// The two for a dense batch: the problem's lengths and the forward's causal_offset. queries_seeing
+// runs on the host too, where a persistent backward plans its work list.
 __device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
   keys_seen_by(p, p.causal_offset, p.seqlen_k, i, first, last);
 }
-__device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first, int* last) {
+__host__ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first,
+                                                       int* last) {
   queries_seeing_keys(p, p.causal_offset, p.seqlen_q, n0, n1, first, last);
 }
 
