@@ -39,7 +39,8 @@
 #   CAPSTONE=1       with PYTHON=1: also python -m hattn.capstone (Wan 2.1 1.3B at 480p, 14B at
 #                    720p). With PYTHON=1, diffusers is installed from .whl/ when that exists
 #                    (scripts/fetch_wheels.sh), before the Python tests.
-#   HATTN_COMMIT     commit recorded in the results (default: git rev-parse HEAD)
+#   HATTN_COMMIT     commit recorded in the results (default: the PREBUILT archive's commit, else
+#                    git rev-parse HEAD; a copied working tree's .git may lag behind its files)
 #   PREBUILT         an archive from scripts/prebuild.sh: its binaries (and build log) instead of
 #                    building here, which saves the GPU machine's build time
 #   TEST_TIMEOUT     seconds before a hung GPU test, sanitizer or pytest run is killed (default 1200)
@@ -49,6 +50,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${1:-${OUT:-build/gpu_run}}
 mkdir -p "$out"
+commit_given=${HATTN_COMMIT:-}
 export HATTN_COMMIT=${HATTN_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 jobs=$(nproc 2>/dev/null || echo 2)
 summary=()
@@ -67,6 +69,8 @@ if [ -n "${PREBUILT:-}" ]; then
     exit 1
   fi
   cp "$build/prebuild.log" "$out/build.log"
+  # The binaries' own commit, unless the caller named one.
+  [ -n "$commit_given" ] || HATTN_COMMIT=$(cat "$build/prebuild_commit.txt")
   note "prebuilt binaries of $(cat "$build/prebuild_commit.txt") ($(grep -c 'registers' "$out/build.log") ptxas reports in build.log)"
 else
   rm -f "$build"/prebuild_*.txt  # an earlier PREBUILT run's, which would describe another build
