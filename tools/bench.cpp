@@ -468,8 +468,8 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
                        : std::clamp(int(cfg.seconds_per_point * 1e3 / std::max(first_ms, 1e-3f)), 3, cfg.max_reps);
   // Queued back to back and synchronized once, as the forward's (time_kernel): the host's part
   // of each call (tensor maps, scratch, launches) runs while the GPU works on the calls before
-  // it. Synchronized after every call (as it was until this comment), each call's time included
-  // that host part, which shows at the short shapes.
+  // it. Synchronized after every call instead, each call's time would include that host part,
+  // which shows at the short shapes (results/evidence/bwd_13_varlen_timed/).
   std::vector<cudaEvent_t> events(2 * reps);
   for (auto& ev : events) CHECK_CUDA(cudaEventCreate(&ev));
   for (int r = 0; r < reps; ++r) {

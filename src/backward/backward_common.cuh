@@ -72,7 +72,8 @@ __host__ __device__ __forceinline__ void queries_seeing_keys(const AttentionPara
 }
 
 // The two for a dense batch: the problem's lengths and the forward's causal_offset. queries_seeing
-// runs on the host too, where a persistent backward plans its work list.
+// runs on the host too (the persistent backward trial planned its work list with it:
+// results/evidence/bwd_14_persistent/).
 __device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
   keys_seen_by(p, p.causal_offset, p.seqlen_k, i, first, last);
 }
