@@ -342,6 +342,30 @@ struct Row {
   double max_err = 0, budget = 0;
 };
 
+// `reps` timed calls of `call` (which returns false on failure), each after an L2 flush and
+// between two events, queued back to back and synchronized once: the host's part of a call
+// runs while the GPU works on the calls before it. Their times go to *ms.
+template <typename Call>
+bool time_queued(int reps, void* flush, size_t flush_bytes, Call&& call, std::vector<double>* ms) {
+  std::vector<cudaEvent_t> events(2 * reps);
+  for (auto& e : events) CHECK_CUDA(cudaEventCreate(&e));
+  for (int r = 0; r < reps; ++r) {
+    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));  // evict the inputs from L2
+    CHECK_CUDA(cudaEventRecord(events[2 * r]));
+    if (!call()) return false;
+    CHECK_CUDA(cudaEventRecord(events[2 * r + 1]));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  ms->assign(reps, 0.0);
+  for (int r = 0; r < reps; ++r) {
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, events[2 * r], events[2 * r + 1]));
+    (*ms)[r] = t;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  return true;
+}
+
 // Times `kernel` on `w`: an L2 flush, then the call between events, repeated.
 bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& kernel, void* flush, size_t flush_bytes,
                  double first_call_ms, Row* row) {
@@ -353,8 +377,6 @@ bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& ker
     return true;
   }
   const int reps = std::clamp(int(cfg.seconds_per_point * 1e3 / std::max(first_call_ms, 1e-3)), 3, cfg.max_reps);
-  std::vector<cudaEvent_t> events(2 * reps);
-  for (auto& e : events) CHECK_CUDA(cudaEventCreate(&e));
   // Warm-up call (module load, smem attribute setting) outside the timed ones.
   if (!forward(w.problem, options).ok()) return false;
   // --settle: calls like the timed ones, untimed, queued right before them, so that the timed
@@ -366,21 +388,8 @@ bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& ker
     CHECK_CUDA(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
     if (!forward(w.problem, options).ok()) return false;
   }
-  for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));  // evict q, k, v and out from L2
-    CHECK_CUDA(cudaEventRecord(events[2 * r]));
-    Status s = forward(w.problem, options);
-    if (!s.ok()) return false;
-    CHECK_CUDA(cudaEventRecord(events[2 * r + 1]));
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> ms(reps);
-  for (int r = 0; r < reps; ++r) {
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, events[2 * r], events[2 * r + 1]));
-    ms[r] = t;
-  }
-  for (auto& e : events) cudaEventDestroy(e);
+  std::vector<double> ms;
+  if (!time_queued(reps, flush, flush_bytes, [&] { return forward(w.problem, options).ok(); }, &ms)) return false;
   row->reps = reps;
   row->ms = median(ms);
   return true;
@@ -466,25 +475,10 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   const int reps = first_ms > cfg.slow_call_seconds * 1e3
                        ? 0
                        : std::clamp(int(cfg.seconds_per_point * 1e3 / std::max(first_ms, 1e-3f)), 3, cfg.max_reps);
-  // Queued back to back and synchronized once, as the forward's (time_kernel): the host's part
-  // of each call (tensor maps, scratch, launches) runs while the GPU works on the calls before
-  // it. Synchronized after every call instead, each call's time would include that host part,
-  // which shows at the short shapes (results/evidence/bwd_13_varlen_timed/).
-  std::vector<cudaEvent_t> events(2 * reps);
-  for (auto& ev : events) CHECK_CUDA(cudaEventCreate(&ev));
-  for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));  // evict the inputs from L2
-    CHECK_CUDA(cudaEventRecord(events[2 * r]));
-    if (!backward(b, options).ok()) return false;
-    CHECK_CUDA(cudaEventRecord(events[2 * r + 1]));
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  for (int r = 0; r < reps; ++r) {
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, events[2 * r], events[2 * r + 1]));
-    ms.push_back(t);
-  }
-  for (auto& ev : events) cudaEventDestroy(ev);
+  // Queued as the forward's: synchronized after every call, each call's time would include its
+  // host part (tensor maps, scratch, launches), which shows at the short shapes
+  // (results/evidence/bwd_13_varlen_timed/).
+  if (!time_queued(reps, flush, flush_bytes, [&] { return backward(b, options).ok(); }, &ms)) return false;
   cudaEventDestroy(a);
   cudaEventDestroy(e);
   row->reps = reps > 0 ? reps : 1;
