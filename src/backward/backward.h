@@ -52,5 +52,8 @@ const BackwardKernel& backward_dkdv_pipeline();
 // bwd_13_producer.cu: B08 with a producer warpgroup: Q/dO stages released by mbarriers, no
 // CTA-wide barrier a block (D = 64 and 128, dense and variable-length batches).
 const BackwardKernel& backward_producer();
+// bwd_14_tma_dkdv.cu: B13 with dK and dV stored by TMA from shared memory where the kernel
+// writes them (no GQA, dense batches).
+const BackwardKernel& backward_tma_dkdv();
 
 }  // namespace hattn
