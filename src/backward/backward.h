@@ -53,7 +53,7 @@ const BackwardKernel& backward_dkdv_pipeline();
 // CTA-wide barrier a block (D = 64 and 128, dense and variable-length batches).
 const BackwardKernel& backward_producer();
 // bwd_14_tma_dkdv.cu: B13 with dK and dV stored by TMA from shared memory where the kernel
-// writes them (no GQA, dense batches).
+// writes them (no GQA, dense batches), and the CTAs of a head staggered over the query blocks.
 const BackwardKernel& backward_tma_dkdv();
 
 }  // namespace hattn

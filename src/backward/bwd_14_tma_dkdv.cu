@@ -1,8 +1,15 @@
-// Backward step 14 (trial): B13 with dK and dV leaving through shared memory by TMA where the
-// kernel writes them (a dense batch without GQA): once every consumer's last dQ wgmma has read
-// K, each warpgroup writes its 64 rows of dK and dV (bf16/fp16, swizzled) over the K and V
-// tiles and one thread stores them with two TMA copies per 64 columns, instead of 4-byte global
-// stores from every thread (8 rows of 16 bytes per warp store). The rest is B13's.
+// Backward step 14: B13 with dK and dV leaving through shared memory by TMA where the kernel
+// writes them (a dense batch without GQA), and the CTAs of a head staggered over the query blocks.
+//   The epilogue: once every consumer's last dQ wgmma has read K, each warpgroup writes its 64
+//   rows of dK and dV (bf16/fp16, in the TMA box's 128-byte swizzle) over the K and V tiles, and
+//   one thread stores them with two TMA copies per 64 columns, instead of 4-byte global stores
+//   from every thread (8 rows of 16 bytes per warp store, 64 a thread).
+//   The stagger: key block b starts at query block b % steps and wraps around, so that the CTAs
+//   of a head do not all add into the same dQ block at the same step. On the H200 the epilogue
+//   alone was 4-7% faster than B13 at S = 1k but 5-7% slower at D = 128 from S = 4k, and the
+//   stagger alone made B13 up to 4% slower; together they are level or faster on every shape
+//   measured (results/evidence/bwd_14_tma_dkdv/).
+// GQA and variable-length batches keep B13's fp32 sums for dK and dV. B13's notes follow.
 //
 // Backward step 13: B08 with a producer warpgroup, at D = 64 and 128. In B08 thread 0 issued
 // every copy, and each block began with a __syncthreads: the WAR on the Q/dO stage the block
@@ -41,14 +48,18 @@
 //                    block's LSE and delta stored before they are read, and the stage's last
 //                    reads before its next stores. Once before the first block too (its stats).
 //                    Varlen: also after the consumers zero rows of K (before the first
-//                    block) or of a block's Q and dO, before any wgmma reads them.
+//                    block) or of a block's Q and dO, before any wgmma reads them. Once after
+//                    the last block (B14's epilogue): every last dQ wgmma has read K and V's
+//                    last reader is done before the warpgroups write dK and dV over them.
 //   named 2 + wg     the warpgroup's 128 threads: its dQ tile written (and fenced), and the
 //                    reduction of two blocks before has read the tile it writes next (its
 //                    issuing thread waited for that first), before the issuing thread starts
-//                    the reduction
+//                    the reduction; at the end, the warpgroup's dK and dV rows written (and
+//                    fenced) before its issuing thread stores them by TMA
 // Bulk-group waits (cp.async.bulk.wait_group.read, the issuing thread of each warpgroup):
 //   read 0           before the dQ tile barrier: every older reduction has read its tile; and
-//                    before the CTA exits (shared memory ends with the CTA)
+//                    before the CTA exits (shared memory ends with the CTA), which covers the
+//                    dK and dV stores too
 #include <cuda.h>
 
 #include <cmath>
@@ -210,6 +221,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // None when no query sees the keys, or (varlen) they start past the sequence's.
   const int steps =
       (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
+  // The stagger: this CTA's block `step` is query block (step + rotation) % steps of its range,
+  // so that the CTAs of a head (same range when not causal) add into different dQ blocks at once.
+  const int rotation = steps > 0 ? int(blockIdx.x) % steps : 0;
+  auto block_row = [&](int step) {
+    const int s = step + rotation;
+    return m_begin + (s >= steps ? s - steps : s) * kBlockM;
+  };
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);
@@ -251,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // WAR: every consumer warp's dV and dK of the block kStages steps back (the last
         // readers of the stage) have completed.
         if (step >= kStages) ptx::mbarrier_wait(&smem.consumed[stage], (step / kStages - 1) % 2);
-        load_queries(smem, &q_map, &dout_map, stage, seq.q_start + m_begin + step * kBlockM, head, seq.batch_coord);
+        load_queries(smem, &q_map, &dout_map, stage, seq.q_start + block_row(step), head, seq.batch_coord);
       }
     }
     return;
@@ -285,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       smem.delta[stage][t] = value;
     }
   };
-  store_row_stat(0, m_begin, fetch_row_stat(m_begin));
+  store_row_stat(0, block_row(0), fetch_row_stat(block_row(0)));
   if constexpr (kVarlen) {
     if (n0 + kBlockN > seq.seqlen_k) {  // CTA-uniform: K's box ran into the next sequence's keys
       ptx::mbarrier_wait(&smem.kv_full, 0);
@@ -328,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
   // the fence's and the barrier's waits do not hold them back.
   auto reduce_dq = [&](int step) {
-    const int m0 = m_begin + step * kBlockM;
+    const int m0 = block_row(step);
     float* tiles = smem.dq[step % 2][warpgroup][0];
     ptx::fence_proxy_async_shared_cta();  // the stores above, before the reduction (async proxy) reads them
     // WAR for the next block's stores into the other parity's tile: the reduction of the block
@@ -391,14 +409,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dQ wgmma waited for on every path (with a run-time one it serializes all wgmmas, C7514).
   auto run_step = [&](int step, auto has_last) {
     constexpr bool kHasLast = decltype(has_last)::value;
-    const int m0 = m_begin + step * kBlockM, stage = step % kStages;
+    const int m0 = block_row(step), stage = step % kStages;
     // The last block's dQ goes to the tensor cores first: it needs no barrier (its dS^T tiles
     // were written before named barrier 1 of the last step).
     if constexpr (kHasLast) issue_dq(step - 1);
     // The next block's LSE and delta, into the other stage: its last reads (the block before's)
     // were before named barrier 1 of the last step, and this block's reads of them come after
     // named barrier 1 of this step.
-    if (step + 1 < steps) store_row_stat((step + 1) % kStages, m0 + kBlockM, fetch_row_stat(m0 + kBlockM));
+    if (step + 1 < steps) store_row_stat((step + 1) % kStages, block_row(step + 1), fetch_row_stat(block_row(step + 1)));
 
     // S^T = K Q^T and dP^T = V dO^T: per 16 columns of D one wgmma each, K-major operands.
     float s[kQTiles * 4], dp[kQTiles * 4];
