@@ -9,7 +9,8 @@
 //   alone was 4-7% faster than B13 at S = 1k but 5-7% slower at D = 128 from S = 4k, and the
 //   stagger alone made B13 up to 4% slower; together they are level or faster on every shape
 //   measured (results/evidence/bwd_14_tma_dkdv/).
-// GQA and variable-length batches keep B13's fp32 sums for dK and dV. B13's notes follow.
+// GQA and variable-length batches run as in B13 (fp32 sums for dK and dV, no stagger). B13's
+// notes follow.
 //
 // Backward step 13: B08 with a producer warpgroup, at D = 64 and 128. In B08 thread 0 issued
 // every copy, and each block began with a __syncthreads: the WAR on the Q/dO stage the block
@@ -223,7 +224,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
   // The stagger: this CTA's block `step` is query block (step + rotation) % steps of its range,
   // so that the CTAs of a head (same range when not causal) add into different dQ blocks at once.
-  const int rotation = steps > 0 ? int(blockIdx.x) % steps : 0;
+  // Only with the TMA epilogue (dense, no GQA): on B13's fp32 sums alone it was slower.
+  const int rotation = !kVarlen && p.dk_accum == nullptr && steps > 0 ? int(blockIdx.x) % steps : 0;
   auto block_row = [&](int step) {
     const int s = step + rotation;
     return m_begin + (s >= steps ? s - steps : s) * kBlockM;
