@@ -6,9 +6,9 @@
 //   from every thread (8 rows of 16 bytes per warp store, 64 a thread).
 //   The stagger: key block b starts at query block b % steps and wraps around, so that the CTAs
 //   of a head do not all add into the same dQ block at the same step. On the H200 the epilogue
-//   alone was 4-7% faster than B13 at S = 1k but 5-7% slower at D = 128 from S = 4k, and the
-//   stagger alone made B13 up to 4% slower; together they are level or faster on every shape
-//   measured (results/evidence/bwd_14_tma_dkdv/).
+//   alone was 1.05-1.07x B13 at S = 1k but 0.93-0.98x at D = 128 from S = 4k, and the stagger
+//   alone made B13 slower; together 1.04-1.10x B13 at S = 1k and 0.98-1.03x from 4k, one shape
+//   aside that moves by 10% between runs (results/evidence/bwd_14_tma_dkdv/).
 // GQA and variable-length batches run as in B13 (fp32 sums for dK and dV, no stagger). B13's
 // notes follow.
 //
