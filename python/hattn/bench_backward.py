@@ -22,6 +22,9 @@ not pass. The tests check against float64 (python/tests).
 FLOPs = 2.5 x the forward's (4 B H Sq Sk D, halved when causal): five matrix products where the
 forward has two, FlashAttention's convention. Output: a table and pybench_backward.csv in --out.
 
+--gqa R: R query heads per K/V head on the grid (torch SDPA with enable_gqa); the CSV is then
+pybench_backward_gqa<R>.csv.
+
 --varlen equal|mixed: the grid's shapes as variable-length batches (packed [total, H, D], the
 sequences' lengths as in python -m hattn.bench --varlen), with torch's varlen kernels through
 their aten ops and autograd (what torch.nn.attention.varlen.varlen_attn calls):
@@ -45,7 +48,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .bench import (GRID_TOKENS, VARLEN_MODES, Timer, commit, environment, grid_shapes, make_inputs,
+from .bench import (GRID_TOKENS, GRID_WIDTH, VARLEN_MODES, Timer, commit, environment, grid_shapes, make_inputs,
                     make_varlen_inputs, parse_int_list, varlen_shapes)
 
 ANCHORS = ("sdpa_cudnn", "sdpa_flash")
@@ -64,6 +67,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     p.add_argument("--tokens", type=int, default=GRID_TOKENS, help="batch * seqlen (default: 16384)")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--gqa", type=int, default=1,
+                   help="query heads per K/V head on the grid (default: 1; it must divide the heads)")  # fmt: skip
     p.add_argument("--kernels", default="", help="backward kernels to time by name too, comma-separated")
     p.add_argument("--reps", type=int, default=20, help="timed calls per implementation (default: 20)")
     p.add_argument("--warmup", type=int, default=3)
@@ -77,6 +82,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.varlen and args.tokens != GRID_TOKENS:
         p.error("--varlen runs the grid's token count: no --tokens with it")
+    try:
+        dims = parse_int_list(args.dims)
+    except ValueError as e:
+        p.error(f"--dims: {e}")
+    if args.gqa < 1 or any((GRID_WIDTH // d) % args.gqa for d in dims) or (args.gqa > 1 and args.varlen):
+        p.error("--gqa must be >= 1, divide the heads of every --dims (2048 / D), and not come with --varlen")
     known = VARLEN_ANCHORS if args.varlen else ANCHORS
     default = VARLEN_DEFAULT_ANCHORS if args.varlen else ANCHORS
     args.anchor_list = [a for a in args.anchors.split(",") if a] if args.anchors is not None else list(default)
@@ -186,7 +197,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.varlen:
         shapes = varlen_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, args.varlen)
     else:
-        shapes = grid_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, tokens=args.tokens)
+        shapes = grid_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, gqa=args.gqa,
+                             tokens=args.tokens)
     timer = Timer(256, args.warmup, args.reps, args.budget_s)
     env = environment()
     rows: List[Dict] = []
@@ -217,8 +229,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             fns = {
                 name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal) if name.startswith("hattn:")
                 else backward_fn(name, q, k, v, dout, shape.causal)
-                for name in names
+                for name in names if name not in anchors
             }  # fmt: skip
+            for name in anchors:  # an anchor's forward runs here: one that does not take the shape is dropped
+                try:
+                    fns[name] = backward_fn(name, q, k, v, dout, shape.causal)
+                except RuntimeError as e:
+                    drop_anchor(name, str(e).splitlines()[0])
 
         # The anchors' gradients, in --anchors order, without those that failed or hold inf/NaN:
         # the first is the reference, the second's distance from it sets the bound.
@@ -267,7 +284,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         best = max(tflops[a] for a in anchors if a in tflops)  # the reference ran, so one did
         mask = "causal" if shape.causal else "full"
         checks = "; ".join(f"{n}: {st}" for n, st in status.items() if st != "ok") or "ok"
-        print(f"{shape.head_dim:>4} {mask:6} {shape.seqlen_q:>6} {shape.batch:>2}x{shape.heads_q:<3} "
+        heads = f"{shape.heads_q}" + (f":{shape.heads_kv}" if shape.heads_kv != shape.heads_q else "")
+        print(f"{shape.head_dim:>4} {mask:6} {shape.seqlen_q:>6} {shape.batch:>2}x{heads:<3} "
               + " ".join(f"{tflops[n]:12.1f}" if n in tflops else f"{'-':>12}" for n in names)
               + f"   {tflops['hattn'] / best:10.3f}   {checks}")  # fmt: skip
         for n, (ms, reps) in times.items():
@@ -287,7 +305,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("# no shape ran", file=sys.stderr)
         return 3
     os.makedirs(args.out, exist_ok=True)
-    file_name = f"pybench_backward_varlen_{args.varlen}.csv" if args.varlen else "pybench_backward.csv"
+    if args.varlen:
+        file_name = f"pybench_backward_varlen_{args.varlen}.csv"
+    else:
+        file_name = f"pybench_backward_gqa{args.gqa}.csv" if args.gqa > 1 else "pybench_backward.csv"
     path = os.path.join(args.out, file_name)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -235,12 +235,59 @@ def test_backward_bench_varlen_flags():
     assert args.kernels == "bwd_08_dq_overlap"  # named kernels beside "auto", as for dense batches
 
 
+def test_backward_bench_gqa_flags(monkeypatch, tmp_path):
+    """--gqa R: R query heads per K/V head on the grid, written to pybench_backward_gqaR.csv (CPU
+    tensors, stand-in implementations)."""
+    import torch
+    from hattn import bench_backward
+
+    assert bench_backward.parse_args([]).gqa == 1
+    assert bench_backward.parse_args(["--dims", "64,128,256", "--gqa", "4"]).gqa == 4
+    for bad in (["--gqa", "0"], ["--dims", "64", "--gqa", "3"], ["--dims", "256", "--gqa", "16"],
+                ["--varlen", "mixed", "--gqa", "2"]):  # fmt: skip
+        with pytest.raises(SystemExit):  # 3 does not divide 32 heads, 16 not 8
+            bench_backward.parse_args(bad)
+    seen = []
+
+    def backward_fn(name, q, k, v, dout, causal):
+        seen.append((name, q.shape[2], k.shape[2]))
+        return lambda: tuple(torch.ones(1) for _ in range(3))
+
+    def make_inputs(shape, *args, **kwargs):
+        q = torch.ones(shape.batch, 1, shape.heads_q, 1)
+        kv = torch.ones(shape.batch, 1, shape.heads_kv, 1)
+        return q, kv, kv, q
+
+    class Timer:
+        def __init__(self, *args):
+            pass
+
+        def interleaved(self, fns):
+            return [(1.0, 5) for _ in fns]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench_backward, "make_inputs", make_inputs)
+    monkeypatch.setattr(bench_backward, "backward_fn", backward_fn)
+    monkeypatch.setattr(bench_backward, "Timer", Timer)
+    monkeypatch.setattr(bench_backward, "environment", lambda: {
+        "gpu": "none", "torch": "-", "cudnn": "-", "commit": "-", "sm_clock_mhz_start": 0})  # fmt: skip
+    monkeypatch.setattr(bench_backward, "commit", lambda: "-")
+    flags = ["--dims", "128", "--seqlens", "1024", "--causal", "no", "--gqa", "4", "--out", str(tmp_path)]
+    assert bench_backward.main(flags) == 0
+    assert set(seen) == {(n, 16, 4) for n in ("hattn", "sdpa_cudnn", "sdpa_flash")}  # 16 query heads, 4 K/V
+    with open(tmp_path / "pybench_backward_gqa4.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["heads_q"], r["heads_kv"]) for r in rows} == {("16", "4")}
+    assert not (tmp_path / "pybench_backward.csv").exists()  # the dense table is left as it is
+
+
 @pytest.mark.parametrize("failing, reference", [
     ((), "sdpa_cudnn"),
     (("sdpa_cudnn:nan",), "sdpa_flash"),
     (("sdpa_cudnn:raise",), "sdpa_flash"),
     (("sdpa_flash:raise",), "sdpa_cudnn"),
     (("sdpa_cudnn:nan", "sdpa_flash:raise"), None),
+    (("sdpa_cudnn:build",), "sdpa_flash"),  # its forward raised: no backward to call
 ])  # fmt: skip
 def test_backward_bench_drops_failing_anchors(monkeypatch, tmp_path, capsys, failing, reference):
     """The reference is the first anchor whose backward ran and gave finite gradients; an anchor
@@ -252,6 +299,9 @@ def test_backward_bench_drops_failing_anchors(monkeypatch, tmp_path, capsys, fai
     bad = dict(f.split(":") for f in failing)
 
     def backward_fn(name, q, k, v, dout, causal):
+        if bad.get(name) == "build":
+            raise RuntimeError(f"{name} does not take this shape\nsecond line")
+
         def call():
             if bad.get(name) == "raise":
                 raise RuntimeError(f"{name} failed\nsecond line")
