@@ -349,10 +349,16 @@ template <typename Call>
 bool time_queued(int reps, void* flush, size_t flush_bytes, Call&& call, std::vector<double>* ms) {
   std::vector<cudaEvent_t> events(2 * reps);
   for (auto& e : events) CHECK_CUDA(cudaEventCreate(&e));
+  auto destroy_events = [&] {
+    for (auto& e : events) cudaEventDestroy(e);
+  };
   for (int r = 0; r < reps; ++r) {
     CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));  // evict the inputs from L2
     CHECK_CUDA(cudaEventRecord(events[2 * r]));
-    if (!call()) return false;
+    if (!call()) {
+      destroy_events();  // a failed call: the point is skipped, its events are not kept
+      return false;
+    }
     CHECK_CUDA(cudaEventRecord(events[2 * r + 1]));
   }
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -362,7 +368,7 @@ bool time_queued(int reps, void* flush, size_t flush_bytes, Call&& call, std::ve
     CHECK_CUDA(cudaEventElapsedTime(&t, events[2 * r], events[2 * r + 1]));
     (*ms)[r] = t;
   }
-  for (auto& e : events) cudaEventDestroy(e);
+  destroy_events();
   return true;
 }
 
@@ -445,6 +451,8 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   }
   float first_ms = 0;
   cudaEventElapsedTime(&first_ms, a, e);
+  cudaEventDestroy(a);
+  cudaEventDestroy(e);
   // Sampled rows of dq against the fp64 reference: within 3 ulps of the sample's largest element.
   std::vector<uint16_t> dq_bits(q_elems);
   CHECK_CUDA(cudaMemcpy(dq_bits.data(), dq.get(), q_elems * 2, cudaMemcpyDeviceToHost));
@@ -479,8 +487,6 @@ bool time_backward(const Config& cfg, const Options& options, harness::Workload&
   // host part (tensor maps, scratch, launches), which shows at the short shapes
   // (results/evidence/bwd_13_varlen_timed/).
   if (!time_queued(reps, flush, flush_bytes, [&] { return backward(b, options).ok(); }, &ms)) return false;
-  cudaEventDestroy(a);
-  cudaEventDestroy(e);
   row->reps = reps > 0 ? reps : 1;
   row->ms = reps > 0 ? median(ms) : first_ms;
   row->tflops = 2.5 * harness::forward_flops(shape) / (row->ms * 1e-3) / 1e12;
