@@ -83,10 +83,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.varlen and args.tokens != GRID_TOKENS:
         p.error("--varlen runs the grid's token count: no --tokens with it")
     try:
-        dims = parse_int_list(args.dims)
+        args.dim_list = parse_int_list(args.dims)
     except ValueError as e:
         p.error(f"--dims: {e}")
-    if args.gqa < 1 or any((GRID_WIDTH // d) % args.gqa for d in dims) or (args.gqa > 1 and args.varlen):
+    if args.gqa < 1 or any((GRID_WIDTH // d) % args.gqa for d in args.dim_list) or (args.gqa > 1 and args.varlen):
         p.error("--gqa must be >= 1, divide the heads of every --dims (2048 / D), and not come with --varlen")
     known = VARLEN_ANCHORS if args.varlen else ANCHORS
     default = VARLEN_DEFAULT_ANCHORS if args.varlen else ANCHORS
@@ -195,10 +195,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     anchors = tuple(args.anchor_list)
     names = ["hattn"] + [f"hattn:{k}" for k in args.kernels.split(",") if k] + list(anchors)
     if args.varlen:
-        shapes = varlen_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, args.varlen)
+        shapes = varlen_shapes(args.dim_list, parse_int_list(args.seqlens), causal, args.varlen)
     else:
-        shapes = grid_shapes(parse_int_list(args.dims), parse_int_list(args.seqlens), causal, gqa=args.gqa,
-                             tokens=args.tokens)
+        shapes = grid_shapes(args.dim_list, parse_int_list(args.seqlens), causal, gqa=args.gqa, tokens=args.tokens)
     timer = Timer(256, args.warmup, args.reps, args.budget_s)
     env = environment()
     rows: List[Dict] = []

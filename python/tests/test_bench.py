@@ -235,6 +235,28 @@ def test_backward_bench_varlen_flags():
     assert args.kernels == "bwd_08_dq_overlap"  # named kernels beside "auto", as for dense batches
 
 
+def _stub_backward_bench(monkeypatch, make_inputs, backward_fn):
+    """python -m hattn.bench_backward on CPU tensors: `make_inputs` and `backward_fn` stand in for
+    the GPU's, every implementation is timed at 1 ms, and the environment is a placeholder."""
+    import torch
+    from hattn import bench_backward
+
+    class Timer:
+        def __init__(self, *args):
+            pass
+
+        def interleaved(self, fns):
+            return [(1.0, 5) for _ in fns]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench_backward, "make_inputs", make_inputs)
+    monkeypatch.setattr(bench_backward, "backward_fn", backward_fn)
+    monkeypatch.setattr(bench_backward, "Timer", Timer)
+    monkeypatch.setattr(bench_backward, "environment", lambda: {
+        "gpu": "none", "torch": "-", "cudnn": "-", "commit": "-", "sm_clock_mhz_start": 0})  # fmt: skip
+    monkeypatch.setattr(bench_backward, "commit", lambda: "-")
+
+
 def test_backward_bench_gqa_flags(monkeypatch, tmp_path):
     """--gqa R: R query heads per K/V head on the grid, written to pybench_backward_gqaR.csv (CPU
     tensors, stand-in implementations)."""
@@ -258,20 +280,7 @@ def test_backward_bench_gqa_flags(monkeypatch, tmp_path):
         kv = torch.ones(shape.batch, 1, shape.heads_kv, 1)
         return q, kv, kv, q
 
-    class Timer:
-        def __init__(self, *args):
-            pass
-
-        def interleaved(self, fns):
-            return [(1.0, 5) for _ in fns]
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(bench_backward, "make_inputs", make_inputs)
-    monkeypatch.setattr(bench_backward, "backward_fn", backward_fn)
-    monkeypatch.setattr(bench_backward, "Timer", Timer)
-    monkeypatch.setattr(bench_backward, "environment", lambda: {
-        "gpu": "none", "torch": "-", "cudnn": "-", "commit": "-", "sm_clock_mhz_start": 0})  # fmt: skip
-    monkeypatch.setattr(bench_backward, "commit", lambda: "-")
+    _stub_backward_bench(monkeypatch, make_inputs, backward_fn)
     flags = ["--dims", "128", "--seqlens", "1024", "--causal", "no", "--gqa", "4", "--out", str(tmp_path)]
     assert bench_backward.main(flags) == 0
     assert set(seen) == {(n, 16, 4) for n in ("hattn", "sdpa_cudnn", "sdpa_flash")}  # 16 query heads, 4 K/V
@@ -309,20 +318,7 @@ def test_backward_bench_drops_failing_anchors(monkeypatch, tmp_path, capsys, fai
             return tuple(torch.full_like(ones, fill) for _ in range(3))
         return call
 
-    class Timer:
-        def __init__(self, *args):
-            pass
-
-        def interleaved(self, fns):
-            return [(1.0, 5) for _ in fns]
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(bench_backward, "make_inputs", lambda *a, **kw: (ones,) * 4)
-    monkeypatch.setattr(bench_backward, "backward_fn", backward_fn)
-    monkeypatch.setattr(bench_backward, "Timer", Timer)
-    monkeypatch.setattr(bench_backward, "environment", lambda: {
-        "gpu": "none", "torch": "-", "cudnn": "-", "commit": "-", "sm_clock_mhz_start": 0})  # fmt: skip
-    monkeypatch.setattr(bench_backward, "commit", lambda: "-")
+    _stub_backward_bench(monkeypatch, lambda *a, **kw: (ones,) * 4, backward_fn)
     flags = ["--dims", "64", "--seqlens", "256", "--causal", "no", "--tokens", "512", "--out", str(tmp_path)]
     rc = bench_backward.main(flags)
     out = capsys.readouterr().out
