@@ -390,7 +390,8 @@ const std::vector<const BackwardKernel*>& backward_kernels() {
                                                       &backward_dkdv_direct(), &backward_dq_overlap(),
                                                       &backward_split_d(), &backward_dq_pass(),
                                                       &backward_dq_pipeline(), &backward_dkdv_pipeline(),
-                                                      &backward_producer(), &backward_tma_dkdv()};
+                                                      &backward_producer(), &backward_tma_dkdv(),
+                                                      &backward_tma_sums()};
   return all;
 }
 }  // namespace

@@ -107,7 +107,7 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   // Refused here; "auto" is bwd_12_dkdv_pipeline (D = 256 only).
   for (const char* name :
        {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
-        "bwd_08_dq_overlap", "bwd_13_producer", "bwd_14_tma_dkdv"}) {
+        "bwd_08_dq_overlap", "bwd_13_producer", "bwd_14_tma_dkdv", "bwd_15_tma_sums"}) {
     options.kernel = name;
     const Status refused = backward(b, options);  // refused before any GPU is needed
     EXPECT_EQ(refused.code(), StatusCode::not_supported) << name << ": " << refused.to_string();
@@ -127,7 +127,7 @@ TEST(BackwardValidation, KernelNamesInLineageOrder) {
                                       "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
                                       "bwd_08_dq_overlap", "bwd_09_split_d", "bwd_10_dq_pass",
                                       "bwd_11_dq_pipeline", "bwd_12_dkdv_pipeline", "bwd_13_producer",
-                                      "bwd_14_tma_dkdv"};
+                                      "bwd_14_tma_dkdv", "bwd_15_tma_sums"};
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
@@ -268,9 +268,9 @@ TEST(BackwardValidation, AutoRouting) {
     int head_dim;
     const char* kernel;
   };
-  for (const Want& w : {Want{false, 64, "bwd_14_tma_dkdv"}, Want{false, 128, "bwd_14_tma_dkdv"},
-                        Want{false, 256, "bwd_12_dkdv_pipeline"}, Want{true, 64, "bwd_14_tma_dkdv"},
-                        Want{true, 128, "bwd_14_tma_dkdv"}, Want{true, 256, "bwd_10_dq_pass"}}) {
+  for (const Want& w : {Want{false, 64, "bwd_15_tma_sums"}, Want{false, 128, "bwd_15_tma_sums"},
+                        Want{false, 256, "bwd_12_dkdv_pipeline"}, Want{true, 64, "bwd_15_tma_sums"},
+                        Want{true, 128, "bwd_15_tma_sums"}, Want{true, 256, "bwd_10_dq_pass"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
     std::string resolved;
     const Status s = resolve_backward_kernel(b, "auto", &resolved);

@@ -55,5 +55,8 @@ const BackwardKernel& backward_producer();
 // bwd_14_tma_dkdv.cu: B13 with dK and dV stored by TMA from shared memory where the kernel
 // writes them (no GQA, dense batches), and the CTAs of a head staggered over the query blocks.
 const BackwardKernel& backward_tma_dkdv();
+// bwd_15_tma_sums.cu: B14 with the fp32 sums of dK and dV (GQA, variable-length batches) added
+// by TMA reductions, and the stagger on every path.
+const BackwardKernel& backward_tma_sums();
 
 }  // namespace hattn
