@@ -33,6 +33,9 @@
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
 #   PY_VARLEN        equal|mixed: also python -m hattn.bench --varlen MODE (flags: PY_VARLEN_ARGS)
 #   PY_BACKWARD_ARGS when set (may be empty): also python -m hattn.bench_backward with these flags
+#   PY_BACKWARD2_ARGS, PY_BACKWARD3_ARGS
+#                    when set: a second and a third python -m hattn.bench_backward run (e.g. one
+#                    with --gqa 4, one with --varlen mixed; each writes its own CSV)
 #   PY_KERNEL_TIMES_ARGS
 #                    when set (may be empty): also python -m hattn.kernel_times with these flags
 #                    (each GPU kernel of one backward call: hattn's and SDPA's)
@@ -217,12 +220,14 @@ if [ "${PYTHON:-0}" = 1 ]; then
       tee "$out/py_bench_varlen_$PY_VARLEN.log"
     note "python varlen bench ($PY_VARLEN): rc=${PIPESTATUS[0]}"
   fi
-  if [ -n "${PY_BACKWARD_ARGS+x}" ]; then
-    # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 python3 -m hattn.bench_backward --out "$out" ${PY_BACKWARD_ARGS} 2>&1 |
-      tee "$out/py_bench_backward.log"
-    note "python backward bench: rc=${PIPESTATUS[0]}"
-  fi
+  for n in "" 2 3; do
+    var="PY_BACKWARD${n}_ARGS"
+    [ -n "${!var+x}" ] || continue
+    # shellcheck disable=SC2086  # the flags are words
+    PYTHONUNBUFFERED=1 python3 -m hattn.bench_backward --out "$out" ${!var} 2>&1 |
+      tee "$out/py_bench_backward$n.log"
+    note "python backward bench${n:+ $n} (${!var}): rc=${PIPESTATUS[0]}"
+  done
   if [ -n "${PY_KERNEL_TIMES_ARGS+x}" ]; then
     # shellcheck disable=SC2086
     PYTHONUNBUFFERED=1 python3 -m hattn.kernel_times --out "$out" ${PY_KERNEL_TIMES_ARGS} 2>&1 |
