@@ -414,7 +414,7 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
             "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
             "batches only"};
   // "auto", as for the forward: the newest kernel that supports the problem (up to D = 128
-  // bwd_14, dense or variable-length; at D = 256 bwd_12 for a dense batch, bwd_10 for a
+  // bwd_15, dense or variable-length; at D = 256 bwd_12 for a dense batch, bwd_10 for a
   // variable-length one).
   if (name == "auto") {
     std::string reasons;

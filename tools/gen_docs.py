@@ -161,6 +161,12 @@ def anchors_table(csv_path):
     return "\n".join(out) + "\n"
 
 
+def heads(r, heads_key="heads_q"):
+    """H=Hq, or H=Hq:Hkv where a row has fewer K/V heads (GQA)."""
+    hq, hkv = int(r[heads_key]), int(r.get("heads_kv") or r[heads_key])
+    return f"H={hq}" if hkv == hq else f"H={hq}:{hkv}"
+
+
 def pybench_table(csv_path, what, caption, label, ours, ratio_key, ratio_title, heads_key):
     """One row per shape of a python -m hattn.bench_* CSV: TFLOP/s per implementation (`label`
     names them), then `ours` over the best anchor (`ratio_key`) and ours's check."""
@@ -185,8 +191,9 @@ def pybench_table(csv_path, what, caption, label, ours, ratio_key, ratio_title, 
         mine = got.get(ours)
         ratio = mine[ratio_key] if mine else ""
         ratio = f"{float(ratio):.2f}" if ratio else "–"
-        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
-                   + f" | {ratio} | {mine['status'] if mine else '–'} |")
+        any_row = next(r for r in got.values() if r)
+        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} {heads(any_row, heads_key)} | "
+                   + " | ".join(cells) + f" | {ratio} | {mine['status'] if mine else '–'} |")
     first = rows[0]
     clocks = sorted({r["sm_clock_mhz"] for r in rows})
     out += ["", f"_{first['gpu']}, commit `{first['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
@@ -230,7 +237,9 @@ def ab_table(csv_path):
         cells = [f"{r['tflops']:.1f}" if r else "–" for r in got]
         ratio = f"{got[-1]['tflops'] / got[0]['tflops']:.3f}" if got[0] and got[-1] else "–"
         checks = {r["check"] for r in got if r}
-        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells)
+        any_row = next(r for r in all_rows if (r["head_dim"], r["causal"], r["seqlen_q"], r["batch"],
+                                               r["heads_q"]) == (d, causal, s, b, h))
+        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} {heads(any_row)} | " + " | ".join(cells)
                    + f" | {ratio} | {', '.join(sorted(checks))} |")
     clocks = sorted({f"{r['sm_clock_mhz']:.0f}" for r in rows})
     out += ["", f"_{all_rows[0]['gpu']}, commit `{all_rows[0]['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "

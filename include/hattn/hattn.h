@@ -229,10 +229,10 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that supports the problem: up to D = 128 bwd_14_tma_dkdv, dense or
+// (the newest kernel that supports the problem: up to D = 128 bwd_15_tma_sums, dense or
 // variable-length; at D = 256 bwd_12_dkdv_pipeline for a dense batch and bwd_10_dq_pass for a
 // variable-length one) or one of backward_kernel_names(); a kernel that cannot run the problem
-// returns not_supported and says why (bwd_03_wgmma to bwd_08_dq_overlap, bwd_13, bwd_14: D <= 128;
+// returns not_supported and says why (bwd_03_wgmma to bwd_08_dq_overlap, bwd_13 to bwd_15: D <= 128;
 // bwd_09 to bwd_12: D = 256; bwd_03_wgmma, bwd_05_tma_dq to bwd_07_dkdv_direct, bwd_09, bwd_11
 // and bwd_12: no variable-length batch).
 // Takes fp32 scratch memory with cudaMallocAsync on the stream. Asynchronous, like forward().

@@ -75,3 +75,14 @@ def test_ab_table_shows_a_refused_shape_as_a_dash(tmp_path, monkeypatch):
         "abc,NVIDIA H200,1980,0,k_new,bf16,128,0,16,1024,1024,16,16,20,1.0,250.0,0,0,1,PASS,0"])
     assert "| D=128 full S=1024 B=16 H=16 | – | 250.0 | – | PASS |" in table
     assert "SM clock at the start 1980 MHz" in table
+
+
+def test_ab_table_names_the_kv_heads_of_a_gqa_shape(tmp_path, monkeypatch):
+    # hattn-bench --gqa 4: 32 query heads over 8 K/V heads reads H=32:8; without GQA, H=32.
+    table = ab_table_of(tmp_path, monkeypatch, [
+        "abc,NVIDIA H200,1980,0,k_old,bf16,64,0,16,1024,1024,32,8,20,1.0,200.0,0,0,1,PASS,0",
+        "abc,NVIDIA H200,1980,0,k_new,bf16,64,0,16,1024,1024,32,8,20,1.0,220.0,0,0,1,PASS,0",
+        "abc,NVIDIA H200,1980,0,k_old,bf16,64,0,4,4096,4096,32,32,20,1.0,300.0,0,0,1,PASS,0",
+        "abc,NVIDIA H200,1980,0,k_new,bf16,64,0,4,4096,4096,32,32,20,1.0,300.0,0,0,1,PASS,0"])
+    assert "| D=64 full S=1024 B=16 H=32:8 | 200.0 | 220.0 | 1.100 | PASS |" in table
+    assert "| D=64 full S=4096 B=4 H=32 | 300.0 | 300.0 | 1.000 | PASS |" in table

@@ -6,6 +6,10 @@
 // packed batch the boxes may run past the sequence's keys into the next sequence's rows: those
 // rows of dK and dV are zeros (the keys are masked), and adding zeros changes no sum. With
 // every batch's dK and dV leaving by TMA, the stagger runs on every path.
+//   Measured on the H200 against B14: 1.01-1.08x with GQA at S = 1k, 1.00-1.03x from 4k (one
+// point at 0.97, the shape that moves by 10% between runs), 0.99-1.05x on mixed
+// variable-length batches, level without GQA where the code is B14's
+// (results/evidence/bwd_15_tma_sums/).
 //
 // B14's notes follow (there, GQA and variable-length batches kept B13's atomics and order).
 //
