@@ -161,9 +161,8 @@ def anchors_table(csv_path):
     return "\n".join(out) + "\n"
 
 
-def heads(r, heads_key="heads_q"):
-    """H=Hq, or H=Hq:Hkv where a row has fewer K/V heads (GQA)."""
-    hq, hkv = int(r[heads_key]), int(r.get("heads_kv") or r[heads_key])
+def heads(hq, hkv):
+    """H=Hq, or H=Hq:Hkv where there are fewer K/V heads (GQA)."""
     return f"H={hq}" if hkv == hq else f"H={hq}:{hkv}"
 
 
@@ -175,8 +174,9 @@ def pybench_table(csv_path, what, caption, label, ours, ratio_key, ratio_title, 
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
 
-    def key(r):
-        return int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r[heads_key])
+    def key(r):  # K/V heads: heads_kv where the CSV has it (GQA), else the query heads
+        return (int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), int(r["batch"]), int(r[heads_key]),
+                int(r.get("heads_kv") or r[heads_key]))
 
     names = list(dict.fromkeys(r["name"] for r in rows))
     shapes = list(dict.fromkeys(key(r) for r in rows))
@@ -185,14 +185,13 @@ def pybench_table(csv_path, what, caption, label, ours, ratio_key, ratio_title, 
            "| shape | " + " | ".join(label.get(n, n) for n in names) + f" | {ratio_title} | check |",
            "|---|" + "---|" * (len(names) + 2)]
     for shape in shapes:
-        d, causal, s, b, h = shape
+        d, causal, s, b, h, hkv = shape
         got = {n: index.get((*shape, n)) for n in names}
         cells = [f"{float(r['tflops']):.0f}" if r and r["tflops"] else "–" for r in got.values()]
         mine = got.get(ours)
         ratio = mine[ratio_key] if mine else ""
         ratio = f"{float(ratio):.2f}" if ratio else "–"
-        any_row = next(r for r in got.values() if r)
-        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} {heads(any_row, heads_key)} | "
+        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} {heads(h, hkv)} | "
                    + " | ".join(cells) + f" | {ratio} | {mine['status'] if mine else '–'} |")
     first = rows[0]
     clocks = sorted({r["sm_clock_mhz"] for r in rows})
@@ -223,23 +222,22 @@ def ab_table(csv_path):
         return f"_No results yet (`{csv_path.relative_to(ROOT)}`)._\n"
     all_rows = load(csv_path)
     kernels = list(dict.fromkeys(r["kernel"] for r in all_rows))
-    shapes = list(dict.fromkeys((r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"])
-                                for r in all_rows))
+    shapes = list(dict.fromkeys((r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"],
+                                 int(r["heads_kv"])) for r in all_rows))
     rows = [r for r in all_rows if r["check"] != "unsupported"]  # timed rows only
-    index = {(r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"], r["kernel"]): r for r in rows}
+    index = {(r["head_dim"], r["causal"], r["seqlen_q"], r["batch"], r["heads_q"], int(r["heads_kv"]), r["kernel"]): r
+             for r in rows}
     first, last = kernels[0], kernels[-1]
     out = ["TFLOP/s, " + all_rows[0]["dtype"] + ", one `hattn-bench` run (each kernel timed in turn on the same "
            "tensors; the check compares sampled rows with the fp64 reference).", "",
            "| shape | " + " | ".join(f"`{k}`" for k in kernels) + f" | {last} / {first} | check |",
            "|---|" + "---|" * (len(kernels) + 2)]
-    for d, causal, s, b, h in shapes:
-        got = [index.get((d, causal, s, b, h, k)) for k in kernels]
+    for d, causal, s, b, h, hkv in shapes:
+        got = [index.get((d, causal, s, b, h, hkv, k)) for k in kernels]
         cells = [f"{r['tflops']:.1f}" if r else "–" for r in got]
         ratio = f"{got[-1]['tflops'] / got[0]['tflops']:.3f}" if got[0] and got[-1] else "–"
         checks = {r["check"] for r in got if r}
-        any_row = next(r for r in all_rows if (r["head_dim"], r["causal"], r["seqlen_q"], r["batch"],
-                                               r["heads_q"]) == (d, causal, s, b, h))
-        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} {heads(any_row)} | " + " | ".join(cells)
+        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} {heads(h, hkv)} | " + " | ".join(cells)
                    + f" | {ratio} | {', '.join(sorted(checks))} |")
     clocks = sorted({f"{r['sm_clock_mhz']:.0f}" for r in rows})
     out += ["", f"_{all_rows[0]['gpu']}, commit `{all_rows[0]['commit']}`, SM clock at the start {', '.join(clocks)} MHz; "
