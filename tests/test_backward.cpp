@@ -329,17 +329,21 @@ std::string describe(const Case& c) {
 // Compares a gradient on the GPU ([entries, rows, heads, D] at `strides`, in `dtype`) with the
 // fp64 reference (contiguous, same shape): every element finite, the largest error within
 // backward_error_budget.
+// Rows [skip_begin, skip_end) of every entry are not checked (a sequence whose own inputs hold NaN).
 void check_gradient(const char* name, const harness::DeviceBuffer& got, const Strides& strides, int entries, int rows,
-                    int heads, int head_dim, DType dtype, const std::vector<double>& want) {
+                    int heads, int head_dim, DType dtype, const std::vector<double>& want, int skip_begin = 0,
+                    int skip_end = 0) {
   std::vector<uint16_t> bits(got.bytes() / 2);
   ASSERT_EQ(cudaMemcpy(bits.data(), got.get(), got.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
   double largest = 0, worst = 0;
   int64_t bad = 0;
-  for (double w : want) largest = std::max(largest, std::abs(w));
+  for (double w : want)
+    if (std::isfinite(w)) largest = std::max(largest, std::abs(w));
   for (int bb = 0; bb < entries; ++bb)
     for (int t = 0; t < rows; ++t)
       for (int hh = 0; hh < heads; ++hh)
         for (int d = 0; d < head_dim; ++d) {
+          if (t >= skip_begin && t < skip_end) continue;
           const float g =
               ref::bits_to_float(bits[bb * strides.batch + int64_t(t) * strides.seq + hh * strides.head + d], dtype);
           const double w = want[((size_t(bb) * rows + t) * heads + hh) * head_dim + d];
@@ -509,7 +513,9 @@ INSTANTIATE_TEST_SUITE_P(
 // reference run per sequence. A sequence without keys gets NaN queries and dO (its rows see no
 // key: its dq is 0 whatever they hold) and one without queries NaN keys and values (its dk and
 // dv are 0): a kernel whose boxes run past a neighbour's last row must keep them out of the
-// neighbour's gradients.
+// neighbour's gradients. With nan_sequence >= 0 that sequence's own first query and key hold
+// NaN (its gradients are NaN, and not checked): the others' must stay exact, although a box of
+// its rows runs into theirs (0 x NaN is NaN on the tensor cores).
 struct VarlenCase {
   std::vector<int> lens_q, lens_k;
   int heads_q, heads_kv, head_dim;
@@ -517,6 +523,7 @@ struct VarlenCase {
   int window_left;
   DType dtype;
   bool padded;  // dq, dk and dv with gaps between rows and heads
+  int nan_sequence = -1;
 };
 
 std::string describe(const VarlenCase& c) {
@@ -526,7 +533,8 @@ std::string describe(const VarlenCase& c) {
   return "varlen q/k=" + lens + " Hq=" + std::to_string(c.heads_q) + " Hkv=" + std::to_string(c.heads_kv) +
          " D=" + std::to_string(c.head_dim) + (c.causal ? " causal" : "") +
          (c.window_left >= 0 ? " window_left=" + std::to_string(c.window_left) : "") +
-         (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "");
+         (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "") +
+         (c.nan_sequence >= 0 ? " NaN in sequence " + std::to_string(c.nan_sequence) : "");
 }
 
 class BackwardVarlenTest : public ::testing::TestWithParam<std::tuple<std::string, VarlenCase>> {};
@@ -558,6 +566,10 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   for (int b = 0; b < batch; ++b) {
     if (c.lens_k[b] == 0) poison(&q, cu_q[b], c.lens_q[b], Hq), poison(&dout, cu_q[b], c.lens_q[b], Hq);
     if (c.lens_q[b] == 0) poison(&k, cu_k[b], c.lens_k[b], Hkv), poison(&v, cu_k[b], c.lens_k[b], Hkv);
+  }
+  if (c.nan_sequence >= 0) {  // its first query and key row: every query of it then sees a NaN key
+    poison(&q, cu_q[c.nan_sequence], 1, Hq);
+    poison(&k, cu_k[c.nan_sequence], 1, Hkv);
   }
 
   // The reference, one sequence at a time (a one-entry batch over its rows), into the packed
@@ -643,9 +655,13 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
 
-  check_gradient("dq", d.dq, dq_strides, 1, total_q, Hq, D, c.dtype, dq_ref);
-  check_gradient("dk", d.dk, dk_strides, 1, total_k, Hkv, D, c.dtype, dk_ref);
-  check_gradient("dv", d.dv, dk_strides, 1, total_k, Hkv, D, c.dtype, dv_ref);
+  const int n = c.nan_sequence;  // its rows are not checked
+  check_gradient("dq", d.dq, dq_strides, 1, total_q, Hq, D, c.dtype, dq_ref, n >= 0 ? cu_q[n] : 0,
+                 n >= 0 ? cu_q[n + 1] : 0);
+  check_gradient("dk", d.dk, dk_strides, 1, total_k, Hkv, D, c.dtype, dk_ref, n >= 0 ? cu_k[n] : 0,
+                 n >= 0 ? cu_k[n + 1] : 0);
+  check_gradient("dv", d.dv, dk_strides, 1, total_k, Hkv, D, c.dtype, dv_ref, n >= 0 ? cu_k[n] : 0,
+                 n >= 0 ? cu_k[n + 1] : 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -676,7 +692,12 @@ INSTANTIATE_TEST_SUITE_P(
             // queries and dO inside its last query box).
             VarlenCase{{70, 0, 50}, {130, 40, 0}, 4, 2, 256, true, -1, bf, true},
             // D = 256, MQA, a window; Sq > Sk and Sq < Sk in one batch; 5 query blocks.
-            VarlenCase{{300, 8, 130}, {9, 200, 330}, 2, 1, 256, false, 40, fp, false})),
+            VarlenCase{{300, 8, 130}, {9, 200, 330}, 2, 1, 256, false, 40, fp, false},
+            // NaN in sequence 0's own first query and key (70 queries, 90 keys: its last query
+            // and key boxes run into sequence 1's rows), at each head dim; GQA 2 at D = 128.
+            VarlenCase{{70, 90}, {90, 70}, 2, 2, 64, false, -1, bf, false, 0},
+            VarlenCase{{70, 90}, {90, 70}, 4, 2, 128, true, -1, fp, false, 0},
+            VarlenCase{{70, 90}, {90, 70}, 2, 2, 256, false, -1, bf, false, 0})),
     [](const ::testing::TestParamInfo<std::tuple<std::string, VarlenCase>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });

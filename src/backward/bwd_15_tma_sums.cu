@@ -4,7 +4,8 @@
 // dK and of dV in fp32 (64 x 32 boxes, swizzled like the TMA box) over K, V (warpgroup 0) or Q,
 // dO (warpgroup 1), and its issuing thread adds them with cp.reduce.async.bulk.tensor. In a
 // packed batch the boxes may run past the sequence's keys into the next sequence's rows: those
-// rows of dK and dV are zeros (the keys are masked), and adding zeros changes no sum. With
+// rows are written as zeros (a select: masking alone leaves 0 x Q, NaN where this sequence's
+// queries hold NaN), and adding zeros changes no sum. With
 // every batch's dK and dV leaving by TMA, the stagger runs on every path.
 //   Measured on the H200 against B14: 1.01-1.08x with GQA at S = 1k, 1.00-1.03x from 4k (one
 // point at 0.97, the shape that moves by 10% between runs), 0.99-1.05x on mixed
@@ -351,13 +352,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     // live across the loop (at D = 128 it spilled them).
     uint32_t lane_offset = dq_lane;
     ptx::fence_operand(lane_offset);
+    // Varlen: the box's rows past the sequence are the next sequence's; they get exact zeros,
+    // not 0 x K, which is NaN where this sequence's keys hold NaN.
+    bool keep[2] = {true, true};
+    if constexpr (kVarlen) {
+      const int rows_left = seq.seqlen_q - (block_row(step)) - 16 * warp_in_wg - group;
+      keep[0] = rows_left > 0, keep[1] = rows_left > 8;
+    }
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
       float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         *reinterpret_cast<float2*>(at + 8 * r * 32) =
-            make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
+            keep[r] ? make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
     }
   };
   // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
@@ -653,9 +661,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int at = nt / 4 * 64 * 32 + (dq_lane ^ (nt % 4) << 3);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      // Varlen: keys past the sequence (the next sequence's rows) get exact zeros, not 0 x Q.
+      const bool keep_key = !kVarlen || key0 + 8 * r < seq.seqlen_k;
       *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
-          make_float2(f.scale * dk[nt * 4 + 2 * r], f.scale * dk[nt * 4 + 2 * r + 1]);
-      *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) = make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]);
+          keep_key ? make_float2(f.scale * dk[nt * 4 + 2 * r], f.scale * dk[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
+      *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) =
+          keep_key ? make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
     }
   }
   ptx::fence_proxy_async_shared_cta();  // the stores above, before the reductions (async proxy) read them
