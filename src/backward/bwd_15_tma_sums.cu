@@ -353,19 +353,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t lane_offset = dq_lane;
     ptx::fence_operand(lane_offset);
     // Varlen: the box's rows past the sequence are the next sequence's; they get exact zeros,
-    // not 0 x K, which is NaN where this sequence's keys hold NaN.
-    bool keep[2] = {true, true};
-    if constexpr (kVarlen) {
-      const int rows_left = seq.seqlen_q - (block_row(step)) - 16 * warp_in_wg - group;
-      keep[0] = rows_left > 0, keep[1] = rows_left > 8;
-    }
+    // not 0 x K, which is NaN where this sequence's keys hold NaN. (A dense batch's code is
+    // unchanged: its boxes end at the tensor's edge.)
+    int rows_left = kBlockM;
+    if constexpr (kVarlen) rows_left = seq.seqlen_q - (block_row(step)) - 16 * warp_in_wg - group;
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
       float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<float2*>(at + 8 * r * 32) =
-            keep[r] ? make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
+      for (int r = 0; r < 2; ++r) {
+        if constexpr (kVarlen)
+          *reinterpret_cast<float2*>(at + 8 * r * 32) =
+              rows_left > 8 * r ? make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1])
+                                : make_float2(0.f, 0.f);
+        else
+          *reinterpret_cast<float2*>(at + 8 * r * 32) =
+              make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
+      }
     }
   };
   // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
@@ -662,11 +666,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // Varlen: keys past the sequence (the next sequence's rows) get exact zeros, not 0 x Q.
-      const bool keep_key = !kVarlen || key0 + 8 * r < seq.seqlen_k;
-      *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
-          keep_key ? make_float2(f.scale * dk[nt * 4 + 2 * r], f.scale * dk[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
-      *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) =
-          keep_key ? make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
+      if constexpr (kVarlen) {
+        const bool keep_key = key0 + 8 * r < seq.seqlen_k;
+        *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
+            keep_key ? make_float2(f.scale * dk[nt * 4 + 2 * r], f.scale * dk[nt * 4 + 2 * r + 1])
+                     : make_float2(0.f, 0.f);
+        *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) =
+            keep_key ? make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
+      } else {
+        *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
+            make_float2(f.scale * dk[nt * 4 + 2 * r], f.scale * dk[nt * 4 + 2 * r + 1]);
+        *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) = make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]);
+      }
     }
   }
   ptx::fence_proxy_async_shared_cta();  // the stores above, before the reductions (async proxy) read them
