@@ -168,38 +168,24 @@ __device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem,
   }
 }
 
-// This thread's dK and dV rows (keys key0 and key0 + 8 of the sequence; columns 8 dt + 2 t,
-// + 1), scaled dK: into the fp32 sums of the K/V head with atomics, or, when run_backward made
-// none (dk_accum null: a dense batch without GQA, this CTA alone computes these rows), written
-// once in T.
-template <typename T, int D, bool kVarlen>
-__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int key0,
-                                            int tig, const float* dk, const float* dv) {
+// Zeros for this thread's dK and dV rows (keys key0 and key0 + 8; columns 8 dt + 2 t, + 1) of a
+// dense batch without GQA, where no query sees the CTA's keys: every other path leaves by TMA,
+// and fp32 sums (GQA, varlen) are zeroed before the kernel.
+template <typename T, int D>
+__device__ __forceinline__ void store_zero_dk_dv(const BackwardParams& p, int batch, int head_kv, int key0, int tig) {
   constexpr int kDTiles = D / 8;
-  const AttentionParams& f = p.fwd;
-  const int batch = seq.batch_coord;
+  const uint32_t zero = frag::pack2<T>(0.f, 0.f);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= seqlen_k_of<kVarlen>(f, seq)) continue;
-    if (!kVarlen && p.dk_accum == nullptr) {
-      // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
-      T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
-      T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_seq_stride + head_kv * p.dv_head_stride;
+    if (key >= p.fwd.seqlen_k) continue;
+    // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
+    T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
+    T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_seq_stride + head_kv * p.dv_head_stride;
 #pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        *reinterpret_cast<uint32_t*>(dk_row + 8 * dt + 2 * tig) =
-            frag::pack2<T>(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]);
-        *reinterpret_cast<uint32_t*>(dv_row + 8 * dt + 2 * tig) = frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
-      }
-    } else {
-      const int64_t at = (key_row<kVarlen>(f, seq, key) * f.heads_kv + head_kv) * D + 2 * tig;
-#pragma unroll
-      for (int dt = 0; dt < kDTiles; ++dt) {
-        atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
-                  make_float2(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]));
-        atomicAdd(reinterpret_cast<float2*>(p.dv_accum + at + 8 * dt), make_float2(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]));
-      }
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      *reinterpret_cast<uint32_t*>(dk_row + 8 * dt + 2 * tig) = zero;
+      *reinterpret_cast<uint32_t*>(dv_row + 8 * dt + 2 * tig) = zero;
     }
   }
 }
@@ -263,10 +249,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 128) ptx::prefetch_tensormap(&dq_map);  // the reductions' issuing thread of warpgroup 0
   __syncthreads();  // no thread waits on a barrier before it is initialized
   if (steps == 0) {  // CTA-uniform: no query sees these keys, their dK and dV are 0
-    if (!kVarlen && warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
-      const float zeros[kDTiles * 4] = {};
-      store_dk_dv<T, D, kVarlen>(p, seq, head_kv, key0, tig, zeros, zeros);
-    }
+    if (!kVarlen && warpgroup >= 0 && p.dk_accum == nullptr)  // no zeroed sums here: write the zeros
+      store_zero_dk_dv<T, D>(p, seq.batch_coord, head_kv, key0, tig);
     return;
   }
 
