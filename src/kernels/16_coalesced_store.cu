@@ -1255,16 +1255,17 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
 constexpr int kMinTilesPerSplit = 4;
 
 // Split-KV parts: num_splits when the caller gives it (1: off), else, when the query blocks
-// alone would leave more than half of the SMs idle, enough parts to give each SM an item, as
-// long as each part keeps kMinTilesPerSplit tiles of the mean sweep. Capped so that the work
-// list still fits an int.
+// alone would leave more than half of the SMs idle, as many parts as fit in one round of the
+// SMs (rounding up left a second round with most SMs idle: 1.1-1.6x slower on the H200,
+// results/evidence/split_rounds_397bfab/), as long as each part keeps kMinTilesPerSplit tiles
+// of the mean sweep. Capped so that the work list still fits an int.
 int split_parts(const AttentionProblem& problem, int pack_shift, int block_m, int block_n, double mean_keys, int sms) {
   const int64_t items = work_items(problem.batch, pack_shift > 0 ? problem.heads_kv : problem.heads_q, problem.seqlen_q,
                                    block_m >> pack_shift);
   int parts = problem.num_splits;
   if (parts == 0) {
     if (items * 2 > sms) return 1;
-    const int64_t by_sms = (sms + items - 1) / items;
+    const int64_t by_sms = sms / items;  // items <= sms / 2 here: at least 2
     const int64_t by_tiles = int64_t(mean_keys / block_n) / kMinTilesPerSplit;
     parts = int(std::min<int64_t>({by_sms, by_tiles, kMaxSplits}));
   }
