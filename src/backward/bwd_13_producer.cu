@@ -310,8 +310,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t lane_offset = dq_lane;
     ptx::fence_operand(lane_offset);
     // Varlen: the box's rows past the sequence are the next sequence's; they get exact zeros,
-    // not 0 x K, which is NaN where this sequence's keys hold NaN. (A dense batch's code is
-    // unchanged: its boxes end at the tensor's edge.)
+    // not 0 x K, which is NaN where this sequence's keys hold NaN. Dense: rows_left stays
+    // kBlockM (its boxes end at the tensor's edge), so the select folds to the plain store.
     int rows_left = kBlockM;
     if constexpr (kVarlen) rows_left = seq.seqlen_q - (m_begin + step * kBlockM) - 16 * warp_in_wg - group;
 #pragma unroll
@@ -319,13 +319,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if constexpr (kVarlen)
-          *reinterpret_cast<float2*>(at + 8 * r * 32) =
-              rows_left > 8 * r ? make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1])
-                                : make_float2(0.f, 0.f);
-        else
-          *reinterpret_cast<float2*>(at + 8 * r * 32) =
-              make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
+        *reinterpret_cast<float2*>(at + 8 * r * 32) =
+            rows_left > 8 * r ? make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1])
+                              : make_float2(0.f, 0.f);
       }
     }
   };
