@@ -9,6 +9,7 @@
 
 #include "hattn/hattn.h"
 #include "backward.h"
+#include "device_checks.h"
 #include "registry.h"
 
 namespace hattn {
@@ -130,6 +131,8 @@ Status check_tensor(const char* name, const void* ptr, const Strides& strides, i
   return Status::Ok();
 }
 
+}  // namespace
+
 // The device the calling thread has current, checked to be a Hopper (sm_90) GPU.
 Status check_device() {
   int count = 0;
@@ -166,6 +169,8 @@ Status check_device_pointer(const char* name, const void* ptr) {
     return invalid(std::string(name) + ": pointer is not GPU memory (device or managed)");
   return Status::Ok();
 }
+
+namespace {
 
 const KernelEntry* find_kernel(const std::string& name) {
   for (const KernelEntry* e : registry())

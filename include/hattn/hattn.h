@@ -249,6 +249,70 @@ Status resolve_backward_kernel(const BackwardProblem& problem, const std::string
 // no GPU.
 Status validate_backward_arguments(const BackwardProblem& problem);
 
+// Appending to a KV cache before a decoding step (FlashAttention's flash_attn_with_kvcache with
+// k and v): sequence b's new rows k_new[b, i] and v_new[b, i] are written at key seqlens[b] + i
+// of its cache (negative seqlens read as 0), optionally rotated first (rotary embedding), and
+// q may be rotated into q_rotated at the same positions. Keys at or past the cache's capacity
+// (cache_seqlen, or max_pages_per_seq * page_size) are not written, as the attention clamps
+// seqlens_k to it: the lengths stay on the GPU, the host never reads them. One kernel launch.
+struct KvAppendProblem {
+  DType dtype = DType::bf16;  // bf16 or fp16: every tensor below but the int32 arrays
+  int batch = 0;
+  int seqlen_new = 0;  // new rows per sequence (0: nothing to write)
+  int heads_kv = 0;
+  int head_dim = 0;  // 64, 128 or 256
+
+  const void* k_new = nullptr;  // [B, seqlen_new, Hkv, D]
+  Strides k_new_strides;
+  const void* v_new = nullptr;  // [B, seqlen_new, Hkv, D]
+  Strides v_new_strides;
+  void* k_cache = nullptr;  // dense [B, cache_seqlen, Hkv, D], or paged [num_pages, page_size, Hkv, D]
+  Strides k_cache_strides;
+  void* v_cache = nullptr;  // the same shape as k_cache
+  Strides v_cache_strides;
+  int cache_seqlen = 0;  // dense: rows per sequence of the cache
+
+  // Paged cache, as in AttentionProblem: key j of sequence b lies in page block_table[b *
+  // max_pages_per_seq + j / page_size] (clamped to the pages), row j % page_size.
+  const int32_t* block_table = nullptr;
+  int max_pages_per_seq = 0;
+  int num_pages = 0;
+  int page_size = 0;
+
+  const int32_t* seqlens = nullptr;  // [B] device: each sequence's keys before the append
+  int32_t* seqlens_out = nullptr;    // optional [B] device: seqlens + seqlen_new (not aliasing seqlens)
+
+  // Rotary embedding (optional): cos and sin [rotary_seqlen, rotary_dim / 2], contiguous, in
+  // dtype; rotary_dim even, at most head_dim; rotary_seqlen at least the cache's capacity. The
+  // new key at position p has its first rotary_dim features rotated by the angles of row p:
+  // interleaved pairs (2i, 2i + 1) (GPT-J) or halves (i, i + rotary_dim / 2) (GPT-NeoX), in fp32.
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int rotary_dim = 0;
+  int rotary_seqlen = 0;
+  bool rotary_interleaved = true;
+  // With rotary, q [B, seqlen_q, Hq, D] may be rotated into q_rotated (same shape): row i at
+  // position seqlens[b] + i when q_positions_per_row (causal or windowed attention), else every
+  // row at seqlens[b]. Positions are clamped to the table.
+  const void* q = nullptr;
+  Strides q_strides;
+  void* q_rotated = nullptr;
+  Strides q_rotated_strides;
+  int seqlen_q = 0;
+  int heads_q = 0;
+  bool q_positions_per_row = false;
+
+  bool is_paged() const { return block_table != nullptr; }
+  // Keys per sequence the cache holds.
+  int64_t capacity() const { return is_paged() ? int64_t(max_pages_per_seq) * page_size : cache_seqlen; }
+};
+
+// Validates `problem` and launches the append on `stream`. Asynchronous, like forward().
+Status append_kv(const KvAppendProblem& problem, cudaStream_t stream = nullptr);
+
+// Checks of append_kv()'s arguments alone. Needs no GPU.
+Status validate_append_kv_arguments(const KvAppendProblem& problem);
+
 // Which kernel "auto" (or a given name) resolves to for this problem, without launching.
 Status resolve_kernel(const AttentionProblem& problem, const std::string& kernel, std::string* resolved);
 

@@ -29,7 +29,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from .ops import (
-    _FP8_DTYPE, _PAGED_NAMES, _check_inputs, _check_seqlens_k, _needs_grad, _window, attention, attention_fp8,
+    _FP8_DTYPE, _PAGED_NAMES, _check_block_table, _check_device, _check_inputs, _check_seqlens_k, _needs_grad,
+    _window, _append_kv, _call, append_kv, attention, attention_fp8,
     attention_paged, attention_varlen,
 )  # fmt: skip
 
@@ -170,6 +171,54 @@ def _cache_seqlens(cache_seqlens, q: torch.Tensor) -> Optional[torch.Tensor]:
     return torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
 
 
+# --- appending to a KV cache and rotary embedding (flash_attn_with_kvcache's k, v, rotary_*) ---------
+
+
+def _check_new_kv(k, v, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """k and v (the rows to append): both or neither, [B, seqlen_new, Hkv, D] like the cache's rows."""
+    if (k is None) != (v is None):
+        raise ValueError("k, v: pass both (the new keys and values to append) or neither")
+    for name, t in (("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+        expect = (q.shape[0], t.shape[1] if t.dim() == 4 else -1, k_cache.shape[2], k_cache.shape[3])
+        if t.dim() != 4 or t.shape != expect:
+            raise ValueError(
+                f"{name}: must be 4-D [batch, seqlen_new, heads_kv, head_dim] with q's batch {q.shape[0]} and "
+                f"k_cache's heads_kv {k_cache.shape[2]} and head_dim {k_cache.shape[3]}, got shape {tuple(t.shape)}"
+            )
+        if t.dtype != k_cache.dtype:
+            raise ValueError(f"{name}: dtype {t.dtype} must match k_cache's dtype {k_cache.dtype}")
+        if t.device != k_cache.device:
+            raise ValueError(f"{name}: must be on k_cache's device {k_cache.device}, got {t.device}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: shape {tuple(v.shape)} must equal k's shape {tuple(k.shape)}")
+
+
+def _check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, capacity: int) -> None:
+    """cos and sin [seqlen_ro, rotary_dim / 2], rotary_dim even and <= head_dim, seqlen_ro >= the cache's keys."""
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos, rotary_sin: pass both or neither")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2 or not 1 <= 2 * t.shape[1] <= q.shape[-1]:
+            raise ValueError(
+                f"{name}: must be 2-D [seqlen_ro, rotary_dim / 2] with 2 <= rotary_dim <= head_dim "
+                f"({q.shape[-1]}), got shape {tuple(t.shape)}"
+            )
+        if t.shape[0] < capacity:
+            raise ValueError(
+                f"{name}: seqlen_ro ({t.shape[0]}, dim 0) must be at least the cache's keys per sequence ({capacity})"
+            )
+        if not t.dtype.is_floating_point or t.dtype == _FP8_DTYPE:
+            raise ValueError(f"{name}: dtype must be torch.float32, torch.bfloat16 or torch.float16, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got {t.device}")
+    if rotary_sin.shape != rotary_cos.shape:
+        raise ValueError(f"rotary_sin: shape {tuple(rotary_sin.shape)} must equal rotary_cos's shape")
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -198,27 +247,38 @@ def flash_attn_with_kvcache(
     Hkv, D] with block_table int32 [B, max_pages_per_seq] (paged; page_size a multiple of 128).
     cache_seqlens: the keys in each sequence's cache, an int (the same for all) or int32 [B] on
     q's device; None uses every key of a dense cache and is an error with a block_table. As in
-    FlashAttention, causal and window_size align to each sequence's cache_seqlens and causal
-    sets the window's right side to 0; num_splits is the split-KV hint (0 automatic, 1 off).
+    FlashAttention, causal and window_size align to each sequence's last key and causal sets
+    the window's right side to 0; num_splits is the split-KV hint (0 automatic, 1 off).
     Returns out [B, Sq, Hq, D], or (out, softmax_lse [B, Hq, Sq] fp32) when return_softmax_lse.
-    The cache is only read: appending k, v (and rotary embedding), cache_batch_idx,
-    cache_leftpad, softcap, alibi_slopes and inputs that require grad (no backward with a KV
-    cache yet) raise NotImplementedError naming them.
-    rotary_interleaved matters only with rotary_cos and is ignored. Unused cache rows may hold
-    anything (see hattn.attention_paged).
+
+    Appending, as in FlashAttention: k and v [B, seqlen_new, Hkv, D] are written into the caches
+    in place at keys cache_seqlens[b], cache_seqlens[b] + 1, ... (dense rows, or the pages
+    block_table maps them to), and the attention runs over cache_seqlens[b] + seqlen_new keys;
+    cache_seqlens itself is not changed. Rows that do not fit in the cache (S_cache, or
+    max_pages_per_seq * page_size keys) are not written and the length is clamped to the cache,
+    like the kernels' own clamping, since the lengths are never read on the host. With
+    rotary_cos and rotary_sin [seqlen_ro, rotary_dim / 2] (seqlen_ro at least the cache's keys
+    per sequence), the new keys are rotated at their positions before they are written, and q
+    (a rotated copy) at positions cache_seqlens[b] + i when causal or windowed, else all at
+    cache_seqlens[b]; rotary_interleaved picks GPT-J pairs (2i, 2i + 1) over GPT-NeoX halves.
+    The tables are read in q's dtype (as FlashAttention requires them; others are converted),
+    the rotation runs in fp32. The append is one kernel (the op hattn::append_kv) on the current
+    stream before the attention: no host synchronization, CUDA-graph capture works. The caches'
+    last dim must be contiguous. An error raised by the attention itself (an unsupported
+    head_dim or page_size) comes after the write.
+
+    cache_batch_idx, cache_leftpad, softcap, alibi_slopes and inputs that require grad (no
+    backward with a KV cache yet) raise NotImplementedError naming them. Unused cache rows may
+    hold anything (see hattn.attention_paged).
     """
     unsupported = []
-    if k is not None or v is not None:
-        unsupported.append("k, v (appending to the KV cache; write the cache first, then call with cache_seqlens)")
-    if rotary_cos is not None or rotary_sin is not None:
-        unsupported.append("rotary_cos, rotary_sin (no rotary embedding)")
     if cache_batch_idx is not None:
         unsupported.append("cache_batch_idx (no cache indexing; use block_table)")
     if cache_leftpad is not None:
         unsupported.append("cache_leftpad (no left padding)")
     # softcap and alibi_slopes as in flash_attn_func (no dropout or probabilities here).
     unsupported += _unsupported(0.0, softcap, alibi_slopes, False, "attention_paged")
-    if _needs_grad(q, k_cache, v_cache):
+    if _needs_grad(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
         unsupported.append("inputs that require grad (hattn has no backward with a KV cache yet; use torch.no_grad())")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_with_kvcache does not support " + "; ".join(unsupported))
@@ -230,6 +290,33 @@ def flash_attn_with_kvcache(
     if paged:
         if seqlens_k is None:
             raise ValueError("cache_seqlens: required with block_table (the keys in each sequence's pages)")
+        _check_block_table(block_table, q.shape[0], k_cache.shape[1])
+    appending = k is not None or v is not None
+    if rotary_cos is not None or rotary_sin is not None:
+        if not appending:
+            raise ValueError("rotary_cos, rotary_sin: only with k and v (the rotation applies to the keys appended)")
+        capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+        _check_rotary(rotary_cos, rotary_sin, q, capacity)
+    if appending:
+        _check_new_kv(k, v, q, k_cache)
+        if seqlens_k is None:
+            raise ValueError("cache_seqlens: required with k and v (where the new keys go in each sequence)")
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.stride(-1) != 1:
+                raise ValueError(f"{name}: the last dim must be contiguous (stride 1) to append to it in place")
+        if q.device.type != "meta":  # before anything is written (k, v and rotary are on the caches' device)
+            _check_device(q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k)
+        if rotary_cos is not None:  # the kernel reads the tables in q's dtype, rows contiguous
+            rotary_cos, rotary_sin = (t.to(q.dtype).contiguous() for t in (rotary_cos, rotary_sin))
+        table = None if block_table is None else block_table.contiguous()
+        args = (
+            q, k_cache, v_cache, k, v, seqlens_k.contiguous(), table, rotary_cos, rotary_sin, bool(rotary_interleaved),
+            window != (-1, -1),
+        )  # fmt: skip
+        seqlens_k, q_rotated = _call(append_kv, _append_kv, *args)
+        if rotary_cos is not None:
+            q = q_rotated
+    if paged:
         result = attention_paged(
             q, k_cache, v_cache, block_table, seqlens_k, causal=causal, softmax_scale=softmax_scale,
             return_lse=return_softmax_lse, window_size=window, num_splits=num_splits,

@@ -887,6 +887,70 @@ def attention_paged(
     return (out, lse) if return_lse else out
 
 
+# --- appending to a KV cache -----------------------------------------------------------------------
+
+
+def _append_kv(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seqlens: torch.Tensor,
+    block_table: Optional[torch.Tensor],
+    rotary_cos: Optional[torch.Tensor],
+    rotary_sin: Optional[torch.Tensor],
+    rotary_interleaved: bool,
+    q_positions_per_row: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """hattn::append_kv (hattn._C.append_kv, one kernel): writes k and v [B, n, Hkv, D] into the
+    caches in place at keys seqlens[b] + i (rotated first with rotary_cos/rotary_sin, which
+    are in q's dtype and contiguous); returns (seqlens + n, int32 [B]; q rotated at its
+    positions, or an empty tensor without rotary). The caller has checked the arguments
+    (hattn.flash_attn_with_kvcache); the C++ side checks them again."""
+    rotary = rotary_cos is not None
+    seqlens_out = torch.empty_like(seqlens)
+    q_rotated = torch.empty_like(q, memory_format=torch.contiguous_format) if rotary else q.new_empty(0)
+    paged = block_table is not None
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    extra = {}
+    if paged:
+        extra.update(
+            block_table=block_table.data_ptr(), max_pages_per_seq=block_table.shape[1], num_pages=k_cache.shape[0],
+            page_size=k_cache.shape[1],
+        )  # fmt: skip
+    else:
+        extra.update(cache_seqlen=k_cache.shape[1])
+    if rotary:
+        q_in = q if q.stride(-1) == 1 else q.contiguous()
+        extra.update(
+            rotary_cos=rotary_cos.data_ptr(), rotary_sin=rotary_sin.data_ptr(), rotary_dim=2 * rotary_cos.shape[1],
+            rotary_seqlen=rotary_cos.shape[0], rotary_interleaved=rotary_interleaved, q=q_in.data_ptr(),
+            q_strides=_strides(q_in), q_rotated=q_rotated.data_ptr(), q_rotated_strides=_strides(q_rotated),
+            seqlen_q=q.shape[1], heads_q=q.shape[2], q_positions_per_row=q_positions_per_row,
+        )  # fmt: skip
+    with torch.cuda.device(q.device):
+        _C.append_kv(
+            dtype=_DTYPE_NAMES[k_cache.dtype], batch=q.shape[0], seqlen_new=k.shape[1], heads_kv=k.shape[2],
+            head_dim=k.shape[3], k_new=k.data_ptr(), k_new_strides=_strides(k), v_new=v.data_ptr(),
+            v_new_strides=_strides(v), k_cache=k_cache.data_ptr(), k_cache_strides=_strides(k_cache),
+            v_cache=v_cache.data_ptr(), v_cache_strides=_strides(v_cache), seqlens=seqlens.data_ptr(),
+            seqlens_out=seqlens_out.data_ptr(), stream=torch.cuda.current_stream(q.device).cuda_stream, **extra,
+        )  # fmt: skip
+    return seqlens_out, q_rotated
+
+
+append_kv = torch.library.custom_op("hattn::append_kv", mutates_args=("k_cache", "v_cache"))(_append_kv)
+
+
+@append_kv.register_fake
+def _append_kv_fake(
+    q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved, q_positions_per_row
+):  # fmt: skip
+    q_rotated = torch.empty_like(q, memory_format=torch.contiguous_format) if rotary_cos is not None else q.new_empty(0)
+    return torch.empty_like(seqlens), q_rotated
+
+
 # --- FP8 forward ------------------------------------------------------------------------------------
 
 _DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")

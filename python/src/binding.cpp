@@ -193,6 +193,51 @@ void backward(const hattn::AttentionProblem& problem, const std::optional<GradAr
   without_gil([&] { return hattn::backward(b, make_options(kernel, stream)); });
 }
 
+// append_kv's keywords: tensors as (pointer, (batch, seq, head) strides); 0 for an absent pointer.
+void append_kv(const std::string& dtype, int batch, int seqlen_new, int heads_kv, int head_dim, uintptr_t k_new,
+               const StrideTuple& k_new_strides, uintptr_t v_new, const StrideTuple& v_new_strides, uintptr_t k_cache,
+               const StrideTuple& k_cache_strides, uintptr_t v_cache, const StrideTuple& v_cache_strides,
+               uintptr_t seqlens, int cache_seqlen, uintptr_t block_table, int max_pages_per_seq, int num_pages,
+               int page_size, uintptr_t seqlens_out, uintptr_t rotary_cos, uintptr_t rotary_sin, int rotary_dim,
+               int rotary_seqlen, bool rotary_interleaved, uintptr_t q, const StrideTuple& q_strides,
+               uintptr_t q_rotated, const StrideTuple& q_rotated_strides, int seqlen_q, int heads_q,
+               bool q_positions_per_row, uintptr_t stream) {
+  hattn::KvAppendProblem p;
+  p.dtype = parse_dtype(dtype);
+  p.batch = batch;
+  p.seqlen_new = seqlen_new;
+  p.heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.k_new = reinterpret_cast<const void*>(k_new);
+  p.k_new_strides = to_strides(k_new_strides);
+  p.v_new = reinterpret_cast<const void*>(v_new);
+  p.v_new_strides = to_strides(v_new_strides);
+  p.k_cache = reinterpret_cast<void*>(k_cache);
+  p.k_cache_strides = to_strides(k_cache_strides);
+  p.v_cache = reinterpret_cast<void*>(v_cache);
+  p.v_cache_strides = to_strides(v_cache_strides);
+  p.cache_seqlen = cache_seqlen;
+  p.block_table = reinterpret_cast<const int32_t*>(block_table);
+  p.max_pages_per_seq = max_pages_per_seq;
+  p.num_pages = num_pages;
+  p.page_size = page_size;
+  p.seqlens = reinterpret_cast<const int32_t*>(seqlens);
+  p.seqlens_out = reinterpret_cast<int32_t*>(seqlens_out);
+  p.rotary_cos = reinterpret_cast<const void*>(rotary_cos);
+  p.rotary_sin = reinterpret_cast<const void*>(rotary_sin);
+  p.rotary_dim = rotary_dim;
+  p.rotary_seqlen = rotary_seqlen;
+  p.rotary_interleaved = rotary_interleaved;
+  p.q = reinterpret_cast<const void*>(q);
+  p.q_strides = to_strides(q_strides);
+  p.q_rotated = reinterpret_cast<void*>(q_rotated);
+  p.q_rotated_strides = to_strides(q_rotated_strides);
+  p.seqlen_q = seqlen_q;
+  p.heads_q = heads_q;
+  p.q_positions_per_row = q_positions_per_row;
+  without_gil([&] { return hattn::append_kv(p, reinterpret_cast<cudaStream_t>(stream)); });
+}
+
 std::vector<std::pair<std::string, std::string>> kernels() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const hattn::KernelInfo& k : hattn::kernels()) out.emplace_back(k.name, k.description);
@@ -234,5 +279,21 @@ NB_MODULE(_C, m) {
   def_problem_function(
       m, "resolve_kernel", &resolve_kernel,
       "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");
+  const StrideTuple none_strides{0, 0, 0};
+  m.def("append_kv", &append_kv, nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_new"),
+        nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("k_new"), nb::arg("k_new_strides"), nb::arg("v_new"),
+        nb::arg("v_new_strides"), nb::arg("k_cache"), nb::arg("k_cache_strides"), nb::arg("v_cache"),
+        nb::arg("v_cache_strides"), nb::arg("seqlens"), nb::arg("cache_seqlen") = 0, nb::arg("block_table") = 0,
+        nb::arg("max_pages_per_seq") = 0, nb::arg("num_pages") = 0, nb::arg("page_size") = 0,
+        nb::arg("seqlens_out") = 0, nb::arg("rotary_cos") = 0, nb::arg("rotary_sin") = 0, nb::arg("rotary_dim") = 0,
+        nb::arg("rotary_seqlen") = 0, nb::arg("rotary_interleaved") = true, nb::arg("q") = 0,
+        nb::arg("q_strides") = none_strides, nb::arg("q_rotated") = 0, nb::arg("q_rotated_strides") = none_strides,
+        nb::arg("seqlen_q") = 0, nb::arg("heads_q") = 0, nb::arg("q_positions_per_row") = false,
+        nb::arg("stream") = 0,
+        "Writes k_new/v_new [B, seqlen_new, Hkv, D] into a dense (cache_seqlen rows) or paged (block_table)\n"
+        "cache at keys seqlens[b] + i (device int32), skipping keys past the cache; seqlens_out (optional)\n"
+        "gets seqlens + seqlen_new. With rotary_cos/rotary_sin [rotary_seqlen, rotary_dim / 2] (the dtype's)\n"
+        "the new keys are rotated, and q into q_rotated (row i at seqlens[b] + i if q_positions_per_row,\n"
+        "else seqlens[b]). Pointers are device addresses as ints; launches on `stream`; asynchronous.");
   m.def("kernels", &kernels, "The registered kernels in lineage order as (name, description); the last is the default.");
 }

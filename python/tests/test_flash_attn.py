@@ -11,6 +11,7 @@ from helpers import (
     INPUT_MEAN,
     attention_ref,
     check_gradients,
+    check_sequence,
     cu_seqlens_of,
     gradients,
     make_qkv,
@@ -258,9 +259,6 @@ def cpu_kvcache(device="cpu"):
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        ({"k": torch.zeros(2, 1, 2, 64)}, r"k, v \(appending to the KV cache"),
-        ({"v": torch.zeros(2, 1, 2, 64)}, r"k, v \(appending to the KV cache"),
-        ({"rotary_cos": torch.zeros(8, 32), "rotary_sin": torch.zeros(8, 32)}, r"rotary_cos, rotary_sin"),
         ({"cache_batch_idx": torch.zeros(2, dtype=torch.int32)}, r"cache_batch_idx"),
         ({"cache_leftpad": torch.zeros(2, dtype=torch.int32)}, r"cache_leftpad"),
         ({"softcap": 30.0}, r"softcap=30.0"),
@@ -295,7 +293,7 @@ def test_kvcache_inputs_that_need_grad_are_refused(paged, which):
 def test_kvcache_positional_order_is_flash_attn_s():
     # k comes fourth and cache_seqlens eighth, as in flash_attn_with_kvcache.
     q, dense, _, _ = cpu_kvcache()
-    with pytest.raises(NotImplementedError, match=r"k, v \(appending"):
+    with pytest.raises(ValueError, match=r"k, v: pass both"):
         hattn.flash_attn_with_kvcache(q, dense, dense, q[:, :, :2])
     with pytest.raises(ValueError, match=r"cache_seqlens: dtype must be torch.int32, got torch.int64"):
         hattn.flash_attn_with_kvcache(q, dense, dense, None, None, None, None, torch.zeros(2, dtype=torch.int64))
@@ -355,6 +353,178 @@ def test_kvcache_meta_shapes(paged):
     assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.device.type == "meta"
     out, lse = hattn.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=100, return_softmax_lse=True, **extra)
     assert out.shape == q.shape and lse.shape == (2, 8, 4) and lse.dtype == torch.float32
+
+
+# Appending k, v and rotary embedding: argument errors, and the helpers on CPU tensors against loops.
+
+
+def cpu_append_args():
+    q, dense, pages, table = cpu_kvcache()
+    new = torch.randn(2, 3, 2, 64, dtype=torch.bfloat16)
+    rotary = {"rotary_cos": torch.randn(384, 16), "rotary_sin": torch.randn(384, 16)}
+    return q, dense, pages, table, new, rotary
+
+
+@pytest.mark.parametrize(
+    "change, error, pattern",
+    [
+        ({"v": None}, ValueError, r"k, v: pass both"),
+        ({"k": "x"}, TypeError, r"k: must be a torch.Tensor, got str"),
+        ({"k": torch.zeros(2, 3, 4, 64, dtype=torch.bfloat16)}, ValueError, r"k: must be 4-D \[batch, seqlen_new, .*heads_kv 2"),
+        ({"v": torch.zeros(1, 3, 2, 64, dtype=torch.bfloat16)}, ValueError, r"v: must be 4-D .*q's batch 2"),
+        ({"v": torch.zeros(2, 4, 2, 64, dtype=torch.bfloat16)}, ValueError, r"v: shape \(2, 4, 2, 64\) must equal k's"),
+        ({"k": torch.zeros(2, 3, 2, 64, dtype=torch.float16)}, ValueError, r"k: dtype torch.float16 must match k_cache's"),
+        ({"cache_seqlens": None}, ValueError, r"cache_seqlens: required with k and v"),
+        ({"rotary_sin": None}, ValueError, r"rotary_cos, rotary_sin: pass both"),
+        ({"rotary_cos": torch.randn(384, 40), "rotary_sin": torch.randn(384, 40)}, ValueError,
+         r"rotary_cos: must be 2-D \[seqlen_ro, rotary_dim / 2\] with 2 <= rotary_dim <= head_dim \(64\)"),
+        ({"rotary_cos": torch.randn(299, 16), "rotary_sin": torch.randn(299, 16)}, ValueError,
+         r"rotary_cos: seqlen_ro \(299, dim 0\) must be at least the cache's keys per sequence \(300\)"),
+        ({"rotary_sin": torch.randn(384, 8)}, ValueError, r"rotary_sin: shape \(384, 8\) must equal rotary_cos's"),
+        ({"rotary_cos": torch.randn(384, 16, dtype=torch.float64)}, None, None),  # any float dtype is fine
+        ({"rotary_sin": torch.zeros(384, 16, dtype=torch.int32)}, ValueError, r"rotary_sin: dtype must be"),
+        ({"k": None, "v": None}, ValueError, r"rotary_cos, rotary_sin: only with k and v"),
+    ],
+)  # fmt: skip
+def test_kvcache_append_argument_errors(change, error, pattern):
+    q, dense, _, _, new, rotary = cpu_append_args()
+    args = {"k": new, "v": new.clone(), "cache_seqlens": 10, **rotary, **change}
+    before = dense.clone()
+    # The checks come before the GPU check (CPU tensors here), and nothing is written.
+    with pytest.raises(error or (RuntimeError, ValueError), match=pattern or r"no suitable GPU|must be a CUDA tensor"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, **args)
+    assert torch.equal(dense, before)
+
+
+def test_kvcache_append_paged_checks_the_table_and_rotary_covers_it():
+    q, _, pages, table, new, _ = cpu_append_args()
+    # 3 pages of 128 keys: the rotary table must cover 384 positions.
+    cos = torch.randn(300, 16)
+    with pytest.raises(ValueError, match=r"rotary_cos: seqlen_ro \(300, dim 0\) must be at least .*\(384\)"):
+        hattn.flash_attn_with_kvcache(
+            q, pages, pages, new, new, cos, cos, cache_seqlens=10, block_table=table
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"block_table: dtype must be torch.int32"):
+        hattn.flash_attn_with_kvcache(q, pages, pages, new, new, cache_seqlens=10, block_table=table.long())
+
+
+def test_kvcache_append_refuses_new_rows_that_need_grad():
+    q, dense, _, _, new, _ = cpu_append_args()
+    with pytest.raises(NotImplementedError, match=r"require grad \(hattn has no backward with a KV cache yet"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, new.requires_grad_(), new.clone(), cache_seqlens=10)
+
+
+def test_kvcache_append_meta_shapes():
+    q, dense, pages, table, new, rotary = cpu_append_args()
+    q, dense, pages, table, new = (t.to("meta") for t in (q, dense, pages, table, new))
+    rotary = {name: t.to("meta") for name, t in rotary.items()}
+    out = hattn.flash_attn_with_kvcache(q, dense, dense, new, new, cache_seqlens=10, causal=True, **rotary)
+    assert out.shape == q.shape and out.device.type == "meta"
+    out = hattn.flash_attn_with_kvcache(q, pages, pages, new, new, cache_seqlens=10, block_table=table, **rotary)
+    assert out.shape == q.shape
+
+
+def appended_by_loop(cache, new, starts, table=None):
+    """The cache after writing new [B, n, H, D] at keys starts[b] + i that fit (a Python loop)."""
+    cache = cache.clone()
+    page_size = cache.shape[1]
+    capacity = table.shape[1] * page_size if table is not None else cache.shape[1]
+    for b, start in enumerate(starts):
+        for i in range(new.shape[1]):
+            key = max(start, 0) + i
+            if key >= capacity:
+                continue
+            if table is None:
+                cache[b, key] = new[b, i]
+            else:
+                cache[int(table[b, key // page_size]), key % page_size] = new[b, i]
+    return cache
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_append_kv_op_against_a_loop(paged):
+    """hattn::append_kv on sequences that start empty, in the middle, across a page edge, right at
+    the end, past it, and with a negative length (read as 0): the rows that fit are written,
+    nothing else, and the lengths after are max(start, 0) + n."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    starts = [0, 5, 126, 380, 383, 384, 500, -3]
+    batch, n = len(starts), 4
+
+    def rand(*shape):
+        return torch.randn(*shape, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    new_k, new_v = rand(batch, n), rand(batch, n)
+    if paged:
+        table = torch.randperm(3 * batch, device="cuda", generator=gen).to(torch.int32).view(batch, 3)
+        k_cache, v_cache = rand(3 * batch, 128), rand(3 * batch, 128)
+    else:
+        table = None
+        k_cache, v_cache = rand(batch, 384), rand(batch, 384)
+    want_k, want_v = appended_by_loop(k_cache, new_k, starts, table), appended_by_loop(v_cache, new_v, starts, table)
+    q = rand(batch, 1)
+    seqlens = torch.tensor(starts, dtype=torch.int32, device="cuda")
+    after, q_rotated = hattn.ops.append_kv(q, k_cache, v_cache, new_k, new_v, seqlens, table, None, None, True, False)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    assert after.tolist() == [max(s, 0) + n for s in starts] and seqlens.tolist() == starts
+    assert q_rotated.numel() == 0
+
+
+def rotated_by_reference(x, cos, sin, positions, interleaved):
+    """x [B, S, H, D] rotated at positions [B, S] (clamped to the tables) in float64 as complex
+    pairs, rounded to x's dtype; the features past rotary_dim unchanged."""
+    half = cos.shape[1]
+    rot = x[..., : 2 * half].double()
+    first, second = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., :half], rot[..., half:])
+    turn = torch.complex(cos.double(), sin.double())[positions.clamp(max=cos.shape[0] - 1)].unsqueeze(2)
+    turned = torch.complex(first, second) * turn
+    if interleaved:
+        rot = torch.stack((turned.real, turned.imag), dim=-1).flatten(-2)
+    else:
+        rot = torch.cat((turned.real, turned.imag), dim=-1)
+    return torch.cat((rot.to(x.dtype), x[..., 2 * half :]), dim=-1)
+
+
+@requires_hopper
+@pytest.mark.parametrize("per_row", [False, True], ids=["q_at_start", "q_per_row"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["gpt_j", "gpt_neox"])
+@pytest.mark.parametrize("rotary_dim", [64, 32, 2])
+def test_append_kv_op_rotary(rotary_dim, interleaved, per_row):
+    """The new keys (in the cache) and q (returned) rotated at their positions, against complex
+    rotation in float64; q's positions past the tables clamp to the last row."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    starts, n, seqlen_q = [0, 7, 36], 3, 5
+
+    def rand(*shape):
+        return torch.randn(*shape, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    q, new_k, new_v = rand(3, seqlen_q, 4), rand(3, n, 2), rand(3, n, 2)
+    k_cache, v_cache = rand(3, 40, 2), rand(3, 40, 2)
+    angles = torch.rand(40, rotary_dim // 2, device="cuda", dtype=torch.float64, generator=gen) * 6.3
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    seqlens = torch.tensor(starts, dtype=torch.int32, device="cuda")
+    _, q_rotated = hattn.ops.append_kv(q, k_cache, v_cache, new_k, new_v, seqlens, None, cos, sin, interleaved, per_row)
+    start = seqlens.long().unsqueeze(1)
+    k_want = rotated_by_reference(new_k, cos, sin, start + torch.arange(n, device="cuda"), interleaved)
+    steps = torch.arange(seqlen_q, device="cuda") if per_row else torch.zeros(seqlen_q, dtype=torch.long, device="cuda")
+    q_want = rotated_by_reference(q, cos, sin, start + steps, interleaved)
+    for b, s0 in enumerate(starts):
+        fits = min(n, 40 - s0)
+        torch.testing.assert_close(k_cache[b, s0 : s0 + fits], k_want[b, :fits], rtol=2**-7, atol=1e-6)
+        assert torch.equal(v_cache[b, s0 : s0 + fits], new_v[b, :fits])
+    torch.testing.assert_close(q_rotated, q_want, rtol=2**-7, atol=1e-6)
+    assert torch.equal(q_rotated[..., rotary_dim:], q[..., rotary_dim:])
+
+
+@requires_hopper
+def test_append_kv_op_errors_name_the_argument():
+    """The C++ checks behind the op (hattn::validate_append_kv_arguments), reached directly."""
+    q = torch.zeros(1, 1, 2, 96, device="cuda", dtype=torch.bfloat16)
+    cache = torch.zeros(1, 8, 2, 96, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"invalid_argument: head_dim: must be 64, 128 or 256, got 96"):
+        hattn.ops.append_kv(q, cache, cache.clone(), q[:, :, :2], q[:, :, :2].clone(), seqlens, None, None, None,
+                            True, False)  # fmt: skip
 
 
 def gpu_kvcache(lens, seqlen_q=4, page_size=128, heads_q=8, heads_kv=2, head_dim=128, seed=0):
@@ -424,3 +594,118 @@ def test_kvcache_paged_and_dense_agree():
     paged = hattn.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, causal=True)
     dense = hattn.flash_attn_with_kvcache(q, k_dense, v_dense, cache_seqlens=seqlens, causal=True)
     torch.testing.assert_close(paged, dense, rtol=0, atol=2e-2)
+
+
+def sequence_keys(cache, b, length, table=None):
+    """Sequence b's first `length` keys [length, Hkv, D] of a dense or paged cache."""
+    if table is None:
+        return cache[b, :length]
+    return cache[table[b].long()].flatten(0, 1)[:length]
+
+
+@requires_hopper
+@pytest.mark.parametrize("rotary", [None, "gpt_j", "gpt_neox"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_append(paged, causal, rotary):
+    """k, v appended at cache_seqlens (rotated first with rotary), the rest of the cache kept,
+    and the attention over cache_seqlens + seqlen_new keys against the fp64 reference, with q
+    rotated at cache_seqlens + i (causal) or cache_seqlens (full). The last sequence fills the
+    cache exactly."""
+    lens, seqlen_new, head_dim = [0, 1, 300, 126, 381], 3, 128
+    q, k_pages, v_pages, table, k_dense, v_dense, seqlens = gpu_kvcache(lens, seqlen_q=seqlen_new, seed=3)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    new_k, new_v = (
+        torch.randn(len(lens), seqlen_new, 2, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for _ in range(2)
+    )
+    k_cache, v_cache, extra = (k_pages, v_pages, {"block_table": table}) if paged else (k_dense, v_dense, {})
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    capacity = k_dense.shape[1]  # 384: three pages of 128
+    if rotary:
+        angles = torch.rand(capacity, 48, device="cuda", dtype=torch.float64, generator=gen) * 6.3  # rotary_dim 96
+        extra.update(rotary_cos=angles.cos().bfloat16(), rotary_sin=angles.sin().bfloat16())
+        extra["rotary_interleaved"] = rotary == "gpt_j"
+    out, lse = hattn.flash_attn_with_kvcache(
+        q, k_cache, v_cache, new_k, new_v, cache_seqlens=seqlens, causal=causal, return_softmax_lse=True, **extra
+    )
+    assert torch.equal(seqlens.cpu(), torch.tensor(lens, dtype=torch.int32)), "cache_seqlens must not change"
+    starts = torch.tensor(lens, device="cuda").unsqueeze(1)
+    steps = torch.arange(seqlen_new, device="cuda")
+    q_ref, k_new_ref = q, new_k
+    if rotary:
+        cos, sin, interleaved = extra["rotary_cos"], extra["rotary_sin"], extra["rotary_interleaved"]
+        k_new_ref = rotated_by_reference(new_k, cos, sin, starts + steps, interleaved)
+        q_positions = starts + (steps if causal else 0 * steps)
+        q_ref = rotated_by_reference(q, cos, sin, q_positions.expand(-1, seqlen_new), interleaved)
+    for b, n in enumerate(lens):
+        # The new rows (within one rounding of the fp64 rotation), and the cache's other rows untouched.
+        got_k = sequence_keys(k_cache, b, capacity, table if paged else None)
+        got_v = sequence_keys(v_cache, b, capacity, table if paged else None)
+        old_k = sequence_keys(before_k, b, capacity, table if paged else None)
+        old_v = sequence_keys(before_v, b, capacity, table if paged else None)
+        torch.testing.assert_close(got_k[n : n + seqlen_new], k_new_ref[b], rtol=2**-7, atol=1e-6)
+        assert torch.equal(got_v[n : n + seqlen_new], new_v[b])
+        keep = torch.ones(capacity, dtype=torch.bool, device="cuda")
+        keep[n : n + seqlen_new] = False
+        assert torch.equal(got_k[keep], old_k[keep]) and torch.equal(got_v[keep], old_v[keep])
+        keys = torch.cat((old_k[:n], got_k[n : n + seqlen_new]))
+        values = torch.cat((old_v[:n], new_v[b]))
+        check_sequence(out[b], lse[b], q_ref[b], keys, values, causal, None, (-1, -1), f"b={b} cache {n}")
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_append_past_the_cache_end(paged):
+    """Rows that do not fit are not written and the length is clamped to the cache: 382 + 4
+    writes 2 rows, 384 and 400 write none; every sequence then attends to its 384 keys."""
+    lens, seqlen_new = [382, 384, 400], 4
+    q, k_pages, v_pages, table, k_dense, v_dense, seqlens = gpu_kvcache(
+        [384] * 3, seqlen_q=seqlen_new, seed=5
+    )  # fmt: skip
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    new = torch.randn(3, seqlen_new, 2, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache, extra = (k_pages, v_pages, {"block_table": table}) if paged else (k_dense, v_dense, {})
+    before = k_cache.clone()
+    out, lse = hattn.flash_attn_with_kvcache(
+        q, k_cache, v_cache, new, new, cache_seqlens=seqlens, return_softmax_lse=True, **extra
+    )  # fmt: skip
+    for b, n in enumerate(lens):
+        got = sequence_keys(k_cache, b, 384, table if paged else None)
+        old = sequence_keys(before, b, 384, table if paged else None)
+        written = max(0, 384 - n)
+        assert torch.equal(got[:n], old[:n]) and torch.equal(got[n : n + written], new[b, :written])
+        values = sequence_keys(v_cache, b, 384, table if paged else None)
+        check_sequence(out[b], lse[b], q[b], got, values, False, None, (-1, -1), f"b={b} cache {n}")
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_append_cuda_graph(paged):
+    """The append reads nothing on the host: one captured decoding step replays with new keys,
+    new lengths and (paged) a new table, as eager calls on copies do."""
+    lens = [10, 200, 0]
+    q, k_pages, v_pages, table, k_dense, v_dense, seqlens = gpu_kvcache(lens, seqlen_q=1, seed=6)
+    new = torch.randn(3, 1, 2, 128, device="cuda", dtype=torch.bfloat16)
+    angles = torch.rand(384, 64, device="cuda")
+    rotary = {"rotary_cos": angles.cos(), "rotary_sin": angles.sin()}
+    k_cache, v_cache, extra = (k_pages, v_pages, {"block_table": table}) if paged else (k_dense, v_dense, {})
+
+    def step():
+        return hattn.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=seqlens, **rotary, **extra)
+
+    step()  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    seqlens.copy_(torch.tensor([300, 5, 128], dtype=torch.int32))
+    new.copy_(torch.randn_like(new))
+    if paged:
+        table.copy_(table.flip(0))
+    k_copy, v_copy = k_cache.clone(), v_cache.clone()
+    graph.replay()
+    expect = hattn.flash_attn_with_kvcache(q, k_copy, v_copy, new, new, cache_seqlens=seqlens, **rotary, **extra)
+    torch.cuda.synchronize()
+    assert torch.equal(k_cache, k_copy) and torch.equal(v_cache, v_copy)
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
