@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // not 0 x K, which is NaN where this sequence's keys hold NaN. Dense: rows_left stays
     // kBlockM (its boxes end at the tensor's edge), so the select folds to the plain store.
     int rows_left = kBlockM;
-    if constexpr (kVarlen) rows_left = seq.seqlen_q - (block_row(step)) - 16 * warp_in_wg - group;
+    if constexpr (kVarlen) rows_left = seq.seqlen_q - block_row(step) - 16 * warp_in_wg - group;
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
       float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
