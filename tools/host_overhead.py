@@ -1,0 +1,73 @@
+"""Where a decoding step's host time goes in hattn's Python path, layer by layer.
+
+Each line is the host's time per call (time.perf_counter over --reps calls back to back, no
+synchronization inside the loop) of one layer with the layers below it, for one decoding shape:
+
+    python3 tools/host_overhead.py [--dim 128] [--batch 8] [--seqlen-k 4096]
+"""
+
+import argparse
+import time
+
+import torch
+
+
+def main() -> None:
+    import hattn
+    from hattn import _C
+    from hattn.ops import _attention_fwd, _problem_kwargs
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--heads-q", type=int, default=32)
+    p.add_argument("--heads-kv", type=int, default=8)
+    p.add_argument("--seqlen-k", type=int, default=4096)
+    p.add_argument("--reps", type=int, default=300)
+    a = p.parse_args()
+    dt = torch.bfloat16
+    q = torch.randn(a.batch, 1, a.heads_q, a.dim, device="cuda", dtype=dt)
+    k, v = (torch.randn(a.batch, a.seqlen_k, a.heads_kv, a.dim, device="cuda", dtype=dt) for _ in range(2))
+    lens = torch.full((a.batch,), a.seqlen_k - 10, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    kwargs = _problem_kwargs(q, k, v, out, None, False, None, "auto", seqlens_k=lens)
+    stream = torch.cuda.current_stream().cuda_stream
+    needed = _C.workspace_size(**kwargs)
+    workspace = torch.empty(max(needed, 1), dtype=torch.uint8, device="cuda")
+    launch = dict(kwargs, workspace=workspace.data_ptr(), workspace_bytes=needed) if needed else kwargs
+
+    def host_us(fn) -> float:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(a.reps):
+            fn()
+        elapsed = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return elapsed * 1e6 / a.reps
+
+    def device_context():
+        with torch.cuda.device(q.device):
+            pass
+
+    layers = [
+        ("torch.empty (one small tensor)", lambda: torch.empty(16, device="cuda")),
+        ("with torch.cuda.device(q.device)", device_context),
+        ("torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream(q.device).cuda_stream),
+        ("_problem_kwargs", lambda: _problem_kwargs(q, k, v, out, None, False, None, "auto", seqlens_k=lens)),
+        ("_C.resolve_kernel (argument checks, dispatch)", lambda: _C.resolve_kernel(**kwargs)),
+        ("_C.workspace_size (+ device and pointer checks)", lambda: _C.workspace_size(**kwargs)),
+        ("_C.forward, prebuilt arguments (+ launch)", lambda: _C.forward(**launch, stream=stream)),
+        ("_attention_fwd (the op's body)", lambda: _attention_fwd(q, k, v, False, None, "auto", False, -1, -1, lens, 0)),
+        ("hattn.attention(seqlens_k=...)", lambda: hattn.attention(q, k, v, seqlens_k=lens)),
+        ("hattn.flash_attn_with_kvcache", lambda: hattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)),
+    ]
+    print(f"# {torch.cuda.get_device_name()}, D={a.dim} batch={a.batch} heads {a.heads_q}/{a.heads_kv} "
+          f"keys {a.seqlen_k}; host us per call over {a.reps} calls")  # fmt: skip
+    for name, fn in layers:
+        print(f"{name:50s} {host_us(fn):8.1f}")
+
+
+if __name__ == "__main__":
+    main()
