@@ -375,20 +375,75 @@ def _window(window_size) -> Tuple[int, int]:
     return left, right
 
 
-def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, **extra) -> None:
-    """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales."""
+def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, remember=None, **extra):
+    """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales.
+    remember: a _launch_key under which to keep this call's arguments for _forward_again."""
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
         kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen, **extra)
         # Split-KV's partial results and FP8's transposed V go to memory from torch's caching
         # allocator: stream-ordered like the launch, recorded by CUDA graph captures, and
         # counted in torch's memory stats.
-        workspace = None
         needed = _C.workspace_size(**kwargs)
-        if needed:
-            workspace = torch.empty(needed, dtype=torch.uint8, device=q.device)
-            kwargs.update(workspace=workspace.data_ptr(), workspace_bytes=needed)
-        _C.forward(**kwargs, stream=torch.cuda.current_stream(q.device).cuda_stream)
+        template = dict(kwargs)
+        _launch(kwargs, needed, q.device)
+    if remember is not None:  # after a launch that passed every check
+        if len(_LAUNCHES) >= _MAX_LAUNCHES:
+            _LAUNCHES.clear()
+        _LAUNCHES[remember] = (template, needed)
+
+
+def _launch(kwargs, needed: int, device: torch.device) -> None:
+    """_C.forward with a workspace of `needed` bytes from torch's allocator (none when 0)."""
+    workspace = None
+    if needed:
+        workspace = torch.empty(needed, dtype=torch.uint8, device=device)
+        kwargs.update(workspace=workspace.data_ptr(), workspace_bytes=needed)
+    _C.forward(**kwargs, stream=_current_stream(device))
+
+
+def _current_stream(device: torch.device) -> int:
+    """torch's current CUDA stream on `device` as an int (the raw query, a tenth of the public one's cost)."""
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+# --- calls that repeat a layout ------------------------------------------------------------------
+#
+# A decoding loop calls the same op on tensors of the same layout every step, where the checks
+# and bookkeeping of a call cost the host more than the kernel takes on the GPU. A call that
+# passed them and needed no copies keeps its _C.forward arguments and workspace size under its
+# layout (_launch_key: shapes, strides, dtypes, devices, the pointers' 16-byte alignment, the
+# flags); a later call with the same layout only puts in the new pointers (_forward_again). The
+# C++ side still checks every call's pointers and device.
+_LAUNCHES: dict = {}
+_MAX_LAUNCHES = 256
+
+
+def _launch_key(flags: tuple, *tensors: Optional[torch.Tensor]) -> tuple:
+    key = list(flags)
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        else:
+            key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % _ALIGN_BYTES)
+    return tuple(key)
+
+
+def _forward_again(remembered, q, k, v, out, lse, **pointers: Optional[torch.Tensor]) -> None:
+    """_forward for a layout seen before: its arguments with the pointers of these tensors
+    (pointers: seqlens_k, block_table when the problem has them)."""
+    kwargs, needed = remembered
+    kwargs = dict(kwargs, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
+                  lse=0 if lse is None else lse.data_ptr())  # fmt: skip
+    for name, t in pointers.items():
+        if t is not None:
+            kwargs[name] = t.data_ptr()
+    with torch.cuda.device(q.device):
+        _launch(kwargs, needed, q.device)
 
 
 def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits) -> None:
@@ -412,18 +467,27 @@ def _attention_fwd(
     num_splits: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
-    _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits)
-    _check_device(q, k, v, seqlens_k=seqlens_k)
-    q, k, v = (_as_kernel_input(t) for t in (q, k, v))
-    if seqlens_k is not None:
-        seqlens_k = seqlens_k.contiguous()  # the kernel reads a plain int32 array
+    key = _launch_key(
+        ("fwd", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits), q, k, v, seqlens_k
+    )
+    remembered = _LAUNCHES.get(key)
+    if remembered is None:
+        _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits)
+        _check_device(q, k, v, seqlens_k=seqlens_k)
+        if not all(_kernel_layout_ok(t) for t in (q, k, v)) or not (seqlens_k is None or seqlens_k.is_contiguous()):
+            key = None  # copies below: nothing to remember
+        q, k, v = (_as_kernel_input(t) for t in (q, k, v))
+        if seqlens_k is not None:
+            seqlens_k = seqlens_k.contiguous()  # the kernel reads a plain int32 array
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
-    window = (window_left, window_right)
+    if remembered is not None:
+        _forward_again(remembered, q, k, v, out, lse if return_lse else None, seqlens_k=seqlens_k)
+        return out, lse
     _forward(
-        q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, window,
-        seqlens_k=seqlens_k, num_splits=num_splits,
+        q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, (window_left, window_right),
+        remember=key, seqlens_k=seqlens_k, num_splits=num_splits,
     )  # fmt: skip
     return out, lse
 
@@ -792,17 +856,33 @@ def _attention_paged_fwd(
     num_splits: int = 0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_paged_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
-    _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits)
-    _check_device(q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k)
-    q, k_cache, v_cache = (_as_kernel_input(t) for t in (q, k_cache, v_cache))
-    # The kernel reads plain int32 arrays: block_table's rows max_pages_per_seq apart.
-    block_table, seqlens_k = block_table.contiguous(), seqlens_k.contiguous()
+    key = _launch_key(
+        ("paged", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits),
+        q, k_cache, v_cache, block_table, seqlens_k,
+    )  # fmt: skip
+    remembered = _LAUNCHES.get(key)
+    if remembered is None:
+        _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits)
+        _check_device(q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k)
+        if not all(_kernel_layout_ok(t) for t in (q, k_cache, v_cache)) or not (
+            block_table.is_contiguous() and seqlens_k.is_contiguous()
+        ):
+            key = None  # copies below: nothing to remember
+        q, k_cache, v_cache = (_as_kernel_input(t) for t in (q, k_cache, v_cache))
+        # The kernel reads plain int32 arrays: block_table's rows max_pages_per_seq apart.
+        block_table, seqlens_k = block_table.contiguous(), seqlens_k.contiguous()
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if remembered is not None:
+        _forward_again(
+            remembered, q, k_cache, v_cache, out, lse if return_lse else None, seqlens_k=seqlens_k,
+            block_table=block_table,
+        )  # fmt: skip
+        return out, lse
     _forward(
         q, k_cache, v_cache, out, lse if return_lse else None, causal, softmax_scale, kernel,
-        (window_left, window_right), seqlens_k=seqlens_k, block_table=block_table, num_splits=num_splits,
+        (window_left, window_right), remember=key, seqlens_k=seqlens_k, block_table=block_table, num_splits=num_splits,
     )  # fmt: skip
     return out, lse
 
@@ -935,7 +1015,7 @@ def _append_kv(
             head_dim=k.shape[3], k_new=k.data_ptr(), k_new_strides=_strides(k), v_new=v.data_ptr(),
             v_new_strides=_strides(v), k_cache=k_cache.data_ptr(), k_cache_strides=_strides(k_cache),
             v_cache=v_cache.data_ptr(), v_cache_strides=_strides(v_cache), seqlens=seqlens.data_ptr(),
-            seqlens_out=seqlens_out.data_ptr(), stream=torch.cuda.current_stream(q.device).cuda_stream, **extra,
+            seqlens_out=seqlens_out.data_ptr(), stream=_current_stream(q.device), **extra,
         )  # fmt: skip
     return seqlens_out, q_rotated
 

@@ -702,3 +702,42 @@ def test_split_workspace_comes_from_torch():
     assert after - before >= 2, "out and the workspace both come from torch"
     plain = hattn.attention(q, k, v, num_splits=1)
     torch.testing.assert_close(got, plain, rtol=0, atol=2e-2)
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True], ids=["dense_seqlens_k", "paged"])
+def test_a_repeated_layout_reads_the_new_tensors(paged):
+    """The second call with one layout launches from remembered arguments (hattn.ops._LAUNCHES)
+    with the new tensors' pointers: its out equals a first call's on those tensors, bit for bit.
+    A view of another alignment is another layout."""
+    from hattn.ops import _LAUNCHES
+
+    def call(q, k, v, table, lens):
+        if paged:
+            return hattn.attention_paged(q, k, v, table, lens, causal=True, return_lse=True, num_splits=2)
+        return hattn.attention(q, k, v, causal=True, return_lse=True, seqlens_k=lens, num_splits=2)
+
+    def inputs(seed):
+        q, k, v, table, lens = make_paged(LENS, 4, seed=seed)
+        if not paged:  # the same keys in a dense cache
+            k, v = (c[table.long()].flatten(1, 2) for c in (k, v))
+            table = None
+        return q, k, v, table, lens
+
+    first, second = inputs(1), inputs(2)
+    _LAUNCHES.clear()
+    call(*first)
+    assert len(_LAUNCHES) == 1
+    again = call(*second)  # remembered arguments, new pointers
+    assert len(_LAUNCHES) == 1
+    _LAUNCHES.clear()
+    fresh = call(*second)  # every check and a new entry
+    for got, want in zip(again, fresh):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # q one element into a larger buffer: 2-byte aligned, so copied, and not remembered.
+    q = second[0]
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)[1:].view(q.shape).copy_(q)
+    before = len(_LAUNCHES)
+    for got, want in zip(call(shifted, *second[1:]), fresh):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(_LAUNCHES) == before
