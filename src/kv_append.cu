@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(const KvAppendProbl
   // The lengths after the append (the attention's seqlens_k); a grid-stride loop over batch.
   if (p.seqlens_out != nullptr)
     for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < p.batch; b += int64_t(gridDim.x) * blockDim.x)
-      p.seqlens_out[b] = max(p.seqlens[b], 0) + p.seqlen_new;
+      p.seqlens_out[b] = int32_t(min(int64_t(max(p.seqlens[b], 0)) + p.seqlen_new, int64_t(INT32_MAX)));
   if (row >= rows) return;
 
   const bool rotary = p.rotary_cos != nullptr;

@@ -14,10 +14,10 @@ fewer K/V heads, window_size=(left, right) is a sliding window aligned the same 
 default scale is 1/sqrt(D). flash_attn_func and flash_attn_varlen_func are differentiable
 (hattn.attention's and hattn.attention_varlen's backward: dq, dk and dv); the KV-cache function
 is forward only, and appends new keys and values to the cache (with rotary embedding) as
-FlashAttention does. What hattn does not have (dropout, softcapping, ALiBi, the attention probabilities, a
-deterministic backward, gradients through the KV-cache function, paged KV with varlen, cache
-indexing and left padding) raises NotImplementedError naming the argument. Nothing
-falls back to another library.
+FlashAttention does. What hattn does not have (dropout, softcapping, ALiBi, the attention
+probabilities, a deterministic backward, gradients through the KV-cache function, paged KV
+with varlen, cache indexing and left padding) raises NotImplementedError naming the argument.
+Nothing falls back to another library.
 
 flash_attn_func also takes FlashAttention-3's FP8 call: float8_e4m3fn q, k, v with the keywords
 q_descale, k_descale, v_descale run hattn.attention_fp8 (bf16 out, forward only).

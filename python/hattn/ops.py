@@ -405,7 +405,7 @@ def _launch(kwargs, needed: int, device: torch.device) -> None:
 
 
 def _current_stream(device: torch.device) -> int:
-    """torch's current CUDA stream on `device` as an int (the raw query, a tenth of the public one's cost)."""
+    """torch's current CUDA stream on `device` as an int (the raw query, without a Stream object)."""
     if _raw_stream is not None:
         return _raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
