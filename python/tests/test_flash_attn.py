@@ -424,6 +424,25 @@ def test_kvcache_append_meta_shapes():
     assert out.shape == q.shape
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_append_compiles_without_breaks(paged):
+    """Dynamo traces the append (a mutating op) and the attention into one graph (meta tensors)."""
+    torch._dynamo.reset()
+    q, dense, pages, table, new, rotary = cpu_append_args()
+    q, dense, pages, table, new = (t.to("meta") for t in (q, dense, pages, table, new))
+    rotary = {name: t.to("meta") for name, t in rotary.items()}
+    cache, extra = (pages, {"block_table": table}) if paged else (dense, {})
+    lens = torch.zeros(2, dtype=torch.int32, device="meta")
+
+    def step(q, k_cache, v_cache, k, v, lens):
+        return hattn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True, **rotary, **extra
+        )  # fmt: skip
+
+    out = torch.compile(step, backend="eager", fullgraph=True)(q, cache, cache.clone(), new, new.clone(), lens)
+    assert out.shape == q.shape
+
+
 def appended_by_loop(cache, new, starts, table=None):
     """The cache after writing new [B, n, H, D] at keys starts[b] + i that fit (a Python loop)."""
     cache = cache.clone()
@@ -707,5 +726,29 @@ def test_kvcache_append_cuda_graph(paged):
     graph.replay()
     expect = hattn.flash_attn_with_kvcache(q, k_copy, v_copy, new, new, cache_seqlens=seqlens, **rotary, **extra)
     torch.cuda.synchronize()
+    assert torch.equal(k_cache, k_copy) and torch.equal(v_cache, v_copy)
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_append_compiled(paged):
+    """torch.compile(fullgraph=True) of a decoding step with the append: the caches and the out
+    as eager calls on copies give them."""
+    torch._dynamo.reset()
+    q, k_pages, v_pages, table, k_dense, v_dense, seqlens = gpu_kvcache([10, 200, 0], seqlen_q=1, seed=8)
+    new_k, new_v = (torch.randn(3, 1, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    angles = torch.rand(384, 64, device="cuda")
+    rotary = {"rotary_cos": angles.cos().bfloat16(), "rotary_sin": angles.sin().bfloat16()}
+    k_cache, v_cache, extra = (k_pages, v_pages, {"block_table": table}) if paged else (k_dense, v_dense, {})
+
+    def step(q, k_cache, v_cache, k, v, lens):
+        return hattn.flash_attn_with_kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens=lens, causal=True, **rotary, **extra
+        )  # fmt: skip
+
+    k_copy, v_copy = k_cache.clone(), v_cache.clone()
+    out = torch.compile(step, fullgraph=True)(q, k_cache, v_cache, new_k, new_v, seqlens)
+    expect = step(q, k_copy, v_copy, new_k, new_v, seqlens)
     assert torch.equal(k_cache, k_copy) and torch.equal(v_cache, v_copy)
     torch.testing.assert_close(out, expect, rtol=0, atol=0)
