@@ -170,6 +170,14 @@ Status check_device_pointer(const char* name, const void* ptr) {
   return Status::Ok();
 }
 
+Status check_device_and_pointers(std::initializer_list<std::pair<const char*, const void*>> pointers) {
+  Status s = check_device();
+  if (!s.ok()) return s;
+  for (const auto& [name, ptr] : pointers)
+    if (!(s = check_device_pointer(name, ptr)).ok()) return s;
+  return Status::Ok();
+}
+
 namespace {
 
 const KernelEntry* find_kernel(const std::string& name) {
@@ -224,16 +232,12 @@ Status check_all(const AttentionProblem& problem, const std::string& kernel, con
   Status s = validate_arguments(problem);
   if (!s.ok()) return s;
   if (!(s = resolve(problem, kernel, entry)).ok()) return s;
-  if (!(s = check_device()).ok()) return s;
-  const std::pair<const char*, const void*> pointers[] = {
-      {"q", problem.q},     {"k", problem.k},     {"v", problem.v},
-      {"out", problem.out}, {"lse", problem.lse}, {"cu_seqlens_q", problem.cu_seqlens_q},
-      {"cu_seqlens_k", problem.cu_seqlens_k}, {"seqlens_k", problem.seqlens_k},
-      {"block_table", problem.block_table}, {"workspace", problem.workspace},
-      {"q_descale", problem.q_descale}, {"k_descale", problem.k_descale}, {"v_descale", problem.v_descale}};
-  for (const auto& [name, ptr] : pointers)
-    if (!(s = check_device_pointer(name, ptr)).ok()) return s;
-  return Status::Ok();
+  return check_device_and_pointers(
+      {{"q", problem.q},     {"k", problem.k},     {"v", problem.v},
+       {"out", problem.out}, {"lse", problem.lse}, {"cu_seqlens_q", problem.cu_seqlens_q},
+       {"cu_seqlens_k", problem.cu_seqlens_k}, {"seqlens_k", problem.seqlens_k},
+       {"block_table", problem.block_table}, {"workspace", problem.workspace},
+       {"q_descale", problem.q_descale}, {"k_descale", problem.k_descale}, {"v_descale", problem.v_descale}});
 }
 
 }  // namespace
@@ -460,14 +464,11 @@ Status backward(const BackwardProblem& problem, const Options& options) {
   const BackwardKernel* kernel = nullptr;
   if (!(s = resolve_backward(problem, options.kernel, &kernel)).ok()) return s;
   const AttentionProblem& p = problem.forward;
-  if (!(s = check_device()).ok()) return s;
-  const std::pair<const char*, const void*> pointers[] = {
-      {"q", p.q},           {"k", p.k},           {"v", p.v},
-      {"out", p.out},       {"lse", p.lse},       {"cu_seqlens_q", p.cu_seqlens_q},
-      {"cu_seqlens_k", p.cu_seqlens_k}, {"dout", problem.dout}, {"dq", problem.dq},
-      {"dk", problem.dk},   {"dv", problem.dv}};
-  for (const auto& [name, ptr] : pointers)
-    if (!(s = check_device_pointer(name, ptr)).ok()) return s;
+  s = check_device_and_pointers({{"q", p.q},           {"k", p.k},           {"v", p.v},
+                                 {"out", p.out},       {"lse", p.lse},       {"cu_seqlens_q", p.cu_seqlens_q},
+                                 {"cu_seqlens_k", p.cu_seqlens_k}, {"dout", problem.dout}, {"dq", problem.dq},
+                                 {"dk", problem.dk},   {"dv", problem.dv}});
+  if (!s.ok()) return s;
   return kernel->launch(problem, options.stream);
 }
 

@@ -1,6 +1,9 @@
 // Checks that need the CUDA runtime, shared by the entry points (forward, backward, append_kv).
 #pragma once
 
+#include <initializer_list>
+#include <utility>
+
 #include "hattn/hattn.h"
 
 namespace hattn {
@@ -10,5 +13,8 @@ Status check_device();
 
 // A host pointer handed to a kernel would fault the whole context: refuse it here. Null is fine.
 Status check_device_pointer(const char* name, const void* ptr);
+
+// An entry point's last checks before it launches: the device, then each (name, pointer).
+Status check_device_and_pointers(std::initializer_list<std::pair<const char*, const void*>> pointers);
 
 }  // namespace hattn

@@ -197,14 +197,11 @@ Status validate_append_kv_arguments(const KvAppendProblem& p) {
 Status append_kv(const KvAppendProblem& p, cudaStream_t stream) {
   Status s = validate_append_kv_arguments(p);
   if (!s.ok()) return s;
-  if (!(s = check_device()).ok()) return s;
-  const std::pair<const char*, const void*> pointers[] = {
-      {"k_new", p.k_new},           {"v_new", p.v_new},           {"k_cache", p.k_cache},
-      {"v_cache", p.v_cache},       {"block_table", p.block_table}, {"seqlens", p.seqlens},
-      {"seqlens_out", p.seqlens_out}, {"rotary_cos", p.rotary_cos}, {"rotary_sin", p.rotary_sin},
-      {"q", p.q},                   {"q_rotated", p.q_rotated}};
-  for (const auto& [name, ptr] : pointers)
-    if (!(s = check_device_pointer(name, ptr)).ok()) return s;
+  s = check_device_and_pointers({{"k_new", p.k_new}, {"v_new", p.v_new}, {"k_cache", p.k_cache},
+                                 {"v_cache", p.v_cache}, {"block_table", p.block_table}, {"seqlens", p.seqlens},
+                                 {"seqlens_out", p.seqlens_out}, {"rotary_cos", p.rotary_cos},
+                                 {"rotary_sin", p.rotary_sin}, {"q", p.q}, {"q_rotated", p.q_rotated}});
+  if (!s.ok()) return s;
 
   const int64_t kv_rows = p.capacity() > 0 ? int64_t(p.batch) * p.seqlen_new * p.heads_kv : 0;
   const int64_t q_rows = p.q != nullptr ? int64_t(p.batch) * p.seqlen_q * p.heads_q : 0;
