@@ -291,8 +291,10 @@ def flash_attn_with_kvcache(
     if paged:
         if seqlens_k is None:
             raise ValueError("cache_seqlens: required with block_table (the keys in each sequence's pages)")
-        _check_block_table(block_table, q.shape[0], k_cache.shape[1])
     appending = k is not None or v is not None
+    if paged and (appending or rotary_cos is not None or rotary_sin is not None):
+        # Here, not only in attention_paged: its width sizes the rotary tables and the append writes through it.
+        _check_block_table(block_table, q.shape[0], k_cache.shape[1])
     if rotary_cos is not None or rotary_sin is not None:
         if not appending:
             raise ValueError("rotary_cos, rotary_sin: only with k and v (the rotation applies to the keys appended)")

@@ -387,7 +387,7 @@ def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), 
         # allocator: stream-ordered like the launch, recorded by CUDA graph captures, and
         # counted in torch's memory stats.
         needed = _C.workspace_size(**kwargs)
-        template = dict(kwargs)
+        template = dict(kwargs) if remember is not None else None  # before _launch adds the workspace
         _launch(kwargs, needed, q.device)
     if remember is not None:  # after a launch that passed every check
         if len(_LAUNCHES) >= _MAX_LAUNCHES:
