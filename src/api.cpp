@@ -197,6 +197,10 @@ Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
   if ((problem.seqlens_k != nullptr || problem.is_paged()) && !entry.supports_paged)
     return {StatusCode::not_supported, std::string(entry.name) +
                                            ": no seqlens_k or paged KV cache (block_table); the final kernel has them"};
+  if ((problem.kv_batch_idx != nullptr || problem.leftpad_k != nullptr) && !entry.supports_paged)
+    return {StatusCode::not_supported,
+            std::string(entry.name) + ": no kv_batch_idx or leftpad_k (KV cache entries, left padding); the final "
+                                      "kernel has them"};
   if (problem.dtype == DType::e4m3 && !entry.supports_fp8)
     return {StatusCode::not_supported, std::string(entry.name) + ": no e4m3 (FP8) inputs; the final kernel has them"};
   return entry.supports(problem);
@@ -236,7 +240,8 @@ Status check_all(const AttentionProblem& problem, const std::string& kernel, con
       {{"q", problem.q},     {"k", problem.k},     {"v", problem.v},
        {"out", problem.out}, {"lse", problem.lse}, {"cu_seqlens_q", problem.cu_seqlens_q},
        {"cu_seqlens_k", problem.cu_seqlens_k}, {"seqlens_k", problem.seqlens_k},
-       {"block_table", problem.block_table}, {"workspace", problem.workspace},
+       {"block_table", problem.block_table}, {"kv_batch_idx", problem.kv_batch_idx},
+       {"leftpad_k", problem.leftpad_k}, {"workspace", problem.workspace},
        {"q_descale", problem.q_descale}, {"k_descale", problem.k_descale}, {"v_descale", problem.v_descale}});
 }
 
@@ -315,6 +320,21 @@ Status validate_arguments(const AttentionProblem& p) {
                      std::to_string(p.max_pages_per_seq) + ") pages of page_size (" + std::to_string(p.page_size) + ")");
   } else if (p.page_size != 0 || p.num_pages != 0 || p.max_pages_per_seq != 0) {
     return invalid("page_size, num_pages, max_pages_per_seq: only with block_table (a paged cache)");
+  }
+  if (p.kv_batch_idx != nullptr) {
+    if (varlen) return invalid("kv_batch_idx: not with cu_seqlens (a variable-length batch has no cache entries)");
+    if (reinterpret_cast<uintptr_t>(p.kv_batch_idx) % alignof(int32_t) != 0)
+      return invalid("kv_batch_idx: pointer must be 4-byte aligned (int32 entries)");
+    if (p.kv_batch < 1)
+      return invalid("kv_batch: must be >= 1 with kv_batch_idx (the cache entries it indexes), got " +
+                     std::to_string(p.kv_batch));
+  } else if (p.kv_batch != 0) {
+    return invalid("kv_batch: only with kv_batch_idx (got " + std::to_string(p.kv_batch) + ")");
+  }
+  if (p.leftpad_k != nullptr) {
+    if (paged) return invalid("leftpad_k: not with block_table (a paged cache's K/V tiles start on its pages)");
+    if (reinterpret_cast<uintptr_t>(p.leftpad_k) % alignof(int32_t) != 0)
+      return invalid("leftpad_k: pointer must be 4-byte aligned (int32 offsets)");
   }
   const int tensor_batch = p.tensor_batch(), rows_q = p.tensor_rows_q();
   const int kv_batch = p.tensor_batch_k(), kv_rows = p.tensor_rows_k();
@@ -418,10 +438,10 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   if (p.dtype == DType::e4m3)
     return {StatusCode::not_supported, "backward: dtype e4m3 is forward-only; the backward takes bf16 or fp16"};
   // A variable-length batch (cu_seqlens) is fine; keys in use and pages are not there yet.
-  if (p.seqlens_k != nullptr || p.is_paged())
+  if (p.seqlens_k != nullptr || p.is_paged() || p.kv_batch_idx != nullptr || p.leftpad_k != nullptr)
     return {StatusCode::not_supported,
-            "backward: no seqlens_k or paged KV cache (block_table) yet; dense and variable-length (cu_seqlens) "
-            "batches only"};
+            "backward: no seqlens_k, paged KV cache (block_table), kv_batch_idx or leftpad_k yet; dense and "
+            "variable-length (cu_seqlens) batches only"};
   // "auto", as for the forward: the newest kernel that supports the problem (up to D = 128
   // bwd_15, dense or variable-length; at D = 256 bwd_12 for a dense batch, bwd_10 for a
   // variable-length one).

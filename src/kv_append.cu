@@ -82,16 +82,18 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(const KvAppendProbl
     const int b = int(row / p.heads_kv / p.seqlen_new);
     const int64_t position = int64_t(max(p.seqlens[b], 0)) + i;
     if (position >= capacity) return;  // past the cache: not written (the attention clamps to it)
+    // The sequence's cache entry: its dense batch entry or block table row.
+    const int entry = p.kv_batch_idx != nullptr ? min(max(p.kv_batch_idx[b], 0), p.kv_batch - 1) : b;
     int64_t k_at, v_at;  // the row's first element in each cache
     if (p.block_table != nullptr) {
       const int page_slot = int(position / p.page_size);
-      const int page = min(max(p.block_table[int64_t(b) * p.max_pages_per_seq + page_slot], 0), p.num_pages - 1);
+      const int page = min(max(p.block_table[int64_t(entry) * p.max_pages_per_seq + page_slot], 0), p.num_pages - 1);
       const int64_t in_page = position % p.page_size;
       k_at = page * p.k_cache_strides.batch + in_page * p.k_cache_strides.seq + h * p.k_cache_strides.head;
       v_at = page * p.v_cache_strides.batch + in_page * p.v_cache_strides.seq + h * p.v_cache_strides.head;
     } else {
-      k_at = b * p.k_cache_strides.batch + position * p.k_cache_strides.seq + h * p.k_cache_strides.head;
-      v_at = b * p.v_cache_strides.batch + position * p.v_cache_strides.seq + h * p.v_cache_strides.head;
+      k_at = entry * p.k_cache_strides.batch + position * p.k_cache_strides.seq + h * p.k_cache_strides.head;
+      v_at = entry * p.v_cache_strides.batch + position * p.v_cache_strides.seq + h * p.v_cache_strides.head;
     }
     const T* k_row = static_cast<const T*>(p.k_new) + b * p.k_new_strides.batch + i * p.k_new_strides.seq +
                      h * p.k_new_strides.head;
@@ -152,7 +154,16 @@ Status validate_append_kv_arguments(const KvAppendProblem& p) {
   } else if (p.cache_seqlen < 0) {
     return invalid("cache_seqlen: must be >= 0, got " + std::to_string(p.cache_seqlen));
   }
-  const int cache_batch = p.is_paged() ? p.num_pages : p.batch;
+  if (p.kv_batch_idx != nullptr) {
+    if (reinterpret_cast<uintptr_t>(p.kv_batch_idx) % alignof(int32_t) != 0)
+      return invalid("kv_batch_idx: pointer must be 4-byte aligned (int32 entries)");
+    if (p.kv_batch < 1)
+      return invalid("kv_batch: must be >= 1 with kv_batch_idx (the cache entries it indexes), got " +
+                     std::to_string(p.kv_batch));
+  } else if (p.kv_batch != 0) {
+    return invalid("kv_batch: only with kv_batch_idx (got " + std::to_string(p.kv_batch) + ")");
+  }
+  const int cache_batch = p.is_paged() ? p.num_pages : p.kv_batch_idx != nullptr ? p.kv_batch : p.batch;
   const int64_t cache_rows = p.is_paged() ? p.page_size : p.cache_seqlen;
   const struct {
     const char* name;
@@ -198,7 +209,8 @@ Status append_kv(const KvAppendProblem& p, cudaStream_t stream) {
   Status s = validate_append_kv_arguments(p);
   if (!s.ok()) return s;
   s = check_device_and_pointers({{"k_new", p.k_new}, {"v_new", p.v_new}, {"k_cache", p.k_cache},
-                                 {"v_cache", p.v_cache}, {"block_table", p.block_table}, {"seqlens", p.seqlens},
+                                 {"v_cache", p.v_cache}, {"block_table", p.block_table},
+                                 {"kv_batch_idx", p.kv_batch_idx}, {"seqlens", p.seqlens},
                                  {"seqlens_out", p.seqlens_out}, {"rotary_cos", p.rotary_cos},
                                  {"rotary_sin", p.rotary_sin}, {"q", p.q}, {"q_rotated", p.q_rotated}});
   if (!s.ok()) return s;

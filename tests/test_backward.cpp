@@ -230,6 +230,20 @@ TEST(BackwardValidation, VarlenRefusals) {
   Status s = backward(b);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
+  // Cache entries and left padding likewise.
+  for (bool entries : {true, false}) {
+    b = valid_backward();
+    if (entries) {
+      b.forward.kv_batch_idx = static_cast<const int32_t*>(fake(12));
+      b.forward.kv_batch = 2;
+    } else {
+      b.forward.leftpad_k = static_cast<const int32_t*>(fake(12));
+    }
+    ASSERT_TRUE(validate_backward_arguments(b).ok()) << validate_backward_arguments(b).to_string();
+    s = backward(b);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+    EXPECT_NE(s.message().find(entries ? "kv_batch_idx" : "leftpad_k"), std::string::npos) << s.message();
+  }
 
   // bwd_03 refuses a variable-length batch and names the kernels that run it.
   b = valid_varlen_backward();

@@ -179,6 +179,25 @@ std::vector<Shape> test_shapes() {
   shapes.back().window_left = 100;
   shapes.back().num_splits = 3;
   used(make(4, 1, 2000, 16, 2, 64, false, bf, Layout::contiguous), {2000, 1999, 129, 128}, 256);
+  // Cache entries (kv_batch_idx: a shuffle of batch + 1 dense entries or block table rows) and
+  // left padding (leftpad_k: keys from an offset, with or without seqlens_k; an offset at the
+  // sequence's end leaves no key), the final kernel only.
+  auto cache = [&](Shape s, std::vector<int> lengths, int page_size, std::vector<int> leftpad, bool indexed) {
+    s.seqlens_k_used = std::move(lengths);
+    s.page_size = page_size;
+    s.leftpad_k = std::move(leftpad);
+    s.kv_batch_idx = indexed;
+    shapes.push_back(s);
+  };
+  cache(make(3, 1, 1000, 8, 2, 128, false, bf, Layout::contiguous), {1000, 1, 513}, 0, {}, true);
+  cache(make(2, 4, 700, 4, 1, 64, true, fp, Layout::contiguous), {700, 130}, 128, {}, true);
+  cache(make(2, 4, 700, 4, 2, 128, true, bf, Layout::padded), {700, 500}, 0, {100, 500}, false);
+  shapes.back().num_splits = 3;
+  cache(make(2, 64, 300, 2, 1, 256, false, fp, Layout::contiguous), {}, 0, {0, 257}, false);
+  cache(make(3, 1, 2000, 16, 2, 64, false, bf, Layout::contiguous), {2000, 1500, 129}, 0, {7, 1000, 128}, true);
+  shapes.back().window_left = 300;
+  varlen(make(1, 1, 1, 2, 2, 64, true, bf, Layout::contiguous), {3, 100}, {900, 400});
+  shapes.back().leftpad_k = {500, 0};
   // GQA packing (the final kernel; the lineage kernels ignore pack_gqa): a K/V head's query
   // heads as rows of one item. Decoding shapes that pack by themselves (groups of 4 and 8, a
   // paged cache, split parts), and packing forced on other masks: causal with Sq not a multiple
@@ -305,6 +324,8 @@ std::string case_name(const ::testing::TestParamInfo<KernelTest::ParamType>& inf
   if (s.pack_gqa.has_value()) name += *s.pack_gqa ? "_packgqa" : "_nopackgqa";
   if (!s.seqlens_k_used.empty()) name += "_seqlensk";
   if (s.page_size > 0) name += "_paged" + std::to_string(s.page_size);
+  if (s.kv_batch_idx) name += "_entries";
+  if (!s.leftpad_k.empty()) name += "_leftpad";
   return name;
 }
 

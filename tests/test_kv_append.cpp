@@ -101,6 +101,20 @@ TEST(AppendKvValidation, EachBadArgumentIsNamed) {
   p.block_table = fake<const int32_t>(0xb000);
   p.max_pages_per_seq = 2;  // num_pages and page_size left 0
   expect_invalid(p, "block_table");
+  p = valid_append();
+  p.kv_batch_idx = fake<const int32_t>(0xc000);
+  p.kv_batch = 0;
+  expect_invalid(p, "kv_batch");
+  p.kv_batch = 3;
+  p.k_cache_strides.batch = 0;  // three entries need a batch stride
+  expect_invalid(p, "k_cache");
+  p.k_cache_strides.batch = p.v_cache_strides.batch;
+  EXPECT_TRUE(validate_append_kv_arguments(p).ok()) << validate_append_kv_arguments(p).to_string();
+  p.kv_batch_idx = fake<const int32_t>(0xc002);
+  expect_invalid(p, "kv_batch_idx");
+  p = valid_append();
+  p.kv_batch = 3;  // without kv_batch_idx
+  expect_invalid(p, "kv_batch");
 }
 
 TEST(AppendKvValidation, NothingNewNeedsNoRows) {
@@ -181,6 +195,7 @@ struct AppendCase {
   int rotary_dim;  // 0: no rotary
   bool interleaved;
   bool q_per_row;
+  bool entries = false;  // kv_batch_idx: sequence b writes into entry (3 b + 1) % (batch + 1)
 };
 
 class AppendKvGpu : public ::testing::TestWithParam<AppendCase> {};
@@ -196,21 +211,30 @@ TEST_P(AppendKvGpu, MatchesHostLoop) {
   const int num_pages = batch * kPagesPerSeq;
   std::mt19937 rng(7);
 
-  const int cache_batch = c.paged ? num_pages : batch, cache_rows = c.paged ? kPageSize : kCapacity;
+  const int entries = c.entries ? batch + 1 : batch;
+  std::vector<int32_t> entry_of(batch);
+  for (int b = 0; b < batch; ++b) entry_of[b] = c.entries ? (3 * b + 1) % entries : b;
+  const int cache_batch = c.paged ? num_pages : entries, cache_rows = c.paged ? kPageSize : kCapacity;
   const size_t cache_elems = size_t(cache_batch) * cache_rows * kHeadsKv * kDim;
   const size_t new_elems = size_t(batch) * kNew * kHeadsKv * kDim;
   const size_t q_elems = size_t(batch) * kSeqlenQ * kHeadsQ * kDim;
   const auto k_cache0 = random_bf16(cache_elems, rng), v_cache0 = random_bf16(cache_elems, rng);
   const auto k_new = random_bf16(new_elems, rng), v_new = random_bf16(new_elems, rng), q = random_bf16(q_elems, rng);
-  std::vector<int32_t> table(size_t(batch) * kPagesPerSeq);
-  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
-  std::shuffle(table.begin(), table.end(), rng);
+  // Sequence b's pages: a shuffled slice of its own, in row entry_of[b]; a spare row (with
+  // entries) repeats the first slice, and no sequence writes through it.
+  std::vector<int32_t> pages(num_pages), table(size_t(entries) * kPagesPerSeq);
+  for (int i = 0; i < num_pages; ++i) pages[i] = i;
+  std::shuffle(pages.begin(), pages.end(), rng);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = pages[i % kPagesPerSeq];
+  for (int b = 0; b < batch; ++b)
+    std::copy_n(pages.begin() + int64_t(b) * kPagesPerSeq, kPagesPerSeq,
+                table.begin() + int64_t(entry_of[b]) * kPagesPerSeq);
   const int rotary_dim = std::max(c.rotary_dim, 2);
   const auto cos = random_bf16(size_t(kCapacity) * rotary_dim / 2, rng), sin = random_bf16(cos.size(), rng);
 
   Device<__nv_bfloat16> d_k_cache(k_cache0), d_v_cache(v_cache0), d_k_new(k_new), d_v_new(v_new), d_q(q),
       d_q_rotated{std::vector<__nv_bfloat16>(q_elems)}, d_cos(cos), d_sin(sin);
-  Device<int32_t> d_seqlens(starts), d_seqlens_out{std::vector<int32_t>(batch)}, d_table(table);
+  Device<int32_t> d_seqlens(starts), d_seqlens_out{std::vector<int32_t>(batch)}, d_table(table), d_entries(entry_of);
 
   KvAppendProblem p;
   p.batch = batch;
@@ -233,6 +257,10 @@ TEST_P(AppendKvGpu, MatchesHostLoop) {
   }
   p.seqlens = d_seqlens.ptr;
   p.seqlens_out = d_seqlens_out.ptr;
+  if (c.entries) {
+    p.kv_batch_idx = d_entries.ptr;
+    p.kv_batch = entries;
+  }
   if (c.rotary_dim > 0) {
     p.rotary_cos = d_cos.ptr;
     p.rotary_sin = d_sin.ptr;
@@ -256,7 +284,7 @@ TEST_P(AppendKvGpu, MatchesHostLoop) {
     for (int i = 0; i < kNew; ++i) {
       const int64_t key = std::max(starts[b], 0) + i;
       if (key >= kCapacity) continue;
-      const int64_t cache_b = c.paged ? table[size_t(b) * kPagesPerSeq + key / kPageSize] : b;
+      const int64_t cache_b = c.paged ? table[size_t(entry_of[b]) * kPagesPerSeq + key / kPageSize] : entry_of[b];
       const int64_t cache_row = c.paged ? key % kPageSize : key;
       for (int h = 0; h < kHeadsKv; ++h) {
         const size_t dst = ((cache_b * cache_rows + cache_row) * kHeadsKv + h) * kDim;
@@ -290,10 +318,11 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, AppendKvGpu,
     ::testing::Values(AppendCase{false, 0, true, false}, AppendCase{true, 0, true, false},
                       AppendCase{false, 128, true, true}, AppendCase{true, 64, false, false},
-                      AppendCase{false, 32, false, true}, AppendCase{true, 128, true, false}),
+                      AppendCase{false, 32, false, true}, AppendCase{true, 128, true, false},
+                      AppendCase{false, 0, true, false, true}, AppendCase{true, 64, true, true, true}),
     [](const ::testing::TestParamInfo<AppendCase>& info) {
       const AppendCase& c = info.param;
-      std::string name = c.paged ? "Paged" : "Dense";
+      std::string name = std::string(c.paged ? "Paged" : "Dense") + (c.entries ? "Entries" : "");
       if (c.rotary_dim == 0) return name + "NoRotary";
       return name + "Rotary" + std::to_string(c.rotary_dim) + (c.interleaved ? "GptJ" : "GptNeox") +
              (c.q_per_row ? "QPerRow" : "QAtStart");

@@ -287,6 +287,66 @@ TEST(Dispatch, PagedGoesToTheFinalKernelOnly) {
   EXPECT_EQ(resolve_kernel(p, "14_seamless_items", &resolved).code(), StatusCode::not_supported);
 }
 
+// Cache entries (kv_batch_idx, with kv_batch entries) and left padding (leftpad_k).
+TEST(Validation, BadCacheEntriesAndLeftPadding) {
+  const auto* indices = static_cast<const int32_t*>(fake_ptr(9));
+  AttentionProblem p = valid_problem();
+  p.kv_batch_idx = indices;
+  p.kv_batch = 1;  // k and v are then [1, Sk, Hkv, D]: their batch stride is not used
+  p.k_strides.batch = p.v_strides.batch = 0;
+  EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
+  p.kv_batch = 3;
+  expect_invalid(p, "k");
+  p.kv_batch = 0;
+  expect_invalid(p, "kv_batch");
+  p = valid_problem();
+  p.kv_batch = 2;  // without kv_batch_idx
+  expect_invalid(p, "kv_batch");
+  p.kv_batch_idx = reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(indices) + 2);
+  expect_invalid(p, "kv_batch_idx");
+  p = varlen_problem();
+  p.kv_batch_idx = indices;
+  p.kv_batch = 2;
+  expect_invalid(p, "kv_batch_idx");
+  p = paged_problem();  // a paged cache takes entries: block table rows
+  p.kv_batch_idx = indices;
+  p.kv_batch = 5;
+  EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
+
+  p = valid_problem();
+  p.leftpad_k = static_cast<const int32_t*>(fake_ptr(10));
+  EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
+  p.leftpad_k = reinterpret_cast<const int32_t*>(reinterpret_cast<const char*>(p.leftpad_k) + 1);
+  expect_invalid(p, "leftpad_k");
+  p = paged_problem();
+  p.leftpad_k = static_cast<const int32_t*>(fake_ptr(10));
+  expect_invalid(p, "leftpad_k");
+}
+
+// Only the final kernel has cache entries and left padding, and not with e4m3 inputs.
+TEST(Dispatch, CacheEntriesAndLeftPaddingGoToTheFinalKernelOnly) {
+  for (bool entries : {true, false}) {
+    SCOPED_TRACE(entries ? "kv_batch_idx" : "leftpad_k");
+    AttentionProblem p = valid_problem();
+    if (entries) {
+      p.kv_batch_idx = static_cast<const int32_t*>(fake_ptr(9));
+      p.kv_batch = 2;
+    } else {
+      p.leftpad_k = static_cast<const int32_t*>(fake_ptr(10));
+    }
+    std::string resolved;
+    ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+    EXPECT_EQ(resolved, kernels().back().name);
+    Status s = resolve_kernel(p, "15_three_consumers", &resolved);
+    EXPECT_EQ(s.code(), StatusCode::not_supported);
+    EXPECT_NE(s.message().find("kv_batch_idx or leftpad_k"), std::string::npos) << s.message();
+    p.dtype = DType::e4m3;
+    s = resolve_kernel(p, kernels().back().name, &resolved);
+    EXPECT_EQ(s.code(), StatusCode::not_supported);
+    EXPECT_NE(s.message().find("dense batches only"), std::string::npos) << s.message();
+  }
+}
+
 TEST(Validation, BadNumSplits) {
   for (int parts : {-1, kMaxSplits + 1}) {
     AttentionProblem p = valid_problem();

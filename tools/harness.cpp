@@ -33,6 +33,11 @@ std::string describe(const Shape& s) {
   if (s.num_splits != 0) os << " num_splits=" << s.num_splits;
   if (s.pack_gqa.has_value()) os << " pack_gqa=" << (*s.pack_gqa ? "on" : "off");
   if (s.page_size > 0) os << " page_size=" << s.page_size;
+  if (s.kv_batch_idx) os << " kv_batch_idx";
+  if (!s.leftpad_k.empty()) {
+    os << " leftpad_k=";
+    for (size_t b = 0; b < s.leftpad_k.size() && b < 8; ++b) os << (b ? "," : "") << s.leftpad_k[b];
+  }
   if (!s.seqlens_k_used.empty()) {
     os << " seqlens_k=";
     for (size_t b = 0; b < s.seqlens_k_used.size() && b < 8; ++b) os << (b ? "," : "") << s.seqlens_k_used[b];
@@ -61,24 +66,26 @@ void set_varlen(Shape* s, std::vector<int> seqlens_q, std::vector<int> seqlens_k
 namespace {
 
 // Sequence b's queries and the keys it uses: its varlen lengths or the shape's, the keys capped
-// by seqlens_k_used.
+// by seqlens_k_used, less its left padding.
 std::pair<int, int> sequence_lengths(const Shape& s, int b) {
   const int queries = s.varlen() ? s.seqlens_q[b] : s.seqlen_q;
   int keys = s.varlen() ? s.seqlens_k[b] : s.seqlen_k;
-  if (!s.seqlens_k_used.empty()) keys = std::min(keys, s.seqlens_k_used[b]);
+  if (!s.seqlens_k_used.empty()) keys = std::min(keys, std::max(0, s.seqlens_k_used[b]));
+  if (!s.leftpad_k.empty()) keys -= std::clamp(s.leftpad_k[b], 0, keys);
   return {queries, keys};
 }
 
 }  // namespace
 
 double forward_flops(const Shape& s) {
-  if (s.varlen() || !s.seqlens_k_used.empty()) {  // the sum over the sequences
+  if (s.varlen() || !s.seqlens_k_used.empty() || !s.leftpad_k.empty()) {  // the sum over the sequences
     double flops = 0;
     for (int b = 0; b < s.batch; ++b) {
       Shape one = s;
       one.seqlens_q.clear();
       one.seqlens_k.clear();
       one.seqlens_k_used.clear();
+      one.leftpad_k.clear();
       one.batch = 1;
       std::tie(one.seqlen_q, one.seqlen_k) = sequence_lengths(s, b);
       flops += forward_flops(one);
@@ -258,17 +265,31 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
       w->inputs.host[i] = ref::bits_to_float(bits[i], shape.dtype);
     }
   });
-  // Keys past a sequence's seqlens_k_used are outside the problem (a cache's unused rows): NaN
-  // there, on the GPU only, checks that no kernel lets them into a result (0 x NaN is NaN).
-  if (!shape.seqlens_k_used.empty() && !varlen && int(shape.seqlens_k_used.size()) == B) {
+  if (!shape.leftpad_k.empty() && (int(shape.leftpad_k.size()) != B || shape.page_size > 0))
+    return {StatusCode::invalid_argument, "leftpad_k: one offset per sequence, and not with page_size"};
+  if (shape.kv_batch_idx && varlen) return {StatusCode::invalid_argument, "kv_batch_idx: not with varlen"};
+  // Keys past a sequence's seqlens_k_used or before its leftpad_k are outside the problem (a
+  // cache's unused rows): NaN there, on the GPU only, checks that no kernel lets them into a
+  // result (0 x NaN is NaN).
+  const bool used_set = !shape.seqlens_k_used.empty() && int(shape.seqlens_k_used.size()) == B;
+  if ((used_set || !shape.leftpad_k.empty()) && !varlen) {
     for (const TensorPlacement* t : {&k, &v})
-      for (int b = 0; b < B; ++b)
-        for (int j = std::max(0, shape.seqlens_k_used[b]); j < Sk; ++j)
-          for (int h = 0; h < Hkv; ++h)
-            std::fill_n(bits.begin() + t->offset + size_t(b * t->strides.batch + int64_t(j) * t->strides.seq +
-                                                          h * t->strides.head),
-                        D, uint16_t(0xFFFF));
+      for (int b = 0; b < B; ++b) {
+        const int used = used_set ? std::clamp(shape.seqlens_k_used[b], 0, Sk) : Sk;
+        const int pad = shape.leftpad_k.empty() ? 0 : std::clamp(shape.leftpad_k[b], 0, used);
+        for (int j = 0; j < Sk; ++j)
+          if (j < pad || j >= used)
+            for (int h = 0; h < Hkv; ++h)
+              std::fill_n(bits.begin() + t->offset + size_t(b * t->strides.batch + int64_t(j) * t->strides.seq +
+                                                            h * t->strides.head),
+                          D, uint16_t(0xFFFF));
+      }
   }
+  // kv_batch_idx: sequence b's cache entry, a shuffle of batch + 1 entries (the last one spare).
+  std::vector<int32_t> entry_of(size_t(B) + 1);
+  for (int b = 0; b <= B; ++b) entry_of[b] = b;
+  if (shape.kv_batch_idx) std::shuffle(entry_of.begin(), entry_of.end(), std::mt19937_64(seed ^ 0x9e3779b9u));
+  const int entries = shape.kv_batch_idx ? B + 1 : B;
   Status s = w->inputs.device.allocate(bits.size() * 2);
   if (!s.ok()) return s;
   if (!(s = cuda_check(cudaMemcpy(w->inputs.device.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice),
@@ -328,22 +349,26 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
     if (shape.seqlens_k_used.empty() || shape.layout == Layout::packed_qkv)
       return {StatusCode::invalid_argument, "page_size: needs seqlens_k_used and no packed_qkv layout"};
     const int per_seq = (Sk + shape.page_size - 1) / shape.page_size, num_pages = B * per_seq + 2;
+    const int spare = entry_of[B];  // kv_batch_idx: the table's row of no sequence, pointing at the spare pages
     const size_t page_elems = size_t(shape.page_size) * Hkv * D, cache_elems = size_t(num_pages) * page_elems;
     std::vector<int32_t> order(num_pages);
     for (int i = 0; i < num_pages; ++i) order[i] = i;
     std::shuffle(order.begin(), order.end(), std::mt19937_64(seed ^ 0x5bd1e995u));
     std::vector<uint16_t> cache(2 * cache_elems);
     std::fill(cache.begin(), cache.end(), uint16_t(0xFFFF));
-    std::vector<int32_t> table(size_t(B) * per_seq);
+    std::vector<int32_t> table(size_t(entries) * per_seq);
     for (int b = 0; b < B; ++b)
-      for (int j = 0; j < per_seq; ++j) table[size_t(b) * per_seq + j] = order[size_t(b) * per_seq + j];
+      for (int j = 0; j < per_seq; ++j) table[size_t(entry_of[b]) * per_seq + j] = order[size_t(b) * per_seq + j];
+    if (shape.kv_batch_idx)
+      for (int j = 0; j < per_seq; ++j) table[size_t(spare) * per_seq + j] = order[size_t(B) * per_seq + j % 2];
     for (int kv = 0; kv < 2; ++kv) {
       const TensorPlacement& src = kv == 0 ? k : v;
       for (int b = 0; b < B; ++b)
         for (int j = 0; j < Sk; ++j)
           for (int h = 0; h < Hkv; ++h) {
             const size_t from = src.offset + size_t(b * src.strides.batch + int64_t(j) * src.strides.seq + h * src.strides.head);
-            const size_t to = kv * cache_elems + size_t(table[size_t(b) * per_seq + j / shape.page_size]) * page_elems +
+            const size_t to = kv * cache_elems +
+                              size_t(table[size_t(entry_of[b]) * per_seq + j / shape.page_size]) * page_elems +
                               (size_t(j % shape.page_size) * Hkv + h) * D;
             std::copy_n(bits.begin() + from, D, cache.begin() + to);
           }
@@ -364,6 +389,46 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
     p.max_pages_per_seq = per_seq;
     p.num_pages = num_pages;
     p.page_size = shape.page_size;
+  } else if (shape.kv_batch_idx) {
+    // A dense cache of batch + 1 entries, NaN but for each sequence's keys in its entry.
+    const size_t entry_elems = size_t(Sk) * Hkv * D, cache_elems = size_t(entries) * entry_elems;
+    std::vector<uint16_t> cache(2 * cache_elems, uint16_t(0xFFFF));
+    for (int kv = 0; kv < 2; ++kv) {
+      const TensorPlacement& src = kv == 0 ? k : v;
+      for (int b = 0; b < B; ++b)
+        for (int j = 0; j < Sk; ++j)
+          for (int h = 0; h < Hkv; ++h)
+            std::copy_n(bits.begin() + src.offset +
+                            size_t(b * src.strides.batch + int64_t(j) * src.strides.seq + h * src.strides.head),
+                        D, cache.begin() + kv * cache_elems + entry_elems * entry_of[b] + (size_t(j) * Hkv + h) * D);
+    }
+    if (!(s = w->entries.allocate(cache.size() * 2 + size_t(B) * 4)).ok()) return s;
+    auto* base = static_cast<char*>(w->entries.get());
+    if (!(s = cuda_check(cudaMemcpy(base, cache.data(), cache.size() * 2, cudaMemcpyHostToDevice), "uploading entries"))
+             .ok())
+      return s;
+    p.k = base;
+    p.v = base + cache_elems * 2;
+    p.k_strides = p.v_strides = contiguous_bshd(Sk, Hkv, D);
+  }
+  if (shape.kv_batch_idx) {
+    // The indices: after the dense entries, or alone (a paged cache's rows are in `pages`).
+    if (shape.page_size > 0 && !(s = w->entries.allocate(size_t(B) * 4)).ok()) return s;
+    auto* at = static_cast<char*>(w->entries.get()) + w->entries.bytes() - size_t(B) * 4;
+    if (!(s = cuda_check(cudaMemcpy(at, entry_of.data(), size_t(B) * 4, cudaMemcpyHostToDevice),
+                         "uploading kv_batch_idx"))
+             .ok())
+      return s;
+    p.kv_batch_idx = reinterpret_cast<const int32_t*>(at);
+    p.kv_batch = entries;
+  }
+  if (!shape.leftpad_k.empty()) {
+    if (!(s = w->leftpad_k.allocate(size_t(B) * 4)).ok()) return s;
+    if (!(s = cuda_check(cudaMemcpy(w->leftpad_k.get(), shape.leftpad_k.data(), size_t(B) * 4, cudaMemcpyHostToDevice),
+                         "uploading leftpad_k"))
+             .ok())
+      return s;
+    p.leftpad_k = static_cast<const int32_t*>(w->leftpad_k.get());
   }
   if (varlen) {
     std::vector<int32_t> offsets(w->cu_q.begin(), w->cu_q.end());
@@ -459,6 +524,13 @@ ref::HostProblem sequence_host(const Workload& w, int b) {
     host.k += int64_t(w.cu_k[b]) * host.k_strides.seq;
     host.v += int64_t(w.cu_k[b]) * host.v_strides.seq;
   }
+  if (!w.shape.seqlens_k_used.empty()) host.seqlen_k = std::min(host.seqlen_k, std::max(0, w.shape.seqlens_k_used[b]));
+  if (!w.shape.leftpad_k.empty()) {
+    const int pad = std::clamp(w.shape.leftpad_k[b], 0, host.seqlen_k);
+    host.k += int64_t(pad) * host.k_strides.seq;
+    host.v += int64_t(pad) * host.v_strides.seq;
+    host.seqlen_k -= pad;
+  }
   return host;
 }
 
@@ -503,8 +575,7 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
       float lowp_lse;
       // A varlen batch: sequence b on its own (a one-sequence problem over its rows), and its
       // row i at packed row cu_q[b] + i of batch entry 0.
-      ref::HostProblem host = sequence_host(w, row.b);
-      if (!s.seqlens_k_used.empty()) host.seqlen_k = std::min(host.seqlen_k, s.seqlens_k_used[row.b]);
+      const ref::HostProblem host = sequence_host(w, row.b);
       ref::attention_row_fp64(host, s.varlen() ? 0 : row.b, row.h, row.i, ref_out.data(), &ref_lse);
       ref::attention_row_lowp(host, dtype, s.varlen() ? 0 : row.b, row.h, row.i, lowp_out.data(), &lowp_lse);
       if (s.varlen()) row = {0, row.h, w.cu_q[row.b] + row.i};

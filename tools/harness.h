@@ -43,6 +43,12 @@ struct Shape {
   // A paged KV cache when > 0: k and v go into pages of page_size keys in a shuffled order
   // with spare pages, and a block table; needs seqlens_k_used (contiguous or padded layout).
   int page_size = 0;
+  // Left padding (AttentionProblem::leftpad_k) when not empty: sequence b's keys start at key
+  // leftpad_k[b]. Not with a paged cache.
+  std::vector<int> leftpad_k;
+  // Cache entries (AttentionProblem::kv_batch_idx): sequence b's keys go to a shuffled entry of
+  // batch + 1 (the spare one NaN): dense k and v entries, or block table rows. Not with varlen.
+  bool kv_batch_idx = false;
 };
 // Makes `shape` a variable-length batch of these lengths (equal counts, some non-zero).
 void set_varlen(Shape* shape, std::vector<int> seqlens_q, std::vector<int> seqlens_k);
@@ -94,6 +100,8 @@ struct Workload {
   DeviceBuffer cu_seqlens;              // varlen: cu_seqlens_q then cu_seqlens_k, int32
   DeviceBuffer seqlens_k;               // seqlens_k_used, int32
   DeviceBuffer pages;                   // a paged cache: k's pages, then v's, and the block table
+  DeviceBuffer entries;                 // kv_batch_idx: a dense cache's k entries, then v's, then the indices
+  DeviceBuffer leftpad_k;               // leftpad_k, int32
   std::vector<int> cu_q, cu_k;          // varlen: the same offsets on the host
 };
 
@@ -125,8 +133,10 @@ std::vector<RowId> all_rows(const Shape& shape);
 // edges and random rows of the first and last (batch, head).
 std::vector<RowId> sample_rows(const Shape& shape, int count, uint64_t seed);
 
-// The host problem the reference runs for sequence `b` of a varlen batch: that sequence on its
-// own (one batch entry over its rows of the packed tensors). A dense batch's host problem as it is.
+// The host problem the reference runs for sequence `b`: that sequence's keys in use (past its
+// left padding, up to seqlens_k_used[b]) and, in a varlen batch, that sequence on its own (one
+// batch entry over its rows of the packed tensors). Run its row (b, h, i) as batch entry b of a
+// dense batch, 0 of a varlen one.
 ref::HostProblem sequence_host(const Workload& workload, int b);
 
 // Copies the outputs back and checks `rows` (gaps and NaN are checked over the whole output).

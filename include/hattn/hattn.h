@@ -133,6 +133,21 @@ struct AttentionProblem {
   int num_pages = 0;
   int page_size = 0;
 
+  // A cache entry per sequence (FlashAttention's cache_batch_idx / kv_batch_idx): when set,
+  // sequence b reads the keys of cache entry kv_batch_idx[b] instead of entry b: batch entry
+  // kv_batch_idx[b] of a dense k and v of kv_batch entries, or row kv_batch_idx[b] of a
+  // block_table of kv_batch rows. A device int32 array [batch], read only by the kernel, which
+  // clamps it to [0, kv_batch). Not with a variable-length batch. Only the final kernel.
+  const int32_t* kv_batch_idx = nullptr;
+  int kv_batch = 0;  // entries kv_batch_idx indexes; only with kv_batch_idx
+  // Left padding of the keys (FlashAttention's cache_leftpad / leftpad_k): when set, sequence
+  // b's keys start at key leftpad_k[b] of its rows: it attends to keys leftpad_k[b] ..
+  // seqlens_k[b] - 1 (or .. the last key it has, without seqlens_k), and the masks align to
+  // that range as to a sequence of seqlens_k[b] - leftpad_k[b] keys. A device int32 array
+  // [batch], read only by the kernel, which clamps it to [0, the sequence's keys]. Not with a
+  // paged cache (a K/V tile must start on a page). Only the final kernel.
+  const int32_t* leftpad_k = nullptr;
+
   // Split-KV (flash-decoding): each query block's keys are cut into num_splits parts computed
   // by different CTAs, whose partial results a second kernel combines. It fills the GPU when
   // there are few query blocks and long key sweeps (decoding: a few queries per sequence).
@@ -174,14 +189,17 @@ struct AttentionProblem {
   float scale() const;
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
   bool is_paged() const { return block_table != nullptr; }
-  // Features only the final kernel has: a variable-length batch, keys in use, a paged cache.
-  bool has_sequence_bounds() const { return is_varlen() || seqlens_k != nullptr || is_paged(); }
+  // Features only the final kernel has: a variable-length batch, keys in use, a paged cache,
+  // cache entries per sequence, left padding.
+  bool has_sequence_bounds() const {
+    return is_varlen() || seqlens_k != nullptr || is_paged() || kv_batch_idx != nullptr || leftpad_k != nullptr;
+  }
   // The [batch, rows] extents q, k, v and out are laid out with: [batch, seqlen], or for a
   // variable-length batch one packed sequence, [1, total]; k and v of a paged cache are
-  // [num_pages, page_size].
+  // [num_pages, page_size], and a dense k and v indexed by kv_batch_idx [kv_batch, seqlen_k].
   int tensor_batch() const { return is_varlen() ? 1 : batch; }
   int tensor_rows_q() const { return is_varlen() ? total_q : seqlen_q; }
-  int tensor_batch_k() const { return is_paged() ? num_pages : tensor_batch(); }
+  int tensor_batch_k() const { return is_paged() ? num_pages : kv_batch_idx != nullptr ? kv_batch : tensor_batch(); }
   int tensor_rows_k() const { return is_paged() ? page_size : is_varlen() ? total_k : seqlen_k; }
   // A window edge that causal does not already give (causal with window_right = 0 is plain causal).
   bool has_window() const { return window_left >= 0 || (window_right >= 0 && !causal); }
@@ -281,6 +299,13 @@ struct KvAppendProblem {
 
   const int32_t* seqlens = nullptr;  // [B] device: each sequence's keys before the append
   int32_t* seqlens_out = nullptr;    // optional [B] device: seqlens + seqlen_new (not aliasing seqlens)
+
+  // Cache entries, as in AttentionProblem: sequence b writes into entry kv_batch_idx[b]
+  // (clamped to [0, kv_batch)): batch entry of a dense cache of kv_batch entries, or row of a
+  // block_table of kv_batch rows. Sequences that share an entry write the same rows, and which
+  // one's values land there is not defined (as in FlashAttention).
+  const int32_t* kv_batch_idx = nullptr;
+  int kv_batch = 0;
 
   // Rotary embedding (optional): cos and sin [rotary_seqlen, rotary_dim / 2], contiguous, in
   // dtype; rotary_dim even, at most head_dim; rotary_seqlen at least the cache's capacity. The

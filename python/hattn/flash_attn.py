@@ -16,7 +16,7 @@ default scale is 1/sqrt(D). flash_attn_func and flash_attn_varlen_func are diffe
 is forward only, and appends new keys and values to the cache (with rotary embedding) as
 FlashAttention does. What hattn does not have (dropout, softcapping, ALiBi, the attention
 probabilities, a deterministic backward, gradients through the KV-cache function, paged KV
-with varlen, cache indexing and left padding) raises NotImplementedError naming the argument.
+with varlen, left padding of a paged cache) raises NotImplementedError naming the argument.
 Nothing falls back to another library.
 
 flash_attn_func also takes FlashAttention-3's FP8 call: float8_e4m3fn q, k, v with the keywords
@@ -268,15 +268,23 @@ def flash_attn_with_kvcache(
     last dim must be contiguous. An error raised by the attention itself (an unsupported
     head_dim or page_size) comes after the write.
 
-    cache_batch_idx, cache_leftpad, softcap, alibi_slopes and inputs that require grad (no
+    cache_batch_idx: int32 [B] on q's device, sequence b's cache entry: batch entry
+    cache_batch_idx[b] of a dense cache [B_cache, S_cache, Hkv, D] (B_cache need not be B), or
+    row cache_batch_idx[b] of a block_table [rows, max_pages_per_seq]; the append writes there
+    too. Sequences that share an entry also share where they append (which one's rows land is
+    not defined, as in FlashAttention). cache_leftpad: int32 [B] on q's device (dense caches
+    only), sequence b's first key: it attends to keys cache_leftpad[b] .. cache_seqlens[b] +
+    seqlen_new - 1, and the masks align as for a sequence of that many keys; the append and the
+    rotary positions stay absolute (key cache_seqlens[b] + i), as in FlashAttention. Both are
+    read by the kernels only, and clamped there (to the entries, and to the sequence's keys).
+
+    softcap, alibi_slopes, cache_leftpad with block_table and inputs that require grad (no
     backward with a KV cache yet) raise NotImplementedError naming them. Unused cache rows may
     hold anything (see hattn.attention_paged).
     """
     unsupported = []
-    if cache_batch_idx is not None:
-        unsupported.append("cache_batch_idx (no cache indexing; use block_table)")
-    if cache_leftpad is not None:
-        unsupported.append("cache_leftpad (no left padding)")
+    if cache_leftpad is not None and block_table is not None:
+        unsupported.append("cache_leftpad with block_table (a paged cache's K/V tiles start on its pages)")
     # softcap and alibi_slopes as in flash_attn_func (no dropout or probabilities here).
     unsupported += _unsupported(0.0, softcap, alibi_slopes, False, "attention_paged")
     if _needs_grad(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
@@ -284,8 +292,12 @@ def flash_attn_with_kvcache(
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_with_kvcache does not support " + "; ".join(unsupported))
     paged = block_table is not None
+    indexed = cache_batch_idx is not None
     # First, so that errors call the caches by these names (hattn.attention calls them k and v).
-    _check_inputs(q, k_cache, v_cache, "auto", paged=paged, names=_PAGED_NAMES)
+    _check_inputs(q, k_cache, v_cache, "auto", paged=paged, names=_PAGED_NAMES, kv_entries=indexed)
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_seqlens_k(t, q.shape[0], name)
     seqlens_k = _cache_seqlens(cache_seqlens, q)
     window = _flash_window(window_size, causal)
     if paged:
@@ -294,7 +306,7 @@ def flash_attn_with_kvcache(
     appending = k is not None or v is not None
     if paged and (appending or rotary_cos is not None or rotary_sin is not None):
         # Here, not only in attention_paged: its width sizes the rotary tables and the append writes through it.
-        _check_block_table(block_table, q.shape[0], k_cache.shape[1])
+        _check_block_table(block_table, q.shape[0], k_cache.shape[1], indexed=indexed)
     if rotary_cos is not None or rotary_sin is not None:
         if not appending:
             raise ValueError("rotary_cos, rotary_sin: only with k and v (the rotation applies to the keys appended)")
@@ -308,13 +320,17 @@ def flash_attn_with_kvcache(
             if t.stride(-1) != 1:
                 raise ValueError(f"{name}: the last dim must be contiguous (stride 1) to append to it in place")
         if q.device.type != "meta":  # before anything is written (k, v and rotary are on the caches' device)
-            _check_device(q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k)
+            _check_device(
+                q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k,
+                cache_batch_idx=cache_batch_idx,
+            )  # fmt: skip
         if rotary_cos is not None:  # the kernel reads the tables in q's dtype, rows contiguous
             rotary_cos, rotary_sin = (t.to(q.dtype).contiguous() for t in (rotary_cos, rotary_sin))
         table = None if block_table is None else block_table.contiguous()
+        entries = None if cache_batch_idx is None else cache_batch_idx.contiguous()
         args = (
             q, k_cache, v_cache, k, v, seqlens_k.contiguous(), table, rotary_cos, rotary_sin, bool(rotary_interleaved),
-            window != (-1, -1),
+            window != (-1, -1), entries,
         )  # fmt: skip
         seqlens_k, q_rotated = _call(append_kv, _append_kv, *args)
         if rotary_cos is not None:
@@ -322,11 +338,12 @@ def flash_attn_with_kvcache(
     if paged:
         result = attention_paged(
             q, k_cache, v_cache, block_table, seqlens_k, causal=causal, softmax_scale=softmax_scale,
-            return_lse=return_softmax_lse, window_size=window, num_splits=num_splits,
+            return_lse=return_softmax_lse, window_size=window, num_splits=num_splits, kv_batch_idx=cache_batch_idx,
         )  # fmt: skip
     else:
         result = attention(
             q, k_cache, v_cache, causal=causal, softmax_scale=softmax_scale, return_lse=return_softmax_lse,
-            window_size=window, seqlens_k=seqlens_k, num_splits=num_splits,
+            window_size=window, seqlens_k=seqlens_k, num_splits=num_splits, kv_batch_idx=cache_batch_idx,
+            leftpad_k=cache_leftpad,
         )  # fmt: skip
     return result

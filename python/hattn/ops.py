@@ -24,7 +24,8 @@ A paged KV cache (attention_paged) holds the keys and values in pages: k_cache a
 [num_pages, page_size, Hkv, D], and the same rules apply to their page, row and head strides
 (an odd layout copies the whole cache). block_table [batch, max_pages_per_seq] and seqlens_k
 [batch] are int32 on the GPU (copied when not contiguous); only the kernel reads them, as it
-reads attention's optional seqlens_k.
+reads attention's optional seqlens_k, kv_batch_idx and leftpad_k (a cache entry and a first
+key per sequence) and attention_paged's kv_batch_idx (a block_table row per sequence).
 
 The launch runs on torch.cuda.current_stream() of q's device, with no host synchronization, so
 the op can be captured in a CUDA graph. The dense op with seqlens_k and the paged op remember
@@ -95,12 +96,14 @@ def _check_types(q, k, v, names=_ARG_NAMES, **more) -> None:
 
 
 def _check_inputs(
-    q, k, v, kernel: str, varlen: bool = False, paged: bool = False, names=None, fp8: bool = False
-) -> None:
+    q, k, v, kernel: str, varlen: bool = False, paged: bool = False, names=None, fp8: bool = False,
+    kv_entries: bool = False,
+) -> None:  # fmt: skip
     """Checks that need only shapes and dtypes (so they also run on fake and meta tensors).
 
     varlen: q, k, v are packed [total, heads, head_dim] rather than BSHD. paged: k and v are
-    the pages of a cache, [num_pages, page_size, heads, head_dim]. names: what the messages
+    the pages of a cache, [num_pages, page_size, heads, head_dim]. kv_entries: k and v are a
+    dense cache that kv_batch_idx indexes, whose batch need not be q's. names: what the messages
     call q, k and v (default: q, k, v; q, k_cache, v_cache when paged). fp8: q, k and v must
     be torch.float8_e4m3fn (attention_fp8) instead of bf16/fp16. The C++ library validates
     the rest (head_dim, sizes, strides, pointers, kernel support) and its messages name the
@@ -143,8 +146,10 @@ def _check_inputs(
         raise ValueError(f"{vn}: shape {tuple(v.shape)} must equal {kn}'s shape {tuple(k.shape)} {layout}")
     if paged and (k.shape[0] < 1 or k.shape[1] < 1):
         raise ValueError(f"{kn}: num_pages and page_size (dims 0 and 1) must be >= 1, got shape {tuple(k.shape)}")
-    if not varlen and not paged and k.shape[0] != q.shape[0]:
+    if not varlen and not paged and not kv_entries and k.shape[0] != q.shape[0]:
         raise ValueError(f"{kn}: batch {k.shape[0]} must equal q's batch {q.shape[0]}")
+    if kv_entries and k.shape[0] < 1:
+        raise ValueError(f"{kn}: must have at least one batch entry (the entries kv_batch_idx indexes)")
     # Heads and head_dim are the last two dims in every layout.
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"{kn}: head_dim {k.shape[-1]} must equal q's head_dim {q.shape[-1]}")
@@ -195,9 +200,16 @@ def _check_seqlens_k(seqlens_k: torch.Tensor, batch: int, name: str = "seqlens_k
         raise ValueError(f"{name}: must be 1-D [batch] with q's batch {batch}, got shape {tuple(seqlens_k.shape)}")
 
 
-def _check_block_table(block_table: torch.Tensor, batch: int, page_size: int) -> None:
+def _check_block_table(block_table: torch.Tensor, batch: int, page_size: int, indexed: bool = False) -> None:
+    """indexed: kv_batch_idx picks each sequence's row, so there may be any number of rows."""
     _check_int32_tensor("block_table", block_table)
-    if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
+    if indexed:
+        if block_table.dim() != 2 or block_table.shape[0] < 1 or block_table.shape[1] < 1:
+            raise ValueError(
+                "block_table: must be 2-D [rows, max_pages_per_seq], both >= 1 (the rows kv_batch_idx picks from), "
+                f"got shape {tuple(block_table.shape)}"
+            )
+    elif block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] < 1:
         raise ValueError(
             f"block_table: must be 2-D [batch, max_pages_per_seq] with q's batch {batch} and max_pages_per_seq >= 1, "
             f"got shape {tuple(block_table.shape)}"
@@ -217,10 +229,12 @@ def _check_num_splits(num_splits) -> None:
         raise ValueError(f"num_splits: must be 0 (automatic), 1 (off) or up to {_MAX_SPLITS}, got {num_splits}")
 
 
-def _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits) -> None:
+def _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx=None) -> None:
     _check_inputs(q, k_cache, v_cache, kernel, paged=True)
-    _check_block_table(block_table, q.shape[0], k_cache.shape[1])
+    _check_block_table(block_table, q.shape[0], k_cache.shape[1], indexed=kv_batch_idx is not None)
     _check_seqlens_k(seqlens_k, q.shape[0])
+    if kv_batch_idx is not None:
+        _check_seqlens_k(kv_batch_idx, q.shape[0], "kv_batch_idx")
     _check_num_splits(num_splits)
 
 
@@ -265,7 +279,7 @@ def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
 
 def _problem_kwargs(
     q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, *,
-    seqlens_k=None, block_table=None, num_splits=0, descales=(None, None, None),
+    seqlens_k=None, block_table=None, num_splits=0, descales=(None, None, None), kv_batch_idx=None, leftpad_k=None,
 ):  # fmt: skip
     """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors.
 
@@ -274,6 +288,8 @@ def _problem_kwargs(
     sequence. block_table: None, or the int32 [batch, max_pages_per_seq] page table of a paged
     cache k, v [num_pages, page_size, Hkv, D]; seqlen_k is then max_pages_per_seq * page_size,
     the most keys a sequence can have (the kernel plans by it; seqlens_k is not read here).
+    kv_batch_idx: None, or int32 [batch], each sequence's cache entry: a batch entry of k and
+    v, or a row of block_table. leftpad_k: None, or int32 [batch], each sequence's first key.
     descales: FP8's (q_descale, k_descale, v_descale), each None (scale 1) or a contiguous
     fp32 [batch, Hkv] tensor. The dtype is q's; FP8 q's out must be bf16 (the caller's).
     """
@@ -292,6 +308,11 @@ def _problem_kwargs(
         )
     if seqlens_k is not None:
         extra.update(seqlens_k=seqlens_k.data_ptr())
+    if kv_batch_idx is not None:
+        entries = block_table.shape[0] if block_table is not None else k.shape[0]
+        extra.update(kv_batch_idx=kv_batch_idx.data_ptr(), kv_batch=entries)
+    if leftpad_k is not None:
+        extra.update(leftpad_k=leftpad_k.data_ptr())
     for name, t in zip(("q_descale", "k_descale", "v_descale"), descales):
         if t is not None:
             extra[name] = t.data_ptr()
@@ -378,7 +399,8 @@ def _window(window_size) -> Tuple[int, int]:
 
 
 def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, remember=None, **extra):
-    """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales.
+    """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales,
+    kv_batch_idx, leftpad_k.
     remember: a _launch_key under which to keep this call's arguments for _forward_again."""
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
@@ -437,7 +459,7 @@ def _launch_key(flags: tuple, *tensors: Optional[torch.Tensor]) -> tuple:
 
 def _forward_again(remembered, q, k, v, out, lse, **pointers: Optional[torch.Tensor]) -> None:
     """_forward for a layout seen before: its arguments with the pointers of these tensors
-    (pointers: seqlens_k, block_table when the problem has them)."""
+    (pointers: seqlens_k, block_table, kv_batch_idx, leftpad_k when the problem has them)."""
     kwargs, needed = remembered
     kwargs = dict(kwargs, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
                   lse=0 if lse is None else lse.data_ptr())  # fmt: skip
@@ -448,10 +470,11 @@ def _forward_again(remembered, q, k, v, out, lse, **pointers: Optional[torch.Ten
         _launch(kwargs, needed, q.device)
 
 
-def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits) -> None:
-    _check_inputs(q, k, v, kernel)
-    if seqlens_k is not None:
-        _check_seqlens_k(seqlens_k, q.shape[0])
+def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx=None, leftpad_k=None) -> None:
+    _check_inputs(q, k, v, kernel, kv_entries=kv_batch_idx is not None)
+    for name, t in (("seqlens_k", seqlens_k), ("kv_batch_idx", kv_batch_idx), ("leftpad_k", leftpad_k)):
+        if t is not None:
+            _check_seqlens_k(t, q.shape[0], name)
     _check_num_splits(num_splits)
 
 
@@ -467,29 +490,35 @@ def _attention_fwd(
     window_right: int = -1,
     seqlens_k: Optional[torch.Tensor] = None,
     num_splits: int = 0,
+    kv_batch_idx: Optional[torch.Tensor] = None,
+    leftpad_k: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
     key = _launch_key(
-        ("fwd", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits), q, k, v, seqlens_k
-    )
+        ("fwd", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits),
+        q, k, v, seqlens_k, kv_batch_idx, leftpad_k,
+    )  # fmt: skip
     remembered = _LAUNCHES.get(key)
+    indices = {"seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx, "leftpad_k": leftpad_k}
     if remembered is None:
-        _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits)
-        _check_device(q, k, v, seqlens_k=seqlens_k)
-        if not all(_kernel_layout_ok(t) for t in (q, k, v)) or not (seqlens_k is None or seqlens_k.is_contiguous()):
+        _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx, leftpad_k)
+        _check_device(q, k, v, **indices)
+        if not all(_kernel_layout_ok(t) for t in (q, k, v)) or not all(
+            t is None or t.is_contiguous() for t in indices.values()
+        ):
             key = None  # copies below: nothing to remember
         q, k, v = (_as_kernel_input(t) for t in (q, k, v))
-        if seqlens_k is not None:
-            seqlens_k = seqlens_k.contiguous()  # the kernel reads a plain int32 array
+        # The kernel reads plain int32 arrays.
+        indices = {name: None if t is None else t.contiguous() for name, t in indices.items()}
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if remembered is not None:
-        _forward_again(remembered, q, k, v, out, lse if return_lse else None, seqlens_k=seqlens_k)
+        _forward_again(remembered, q, k, v, out, lse if return_lse else None, **indices)
         return out, lse
     _forward(
         q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, (window_left, window_right),
-        remember=key, seqlens_k=seqlens_k, num_splits=num_splits,
+        remember=key, num_splits=num_splits, **indices,
     )  # fmt: skip
     return out, lse
 
@@ -508,9 +537,10 @@ def _bshd_outputs_like(
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(
-    q, k, v, causal, softmax_scale, kernel, return_lse, window_left=-1, window_right=-1, seqlens_k=None, num_splits=0
-):
-    _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits)
+    q, k, v, causal, softmax_scale, kernel, return_lse, window_left=-1, window_right=-1, seqlens_k=None, num_splits=0,
+    kv_batch_idx=None, leftpad_k=None,
+):  # fmt: skip
+    _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx, leftpad_k)
     return _bshd_outputs_like(q, return_lse)
 
 
@@ -548,11 +578,13 @@ def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, window_l
 
 
 def _attention_fwd_setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, softmax_scale, _kernel, return_lse, window_left, window_right, seqlens_k, _splits = inputs
+    q, k, v, causal, softmax_scale, _kernel, return_lse, window_left, window_right, *cache = inputs
+    seqlens_k, _splits, kv_batch_idx, leftpad_k = cache
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale, ctx.window = causal, softmax_scale, (window_left, window_right)
-    ctx.has_lse, ctx.has_seqlens_k = return_lse, seqlens_k is not None
+    ctx.has_lse = return_lse
+    ctx.has_cache = any(t is not None for t in (seqlens_k, kv_batch_idx, leftpad_k))
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
 
 
@@ -572,12 +604,12 @@ def _backward_needed(ctx, dout, dlse, entry: str) -> bool:
 
 def _attention_fwd_backward(ctx, dout, dlse):
     if not _backward_needed(ctx, dout, dlse, "attention"):
-        return (None,) * 11
-    if ctx.has_seqlens_k:
-        raise NotImplementedError("hattn: no backward with seqlens_k (a KV cache) yet")
+        return (None,) * 13
+    if ctx.has_cache:
+        raise NotImplementedError("hattn: no backward with seqlens_k, kv_batch_idx or leftpad_k (a KV cache) yet")
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.hattn.attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window)
-    return (dq, dk, dv) + (None,) * 8
+    return (dq, dk, dv) + (None,) * 10
 
 
 attention_fwd.register_autograd(_attention_fwd_backward, setup_context=_attention_fwd_setup_context)
@@ -600,6 +632,8 @@ def attention(
     *,
     seqlens_k: Optional[torch.Tensor] = None,
     num_splits: int = 0,
+    kv_batch_idx: Optional[torch.Tensor] = None,
+    leftpad_k: Optional[torch.Tensor] = None,
 ):
     """Forward attention O = softmax(scale * Q K^T + mask) V on BSHD tensors.
 
@@ -627,6 +661,15 @@ def attention(
             decide (it may also cut the items of its last round, the tail split), 1 turns both
             off, n <= 64 asks for n. A performance hint: the result is the same up to rounding,
             and the lineage kernels ignore it.
+        kv_batch_idx: None, or torch.int32 [B] on q's device (FlashAttention's cache_batch_idx):
+            sequence b reads batch entry kv_batch_idx[b] of k and v, which are then a cache of
+            any number of entries [B_cache, Sk, Hkv, D] (indices clamped to [0, B_cache)).
+            Final kernel only.
+        leftpad_k: None, or torch.int32 [B] on q's device (FlashAttention's cache_leftpad):
+            sequence b's keys start at key leftpad_k[b]: it attends to keys leftpad_k[b] ..
+            seqlens_k[b] - 1 (.. Sk - 1 without seqlens_k), and the masks align as for a
+            sequence of that many keys. The keys before it may hold anything (NaN included).
+            Clamped to [0, the sequence's keys]. Final kernel only.
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -636,12 +679,14 @@ def attention(
         NotImplementedError: the chosen kernel (or every kernel, for "auto") does not support the problem.
         RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
 
-    Runs on torch.cuda.current_stream() without host synchronization (seqlens_k is read by the
-    kernel only); works under torch.compile(fullgraph=True) and CUDA-graph capture. With
-    autograd (q, k or v requiring grad) the backward computes dq, dk and dv (dense batches, no
-    seqlens_k; no gradient through the LSE output); the forward then keeps the LSE it needs.
+    Runs on torch.cuda.current_stream() without host synchronization (seqlens_k, kv_batch_idx
+    and leftpad_k are read by the kernel only); works under torch.compile(fullgraph=True) and
+    CUDA-graph capture. With autograd (q, k or v requiring grad) the backward computes dq, dk
+    and dv (no seqlens_k, kv_batch_idx or leftpad_k; no gradient through the LSE output); the
+    forward then keeps the LSE it needs.
     """
-    _check_types(q, k, v, **({} if seqlens_k is None else {"seqlens_k": seqlens_k}))
+    indices = {"seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx, "leftpad_k": leftpad_k}
+    _check_types(q, k, v, **{name: t for name, t in indices.items() if t is not None})
     _check_num_splits(num_splits)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
@@ -650,7 +695,7 @@ def attention(
     out, lse = _call(
         attention_fwd, _attention_fwd,
         q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, seqlens_k,
-        num_splits,
+        num_splits, kv_batch_idx, leftpad_k,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -856,35 +901,34 @@ def _attention_paged_fwd(
     window_left: int = -1,
     window_right: int = -1,
     num_splits: int = 0,
+    kv_batch_idx: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_paged_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
     key = _launch_key(
         ("paged", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits),
-        q, k_cache, v_cache, block_table, seqlens_k,
+        q, k_cache, v_cache, block_table, seqlens_k, kv_batch_idx,
     )  # fmt: skip
     remembered = _LAUNCHES.get(key)
+    indices = {"block_table": block_table, "seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx}
     if remembered is None:
-        _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits)
-        _check_device(q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k)
-        if not all(_kernel_layout_ok(t) for t in (q, k_cache, v_cache)) or not (
-            block_table.is_contiguous() and seqlens_k.is_contiguous()
+        _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx)
+        _check_device(q, k_cache, v_cache, _PAGED_NAMES, **indices)
+        if not all(_kernel_layout_ok(t) for t in (q, k_cache, v_cache)) or not all(
+            t is None or t.is_contiguous() for t in indices.values()
         ):
             key = None  # copies below: nothing to remember
         q, k_cache, v_cache = (_as_kernel_input(t) for t in (q, k_cache, v_cache))
         # The kernel reads plain int32 arrays: block_table's rows max_pages_per_seq apart.
-        block_table, seqlens_k = block_table.contiguous(), seqlens_k.contiguous()
+        indices = {name: None if t is None else t.contiguous() for name, t in indices.items()}
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if remembered is not None:
-        _forward_again(
-            remembered, q, k_cache, v_cache, out, lse if return_lse else None, seqlens_k=seqlens_k,
-            block_table=block_table,
-        )  # fmt: skip
+        _forward_again(remembered, q, k_cache, v_cache, out, lse if return_lse else None, **indices)
         return out, lse
     _forward(
         q, k_cache, v_cache, out, lse if return_lse else None, causal, softmax_scale, kernel,
-        (window_left, window_right), remember=key, seqlens_k=seqlens_k, block_table=block_table, num_splits=num_splits,
+        (window_left, window_right), remember=key, num_splits=num_splits, **indices,
     )  # fmt: skip
     return out, lse
 
@@ -895,9 +939,9 @@ attention_paged_fwd = torch.library.custom_op("hattn::attention_paged_fwd", muta
 @attention_paged_fwd.register_fake
 def _attention_paged_fwd_fake(
     q, k_cache, v_cache, block_table, seqlens_k, causal, softmax_scale, kernel, return_lse,
-    window_left=-1, window_right=-1, num_splits=0,
+    window_left=-1, window_right=-1, num_splits=0, kv_batch_idx=None,
 ):  # fmt: skip
-    _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits)
+    _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx)
     return _bshd_outputs_like(q, return_lse)
 
 
@@ -913,6 +957,7 @@ def attention_paged(
     return_lse: bool = False,
     window_size: Tuple[int, int] = (-1, -1),
     num_splits: int = 0,
+    kv_batch_idx: Optional[torch.Tensor] = None,
 ):
     """Forward attention over a paged KV cache, as FlashAttention's flash_attn_with_kvcache and
     vLLM keep it: keys and values in fixed-size pages that a block table maps to each sequence.
@@ -938,6 +983,9 @@ def attention_paged(
         window_size: (left, right), the sliding window of attention(), aligned like the causal
             mask to seqlens_k[b]; -1 leaves a side open.
         num_splits: split-KV (flash-decoding) parts: 0 automatic, 1 off, n <= 64 (see attention()).
+        kv_batch_idx: None, or torch.int32 [B] on q's device (FlashAttention's cache_batch_idx):
+            sequence b's pages are row kv_batch_idx[b] of block_table, which may then have any
+            number of rows (indices clamped to them).
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -956,7 +1004,10 @@ def attention_paged(
     torch.compile(fullgraph=True) and CUDA-graph capture, where new seqlens_k and block_table
     values of the same shapes need no new capture. Forward only (no autograd).
     """
-    _check_types(q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k)
+    more = {"block_table": block_table, "seqlens_k": seqlens_k}
+    if kv_batch_idx is not None:
+        more["kv_batch_idx"] = kv_batch_idx
+    _check_types(q, k_cache, v_cache, _PAGED_NAMES, **more)
     _check_num_splits(num_splits)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
@@ -964,7 +1015,7 @@ def attention_paged(
     out, lse = _call(
         attention_paged_fwd, _attention_paged_fwd,
         q, k_cache, v_cache, block_table, seqlens_k, bool(causal), softmax_scale, kernel, bool(return_lse),
-        left, right, num_splits,
+        left, right, num_splits, kv_batch_idx,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -984,11 +1035,13 @@ def _append_kv(
     rotary_sin: Optional[torch.Tensor],
     rotary_interleaved: bool,
     q_positions_per_row: bool,
+    kv_batch_idx: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::append_kv (hattn._C.append_kv, one kernel): writes k and v [B, n, Hkv, D] into the
     caches in place at keys seqlens[b] + i (rotated first with rotary_cos/rotary_sin, which
-    are in q's dtype and contiguous); returns (seqlens + n, int32 [B]; q rotated at its
-    positions, or an empty tensor without rotary). The caller has checked the arguments
+    are in q's dtype and contiguous), into cache entry kv_batch_idx[b] when given (a batch
+    entry of a dense cache, or a row of block_table); returns (seqlens + n, int32 [B]; q
+    rotated at its positions, or an empty tensor without rotary). The caller has checked the arguments
     (hattn.flash_attn_with_kvcache); the C++ side checks them again."""
     rotary = rotary_cos is not None
     seqlens_out = torch.empty_like(seqlens)
@@ -1003,6 +1056,9 @@ def _append_kv(
         )  # fmt: skip
     else:
         extra.update(cache_seqlen=k_cache.shape[1])
+    if kv_batch_idx is not None:
+        entries = block_table.shape[0] if paged else k_cache.shape[0]
+        extra.update(kv_batch_idx=kv_batch_idx.data_ptr(), kv_batch=entries)
     if rotary:
         q_in = q if q.stride(-1) == 1 else q.contiguous()
         extra.update(
@@ -1027,7 +1083,8 @@ append_kv = torch.library.custom_op("hattn::append_kv", mutates_args=("k_cache",
 
 @append_kv.register_fake
 def _append_kv_fake(
-    q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved, q_positions_per_row
+    q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved, q_positions_per_row,
+    kv_batch_idx=None,
 ):  # fmt: skip
     q_rotated = torch.empty_like(q, memory_format=torch.contiguous_format) if rotary_cos is not None else q.new_empty(0)
     return torch.empty_like(seqlens), q_rotated

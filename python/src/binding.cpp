@@ -71,7 +71,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
            const StrideTuple& v_strides, uintptr_t out, const StrideTuple& out_strides, uintptr_t lse,
            std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
            uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, uintptr_t seqlens_k,
-           uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, int num_splits,
+           uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, uintptr_t kv_batch_idx,
+           int kv_batch, uintptr_t leftpad_k, int num_splits,
            uintptr_t workspace, size_t workspace_bytes, uintptr_t q_descale, uintptr_t k_descale, uintptr_t v_descale,
            const std::optional<GradArgs>& grads, const std::string& kernel, uintptr_t stream) {
         hattn::AttentionProblem p;
@@ -104,6 +105,9 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.max_pages_per_seq = max_pages_per_seq;
         p.num_pages = num_pages;
         p.page_size = page_size;
+        p.kv_batch_idx = reinterpret_cast<const int32_t*>(kv_batch_idx);
+        p.kv_batch = kv_batch;
+        p.leftpad_k = reinterpret_cast<const int32_t*>(leftpad_k);
         p.num_splits = num_splits;
         p.workspace = reinterpret_cast<void*>(workspace);
         p.workspace_bytes = workspace_bytes;
@@ -118,7 +122,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1,
       nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0, nb::arg("total_q") = 0,
       nb::arg("total_k") = 0, nb::arg("seqlens_k") = 0, nb::arg("block_table") = 0, nb::arg("max_pages_per_seq") = 0,
-      nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("num_splits") = 0, nb::arg("workspace") = 0,
+      nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("kv_batch_idx") = 0, nb::arg("kv_batch") = 0,
+      nb::arg("leftpad_k") = 0, nb::arg("num_splits") = 0, nb::arg("workspace") = 0,
       nb::arg("workspace_bytes") = 0, nb::arg("q_descale") = 0, nb::arg("k_descale") = 0, nb::arg("v_descale") = 0,
       nb::arg("grads") = nb::none(), nb::arg("kernel") = "auto", nb::arg("stream") = 0, doc);
 }
@@ -198,8 +203,9 @@ void append_kv(const std::string& dtype, int batch, int seqlen_new, int heads_kv
                const StrideTuple& k_new_strides, uintptr_t v_new, const StrideTuple& v_new_strides, uintptr_t k_cache,
                const StrideTuple& k_cache_strides, uintptr_t v_cache, const StrideTuple& v_cache_strides,
                uintptr_t seqlens, int cache_seqlen, uintptr_t block_table, int max_pages_per_seq, int num_pages,
-               int page_size, uintptr_t seqlens_out, uintptr_t rotary_cos, uintptr_t rotary_sin, int rotary_dim,
-               int rotary_seqlen, bool rotary_interleaved, uintptr_t q, const StrideTuple& q_strides,
+               int page_size, uintptr_t kv_batch_idx, int kv_batch, uintptr_t seqlens_out, uintptr_t rotary_cos,
+               uintptr_t rotary_sin, int rotary_dim, int rotary_seqlen, bool rotary_interleaved, uintptr_t q,
+               const StrideTuple& q_strides,
                uintptr_t q_rotated, const StrideTuple& q_rotated_strides, int seqlen_q, int heads_q,
                bool q_positions_per_row, uintptr_t stream) {
   hattn::KvAppendProblem p;
@@ -221,6 +227,8 @@ void append_kv(const std::string& dtype, int batch, int seqlen_new, int heads_kv
   p.max_pages_per_seq = max_pages_per_seq;
   p.num_pages = num_pages;
   p.page_size = page_size;
+  p.kv_batch_idx = reinterpret_cast<const int32_t*>(kv_batch_idx);
+  p.kv_batch = kv_batch;
   p.seqlens = reinterpret_cast<const int32_t*>(seqlens);
   p.seqlens_out = reinterpret_cast<int32_t*>(seqlens_out);
   p.rotary_cos = reinterpret_cast<const void*>(rotary_cos);
@@ -260,6 +268,8 @@ NB_MODULE(_C, m) {
       "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).\n"
       "seqlens_k: device int32 [batch], keys in use per sequence. Paged KV: block_table device int32\n"
       "[batch, max_pages_per_seq], k/v [num_pages, page_size, Hkv, D]. num_splits: split-KV parts (0 auto).\n"
+      "kv_batch_idx: device int32 [batch], each sequence's cache entry (a batch entry of k/v, or a block_table\n"
+      "row) among kv_batch; leftpad_k: device int32 [batch], each sequence's first key.\n"
       "workspace/workspace_bytes: device memory for split-KV's partial results or FP8's transposed V\n"
       "(workspace_size()); 0: the library allocates it.\n"
       "FP8: dtype 'e4m3' (q, k, v float8_e4m3fn, out bf16, D = 128, dense); q_descale/k_descale/v_descale:\n"
@@ -285,7 +295,8 @@ NB_MODULE(_C, m) {
         nb::arg("v_new_strides"), nb::arg("k_cache"), nb::arg("k_cache_strides"), nb::arg("v_cache"),
         nb::arg("v_cache_strides"), nb::arg("seqlens"), nb::arg("cache_seqlen") = 0, nb::arg("block_table") = 0,
         nb::arg("max_pages_per_seq") = 0, nb::arg("num_pages") = 0, nb::arg("page_size") = 0,
-        nb::arg("seqlens_out") = 0, nb::arg("rotary_cos") = 0, nb::arg("rotary_sin") = 0, nb::arg("rotary_dim") = 0,
+        nb::arg("kv_batch_idx") = 0, nb::arg("kv_batch") = 0, nb::arg("seqlens_out") = 0, nb::arg("rotary_cos") = 0,
+        nb::arg("rotary_sin") = 0, nb::arg("rotary_dim") = 0,
         nb::arg("rotary_seqlen") = 0, nb::arg("rotary_interleaved") = true, nb::arg("q") = 0,
         nb::arg("q_strides") = none_strides, nb::arg("q_rotated") = 0, nb::arg("q_rotated_strides") = none_strides,
         nb::arg("seqlen_q") = 0, nb::arg("heads_q") = 0, nb::arg("q_positions_per_row") = false,
@@ -294,6 +305,8 @@ NB_MODULE(_C, m) {
         "cache at keys seqlens[b] + i (device int32), skipping keys past the cache; seqlens_out (optional)\n"
         "gets seqlens + seqlen_new. With rotary_cos/rotary_sin [rotary_seqlen, rotary_dim / 2] (the dtype's)\n"
         "the new keys are rotated, and q into q_rotated (row i at seqlens[b] + i if q_positions_per_row,\n"
-        "else seqlens[b]). Pointers are device addresses as ints; launches on `stream`; asynchronous.");
+        "else seqlens[b]). kv_batch_idx (device int32 [B]): each sequence's entry among kv_batch (dense\n"
+        "batch entries or block_table rows). Pointers are device addresses as ints; launches on `stream`;\n"
+        "asynchronous.");
   m.def("kernels", &kernels, "The registered kernels in lineage order as (name, description); the last is the default.");
 }

@@ -47,7 +47,8 @@ def test_op_schema():
     schema = str(torch.ops.hattn.attention_fwd.default._schema)
     args = (
         "Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str kernel, bool return_lse, "
-        "SymInt window_left=-1, SymInt window_right=-1, Tensor? seqlens_k=None, SymInt num_splits=0"
+        "SymInt window_left=-1, SymInt window_right=-1, Tensor? seqlens_k=None, SymInt num_splits=0, "
+        "Tensor? kv_batch_idx=None, Tensor? leftpad_k=None"
     )
     assert schema.startswith(f"hattn::attention_fwd({args})")
     assert schema.endswith("-> (Tensor, Tensor)")

@@ -259,8 +259,6 @@ def cpu_kvcache(device="cpu"):
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        ({"cache_batch_idx": torch.zeros(2, dtype=torch.int32)}, r"cache_batch_idx"),
-        ({"cache_leftpad": torch.zeros(2, dtype=torch.int32)}, r"cache_leftpad"),
         ({"softcap": 30.0}, r"softcap=30.0"),
         ({"alibi_slopes": torch.zeros(8)}, r"alibi_slopes"),
     ],
@@ -272,11 +270,61 @@ def test_kvcache_unsupported_arguments_are_named(kwargs, words):
 
 
 def test_kvcache_names_every_unsupported_argument_and_grad():
-    q, dense, _, _ = cpu_kvcache()
-    with pytest.raises(NotImplementedError, match=r"cache_leftpad .*softcap=1.0 .*no backward with a KV cache yet"):
+    q, _, pages, table = cpu_kvcache()
+    with pytest.raises(
+        NotImplementedError, match=r"cache_leftpad with block_table .*softcap=1.0 .*no backward with a KV cache yet"
+    ):
         hattn.flash_attn_with_kvcache(
-            q.requires_grad_(), dense, dense, cache_leftpad=torch.zeros(2, dtype=torch.int32), softcap=1.0
-        )
+            q.requires_grad_(), pages, pages, cache_seqlens=10, cache_leftpad=torch.zeros(2, dtype=torch.int32),
+            block_table=table, softcap=1.0,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["cache_batch_idx", "cache_leftpad"])
+def test_kvcache_index_argument_errors(name):
+    q, dense, _, _ = cpu_kvcache()
+    for bad, error, pattern in (
+        (torch.zeros(2, dtype=torch.int64), ValueError, rf"{name}: dtype must be torch.int32, got torch.int64"),
+        (torch.zeros(3, dtype=torch.int32), ValueError, rf"{name}: must be 1-D \[batch\] with q's batch 2"),
+        ([0, 1], TypeError, rf"{name}: must be a torch.Tensor, got list"),
+    ):
+        with pytest.raises(error, match=pattern):
+            hattn.flash_attn_with_kvcache(q, dense, dense, cache_seqlens=10, **{name: bad})
+
+
+def test_kvcache_cache_batch_idx_frees_the_cache_batch():
+    """With cache_batch_idx the dense cache and the block table may have more entries than q has
+    sequences (the call gets past every shape check to the device check)."""
+    q, dense, pages, table, new, rotary = cpu_append_args()
+    index = torch.tensor([3, 0], dtype=torch.int32)
+    big = dense[:1].expand(4, -1, -1, -1)
+    gpu = r"no suitable GPU|must be a CUDA tensor"
+    with pytest.raises(ValueError, match=r"k_cache: batch 4 must equal q's batch 2"):
+        hattn.flash_attn_with_kvcache(q, big, big, cache_seqlens=10)
+    for extra in ({}, {"k": new, "v": new.clone(), **rotary}):
+        with pytest.raises((RuntimeError, ValueError), match=gpu):
+            hattn.flash_attn_with_kvcache(q, big, big, cache_seqlens=10, cache_batch_idx=index, **extra)
+        with pytest.raises((RuntimeError, ValueError), match=gpu):
+            hattn.flash_attn_with_kvcache(
+                q, pages, pages, cache_seqlens=10, cache_batch_idx=index, block_table=table.repeat(2, 1), **extra
+            )  # fmt: skip
+        with pytest.raises((RuntimeError, ValueError), match=gpu):
+            hattn.flash_attn_with_kvcache(
+                q, dense, dense, cache_seqlens=10, cache_leftpad=torch.zeros(2, dtype=torch.int32), **extra
+            )  # fmt: skip
+
+
+def test_kvcache_index_meta_shapes():
+    q, dense, pages, table, new, rotary = cpu_append_args()
+    q, dense, pages, table, new = (t.to("meta") for t in (q, dense, pages, table, new))
+    index = torch.zeros(2, dtype=torch.int32, device="meta")
+    big = dense[:1].expand(5, -1, -1, -1)
+    out = hattn.flash_attn_with_kvcache(q, big, big, new, new, cache_seqlens=10, cache_batch_idx=index,
+                                        cache_leftpad=index, causal=True)  # fmt: skip
+    assert out.shape == q.shape and out.device.type == "meta"
+    out = hattn.flash_attn_with_kvcache(q, pages, pages, new, new, cache_seqlens=10, cache_batch_idx=index,
+                                        block_table=table.repeat(3, 1))  # fmt: skip
+    assert out.shape == q.shape
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
@@ -752,3 +800,91 @@ def test_kvcache_append_compiled(paged):
     expect = step(q, k_copy, v_copy, new_k, new_v, seqlens)
     assert torch.equal(k_cache, k_copy) and torch.equal(v_cache, v_copy)
     torch.testing.assert_close(out, expect, rtol=0, atol=0)
+
+
+# --- cache_batch_idx and cache_leftpad ----------------------------------------------------------------
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_cache_batch_idx(paged, causal):
+    """Sequence b appends to and attends to entry index[b] of a cache of 7 entries (block table
+    rows when paged): the same caches, out and lse as a call on the entries gathered in order;
+    the two unused entries stay as they were."""
+    lens, seqlen_new = [0, 1, 300, 126, 381], 3
+    q, k_pages, v_pages, table, k_dense, v_dense, seqlens = gpu_kvcache(lens, seqlen_q=seqlen_new, seed=9)
+    index = torch.tensor([4, 0, 6, 2, 5], dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    new_k, new_v = (torch.randn(5, seqlen_new, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+                    for _ in range(2))  # fmt: skip
+    angles = torch.rand(384, 32, device="cuda", generator=gen) * 6.3
+    rotary = {"rotary_cos": angles.cos().bfloat16(), "rotary_sin": angles.sin().bfloat16()}
+    if paged:  # a table of 7 rows, sequence b's pages in row index[b]; k_cache, v_cache the pages
+        wide = torch.zeros(7, table.shape[1], dtype=torch.int32, device="cuda")
+        wide[index.long()] = table
+        caches, gathered, extra = (k_pages, v_pages), (k_pages.clone(), v_pages.clone()), {"block_table": wide}
+        extra_gathered = {"block_table": table}
+    else:  # a dense cache of 7 entries, sequence b's keys in entry index[b]
+        big = [torch.randn(7, *c.shape[1:], device="cuda", dtype=c.dtype, generator=gen) for c in (k_dense, v_dense)]
+        for c, small in zip(big, (k_dense, v_dense)):
+            c[index.long()] = small
+        caches, gathered, extra, extra_gathered = big, (k_dense.clone(), v_dense.clone()), {}, {}
+    before = [c.clone() for c in caches]
+    out, lse = hattn.flash_attn_with_kvcache(
+        q, *caches, new_k, new_v, cache_seqlens=seqlens, cache_batch_idx=index, causal=causal,
+        return_softmax_lse=True, **rotary, **extra,
+    )  # fmt: skip
+    expect, expect_lse = hattn.flash_attn_with_kvcache(
+        q, *gathered, new_k, new_v, cache_seqlens=seqlens, causal=causal, return_softmax_lse=True, **rotary,
+        **extra_gathered,
+    )  # fmt: skip
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
+    torch.testing.assert_close(lse, expect_lse, rtol=0, atol=0)
+    if paged:  # the same pages, written the same way
+        assert torch.equal(caches[0], gathered[0]) and torch.equal(caches[1], gathered[1])
+    else:
+        unused = [e for e in range(7) if e not in index.tolist()]
+        for c, g, b in zip(caches, gathered, before):
+            assert torch.equal(c[index.long()], g) and torch.equal(c[unused], b[unused])
+
+
+@requires_hopper
+@pytest.mark.parametrize("rotary", [None, "gpt_neox"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_kvcache_cache_leftpad(causal, rotary):
+    """Sequence b attends to keys pads[b] .. cache_seqlens[b] + seqlen_new - 1 of its dense cache
+    (the rows before pads[b] are NaN), against the fp64 reference; the new rows land at
+    cache_seqlens[b] and rotate at those absolute positions, as in FlashAttention."""
+    lens, pads, seqlen_new = [0, 5, 300, 126, 381], [0, 5, 17, 126, 380], 2
+    q, _, _, _, k_dense, v_dense, seqlens = gpu_kvcache(lens, seqlen_q=seqlen_new, seed=11)
+    for b, pad in enumerate(pads):
+        k_dense[b, :pad] = v_dense[b, :pad] = float("nan")
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    new_k, new_v = (torch.randn(5, seqlen_new, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+                    for _ in range(2))  # fmt: skip
+    extra = {}
+    if rotary:
+        angles = torch.rand(384, 64, device="cuda", dtype=torch.float64, generator=gen) * 6.3
+        extra = {"rotary_cos": angles.cos().bfloat16(), "rotary_sin": angles.sin().bfloat16(),
+                 "rotary_interleaved": False}  # fmt: skip
+    before_k, before_v = k_dense.clone(), v_dense.clone()
+    pad = torch.tensor(pads, dtype=torch.int32, device="cuda")
+    out, lse = hattn.flash_attn_with_kvcache(
+        q, k_dense, v_dense, new_k, new_v, cache_seqlens=seqlens, cache_leftpad=pad, causal=causal,
+        return_softmax_lse=True, **extra,
+    )  # fmt: skip
+    starts = torch.tensor(lens, device="cuda").unsqueeze(1)
+    steps = torch.arange(seqlen_new, device="cuda")
+    q_ref, k_new_ref = q, new_k
+    if rotary:
+        cos, sin = extra["rotary_cos"], extra["rotary_sin"]
+        k_new_ref = rotated_by_reference(new_k, cos, sin, starts + steps, False)
+        q_positions = starts + (steps if causal else 0 * steps)
+        q_ref = rotated_by_reference(q, cos, sin, q_positions.expand(-1, seqlen_new), False)
+    for b, (n, p) in enumerate(zip(lens, pads)):
+        torch.testing.assert_close(k_dense[b, n : n + seqlen_new], k_new_ref[b], rtol=2**-7, atol=1e-6)
+        assert torch.equal(v_dense[b, n : n + seqlen_new], new_v[b])
+        keys = torch.cat((before_k[b, p:n], k_dense[b, n : n + seqlen_new]))
+        values = torch.cat((before_v[b, p:n], new_v[b]))
+        check_sequence(out[b], lse[b], q_ref[b], keys, values, causal, None, (-1, -1), f"b={b} pad {p} cache {n}")

@@ -8,6 +8,7 @@ has seqlens_k and paged caches, and only with page_size a multiple of 128). The 
 the fp64 reference run on them alone, and run the op under torch.compile, CUDA graphs and opcheck.
 """
 
+import functools
 import math
 
 import hattn
@@ -57,14 +58,15 @@ def test_op_schemas():
     args = (
         "Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seqlens_k, bool causal, "
         "float? softmax_scale, str kernel, bool return_lse, SymInt window_left=-1, SymInt window_right=-1, "
-        "SymInt num_splits=0"
+        "SymInt num_splits=0, Tensor? kv_batch_idx=None"
     )
     assert schema == f"hattn::attention_paged_fwd({args}) -> (Tensor, Tensor)"
     # attention_fwd gained its new arguments at the end: positional callers keep working.
     schema = str(torch.ops.hattn.attention_fwd.default._schema)
     args = (
         "Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str kernel, bool return_lse, "
-        "SymInt window_left=-1, SymInt window_right=-1, Tensor? seqlens_k=None, SymInt num_splits=0"
+        "SymInt window_left=-1, SymInt window_right=-1, Tensor? seqlens_k=None, SymInt num_splits=0, "
+        "Tensor? kv_batch_idx=None, Tensor? leftpad_k=None"
     )
     assert schema == f"hattn::attention_fwd({args}) -> (Tensor, Tensor)"
 
@@ -186,6 +188,64 @@ def test_attention_seqlens_k_errors(seqlens_k, error, pattern):
             hattn.resolve_kernel(q, k, v, seqlens_k=seqlens_k(lens))
 
 
+@pytest.mark.parametrize("name", ["kv_batch_idx", "leftpad_k"])
+def test_attention_cache_index_errors(name):
+    q, k, v, lens = dense_args()
+    for bad, error, pattern in (
+        (lens.long(), ValueError, rf"{name}: dtype must be torch.int32, got torch.int64"),
+        (lens[:2], ValueError, rf"{name}: must be 1-D \[batch\] with q's batch 3, got shape \(2,\)"),
+        ([0, 1, 2], TypeError, rf"{name}: must be a torch.Tensor, got list"),
+    ):
+        with pytest.raises(error, match=pattern):
+            hattn.attention(q, k, v, seqlens_k=lens, **{name: bad})
+
+
+def test_cache_entries_free_the_cache_batch():
+    """With kv_batch_idx, a dense k and v and a block table may have any number of entries."""
+    q, k, v, lens = dense_args()
+    with pytest.raises(ValueError, match=r"k: batch 5 must equal q's batch 3"):
+        hattn.attention(q, k[:1].expand(5, -1, -1, -1), v[:1].expand(5, -1, -1, -1))
+    index = torch.tensor([4, 0, 4], dtype=torch.int32)
+    gpu = r"no suitable GPU|must be a CUDA tensor"  # past every shape check
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.attention(
+            q, k[:1].expand(5, -1, -1, -1), v[:1].expand(5, -1, -1, -1), seqlens_k=lens, kv_batch_idx=index
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"k: must have at least one batch entry"):
+        hattn.attention(q, k[:0], v[:0], kv_batch_idx=index)
+    args = paged_args()
+    wide = torch.zeros(7, MAX_PAGES, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"block_table: must be 2-D \[batch, max_pages_per_seq\] with q's batch 3"):
+        hattn.attention_paged(*replace(args, block_table=wide))
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.attention_paged(*replace(args, block_table=wide), kv_batch_idx=index)
+    with pytest.raises(ValueError, match=r"block_table: must be 2-D \[rows, max_pages_per_seq\], both >= 1"):
+        hattn.attention_paged(*replace(args, block_table=wide[:0]), kv_batch_idx=index)
+    with pytest.raises(ValueError, match=r"kv_batch_idx: must be 1-D \[batch\] with q's batch 3"):
+        hattn.attention_paged(*args, kv_batch_idx=index[:1])
+
+
+def test_cache_entries_and_left_padding_reach_the_binding():
+    q, k, v, lens = dense_args()
+    index, pad = torch.tensor([1, 0, 1], dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+    kwargs = _problem_kwargs(q, k[:2], v[:2], q, None, False, None, "auto", seqlens_k=lens, kv_batch_idx=index,
+                             leftpad_k=pad)  # fmt: skip
+    assert kwargs["kv_batch_idx"] == index.data_ptr() and kwargs["kv_batch"] == 2
+    assert kwargs["leftpad_k"] == pad.data_ptr() and kwargs["batch"] == 3
+    assert _C.resolve_kernel(**kwargs) == kernel_names()[-1]
+    args = paged_args()
+    q, k_cache, v_cache, table, lens = args
+    kwargs = _problem_kwargs(q, k_cache, v_cache, q, None, False, None, "auto", seqlens_k=lens,
+                             block_table=table.repeat(2, 1), kv_batch_idx=index)  # fmt: skip
+    assert kwargs["kv_batch"] == 2 * B and kwargs["max_pages_per_seq"] == MAX_PAGES
+    with pytest.raises(ValueError, match=r"leftpad_k: not with block_table"):
+        _C.resolve_kernel(**paged_kwargs(args), leftpad_k=pad.data_ptr())
+    q, k, v, _ = dense_args()
+    kwargs = _problem_kwargs(q, k, v, q, None, False, None, kernel_names()[-2], kv_batch_idx=index)
+    with pytest.raises(NotImplementedError, match=r"no kv_batch_idx or leftpad_k"):
+        _C.resolve_kernel(**kwargs)
+
+
 def test_attention_num_splits_errors():
     q, k, v, _ = dense_args()
     with pytest.raises(ValueError, match=r"num_splits: must be 0 \(automatic\), 1 \(off\) or up to 64, got 100"):
@@ -224,6 +284,13 @@ def test_meta_shapes(dtype, return_lse):
     out, lse = torch.ops.hattn.attention_fwd(q, k, v, False, None, "auto", return_lse, -1, -1, lens, 2)
     assert out.shape == q.shape and out.dtype == dtype
     assert lse.shape == ((B, HQ, SQ) if return_lse else (0,))
+    # Cache entries (a cache of 5) and left padding.
+    k, v = (t[:1].expand(5, -1, -1, -1) for t in (k, v))
+    out, lse = torch.ops.hattn.attention_fwd(q, k, v, True, None, "auto", return_lse, -1, -1, lens, 0, lens, lens)
+    assert out.shape == q.shape and lse.shape == ((B, HQ, SQ) if return_lse else (0,))
+    out, _ = torch.ops.hattn.attention_paged_fwd(*args[:3], args[3].repeat(2, 1), *args[4:], True, None, "auto",
+                                                 return_lse, -1, -1, 0, args[4])  # fmt: skip
+    assert out.shape == args[0].shape
 
 
 def test_meta_validates_too():
@@ -625,6 +692,92 @@ def test_dense_seqlens_k_lineage_kernels_refuse():
         hattn.attention(q, k, k, seqlens_k=lens.cpu())
 
 
+# --- GPU: cache entries (kv_batch_idx) and left padding (leftpad_k) ---------------------------------------
+
+
+def cache_entries(num_entries, capacity, lens, pads, index, heads_kv=2, head_dim=128, seed=0):
+    """A dense cache [num_entries, capacity, Hkv, D] whose rows outside each used entry's keys
+    pads[b] .. lens[b] - 1 (and every row of the unused entries) are NaN: no kernel may read them."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    k, v = (
+        torch.randn(num_entries, capacity, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        + INPUT_MEAN
+        for _ in range(2)
+    )
+    live = torch.zeros(num_entries, capacity, dtype=torch.bool, device="cuda")
+    for b, (n, pad) in enumerate(zip(lens, pads)):
+        live[index[b], min(pad, n) : n] = True
+    for t in (k, v):
+        t[~live] = float("nan")
+    return k, v
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("seqlen_q", [1, 4, 64])
+@pytest.mark.parametrize("num_splits", [0, 3])
+def test_dense_cache_entries_and_left_padding(num_splits, seqlen_q, causal):
+    """Sequence b attends to keys pads[b] .. lens[b] - 1 of entry index[b] of a cache of 7
+    entries (two sequences share one; a pad at or past the length leaves no key)."""
+    lens, pads, index = [0, 1, 129, 500, 1000, 700], [0, 0, 100, 499, 1, 700], [6, 2, 0, 3, 2, 5]
+    k, v = cache_entries(7, 1000, lens, pads, index)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(len(lens), seqlen_q, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen) + INPUT_MEAN
+    i32 = functools.partial(torch.tensor, dtype=torch.int32, device="cuda")
+    out, lse = hattn.attention(
+        q, k, v, causal=causal, return_lse=True, seqlens_k=i32(lens), num_splits=num_splits, kv_batch_idx=i32(index),
+        leftpad_k=i32(pads),
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    keys = [k[e, p:n] for e, p, n in zip(index, pads, lens)]
+    values = [v[e, p:n] for e, p, n in zip(index, pads, lens)]
+    check_sequences(q, keys, values, out, lse, causal=causal)
+
+
+@requires_hopper
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_left_padding_without_seqlens_k(head_dim):
+    """leftpad_k alone: keys pads[b] .. Sk - 1, the window aligned to them."""
+    pads = [0, 1, 300, 299]
+    k, v = cache_entries(4, 300, [300] * 4, pads, list(range(4)), heads_kv=4, head_dim=head_dim)
+    q = torch.randn(4, 64, 4, head_dim, device="cuda", dtype=torch.bfloat16) + INPUT_MEAN
+    pad = torch.tensor(pads, dtype=torch.int32, device="cuda")
+    out, lse = hattn.attention(q, k, v, causal=True, return_lse=True, window_size=(40, 0), leftpad_k=pad)
+    torch.cuda.synchronize()
+    check_sequences(q, [k[b, p:] for b, p in enumerate(pads)], [v[b, p:] for b, p in enumerate(pads)], out, lse,
+                    causal=True, window=(40, 0))  # fmt: skip
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_paged_cache_entries(causal):
+    """attention_paged with kv_batch_idx: sequence b's pages are row index[b] of a table with
+    two rows more than sequences, the rows shuffled."""
+    q, k_cache, v_cache, table, seqlens_k = make_paged(LENS, 4, seed=3)
+    index = torch.randperm(len(LENS) + 2, generator=torch.Generator().manual_seed(3))[: len(LENS)]
+    wide = torch.zeros(len(LENS) + 2, table.shape[1], dtype=torch.int32, device="cuda")
+    wide[index.cuda()] = table
+    index = index.to(torch.int32).cuda()
+    out, lse = hattn.attention_paged(
+        q, k_cache, v_cache, wide, seqlens_k, causal=causal, return_lse=True, kv_batch_idx=index
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    check_paged(q, k_cache, v_cache, table, LENS, out, lse, causal=causal)
+
+
+@requires_hopper
+def test_cache_entries_and_left_padding_lineage_kernels_refuse():
+    q = torch.randn(2, 4, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(3, 256, 2, 128, device="cuda", dtype=torch.bfloat16)
+    index = torch.tensor([2, 0], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match=r"no kv_batch_idx or leftpad_k"):
+        hattn.attention(q, k, k, kv_batch_idx=index, kernel=hattn.kernels()[-2].name)
+    with pytest.raises(NotImplementedError, match=r"no kv_batch_idx or leftpad_k"):
+        hattn.attention(q, k[:2], k[:2], leftpad_k=index, kernel=hattn.kernels()[0].name)
+    with pytest.raises(ValueError, match=r"kv_batch_idx: must be a CUDA tensor, got device cpu"):
+        hattn.attention(q, k, k, kv_batch_idx=index.cpu())
+
+
 # --- GPU: the op in torch.compile, CUDA graphs, opcheck ---------------------------------------------------
 
 
@@ -713,9 +866,18 @@ def test_a_repeated_layout_reads_the_new_tensors(paged):
     from hattn.ops import _LAUNCHES
 
     def call(q, k, v, table, lens):
+        # Entries in reverse order (a table or cache of the same rows, flipped), and for the dense
+        # cache a left padding: their pointers are filled in too.
+        index = torch.arange(len(LENS) - 1, -1, -1, dtype=torch.int32, device="cuda")
         if paged:
-            return hattn.attention_paged(q, k, v, table, lens, causal=True, return_lse=True, num_splits=2)
-        return hattn.attention(q, k, v, causal=True, return_lse=True, seqlens_k=lens, num_splits=2)
+            return hattn.attention_paged(
+                q, k, v, table.flip(0), lens, causal=True, return_lse=True, num_splits=2, kv_batch_idx=index
+            )  # fmt: skip
+        pad = torch.minimum(lens, torch.full_like(lens, 5))
+        return hattn.attention(
+            q, k.flip(0), v.flip(0), causal=True, return_lse=True, seqlens_k=lens, num_splits=2, kv_batch_idx=index,
+            leftpad_k=pad,
+        )  # fmt: skip
 
     def inputs(seed):
         q, k, v, table, lens = make_paged(LENS, 4, seed=seed)

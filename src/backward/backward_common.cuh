@@ -96,17 +96,19 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const S
 // The kernels that run a variable-length batch take it as a template flag, kVarlen, so that
 // their dense instantiation is the code they had before (no sequence arithmetic, no reads of
 // cu_seqlens). The helpers below are that code for kVarlen = false. `seq` is
-// sequence_of<kVarlen>(p, blockIdx.z): for a dense batch {Sq, Sk, 0, 0, b}.
+// sequence_of<kVarlen>(p, blockIdx.z): for a dense batch {Sq, Sk, 0, 0, b, b}.
 //
-// The CTA's sequence b: a dense batch's entry b ({Sq, Sk, 0, 0, b}, no reads), or a packed
+// The CTA's sequence b: a dense batch's entry b ({Sq, Sk, 0, 0, b, b}, no reads), or a packed
 // one's from cu_seqlens. The varlen instantiations run only with cu_seqlens set and without
-// seqlens_k (their supports() refuse it: refuse_kv_cache): told so, the compiler drops
+// seqlens_k, leftpad_k or kv_batch_idx (backward() refuses those): told so, the compiler drops
 // sequence_of's other paths.
 template <bool kVarlen>
 __device__ __forceinline__ Sequence sequence_at(const AttentionParams& p, int b) {
   if constexpr (kVarlen) {
     __builtin_assume(p.cu_seqlens_q != nullptr);
     __builtin_assume(p.seqlens_k == nullptr);
+    __builtin_assume(p.leftpad_k == nullptr);
+    __builtin_assume(p.kv_batch_idx == nullptr);
   }
   return sequence_of<kVarlen>(p, b);
 }
@@ -274,12 +276,13 @@ __global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, 
 }
 
 // What the kernels that take a variable-length batch refuse (backward() refuses it before
-// asking them): keys in use (seqlens_k) and a paged KV cache. Their varlen instantiations
-// assume both absent (sequence_at).
+// asking them): keys in use (seqlens_k), a paged KV cache, cache entries (kv_batch_idx) and
+// left padding (leftpad_k). Their varlen instantiations assume all absent (sequence_at).
 inline Status refuse_kv_cache(const BackwardProblem& problem, const char* name) {
   const AttentionProblem& p = problem.forward;
-  if (p.seqlens_k != nullptr || p.is_paged())
-    return {StatusCode::not_supported, std::string(name) + ": no seqlens_k or paged KV cache (block_table)"};
+  if (p.seqlens_k != nullptr || p.is_paged() || p.kv_batch_idx != nullptr || p.leftpad_k != nullptr)
+    return {StatusCode::not_supported,
+            std::string(name) + ": no seqlens_k, paged KV cache (block_table), kv_batch_idx or leftpad_k"};
   return Status::Ok();
 }
 

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
   const int hk = h / f.heads_per_kv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int kColsPerLane = D / 32;
-  const Sequence seq = sequence_at<kVarlen>(f, blockIdx.z);  // dense: {Sq, Sk, 0, 0, blockIdx.z}, no reads
+  const Sequence seq = sequence_at<kVarlen>(f, blockIdx.z);  // dense: {Sq, Sk, 0, 0, blockIdx.z, blockIdx.z}, no reads
   if constexpr (kVarlen)
     if (n0 >= seq.seqlen_k) return;  // CTA-uniform: keys past this sequence's
   const int b = seq.batch_coord;

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
   const AttentionParams& f = p.fwd;
   const int n0 = blockIdx.x * kBlockN, h = blockIdx.y;
   const int hk = h / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, blockIdx.z);  // dense: {Sq, Sk, 0, 0, blockIdx.z}, no reads
+  const Sequence seq = sequence_at<kVarlen>(f, blockIdx.z);  // dense: {Sq, Sk, 0, 0, blockIdx.z, blockIdx.z}, no reads
   if constexpr (kVarlen)
     if (n0 >= seq.seqlen_k) return;  // CTA-uniform, before any barrier: keys past this sequence's
   const int b = seq.batch_coord;

@@ -220,7 +220,8 @@ struct WorkList {
 // The final kernel's extensions, as template flags so that problems without them keep the
 // step's own tile loop (the causal mask or none, with no window or sequence arithmetic):
 //   kRuntimeBounds: each item reads its sequence's bounds at run time: a variable-length
-//            batch, keys in use (seqlens_k), a paged cache, split-KV parts.
+//            batch, keys in use (seqlens_k), left padding, cache entries, a paged cache,
+//            split-KV parts.
 //   kWindow: a sliding window, whose edges bound the sweeps and masks. Its kernels also take
 //            run-time bounds (kWindow implies kRuntimeBounds), so three of the four
 //            combinations are compiled.
@@ -368,11 +369,11 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
           // In a variable-length batch the last tile may run into the next sequence's keys:
           // the consumers mask them like keys past Sk (which TMA fills with zeros).
           const int key = (range.first + tile) * kBlockN;  // the tile's first key in the sequence
-          int kv_row = seq.k_start + key, kv_entry = seq.batch_coord;
+          int kv_row = seq.k_start + key, kv_entry = seq.kv_entry;
           if (kRuntimeBounds && p.block_table != nullptr) {
             // A paged cache: the tile is rows key % page_size onward of one page (page_size is
             // a multiple of kBlockN), the page clamped to the cache.
-            const int page = __ldg(p.block_table + int64_t(item.batch) * p.max_pages_per_seq + key / p.page_size);
+            const int page = __ldg(p.block_table + int64_t(seq.kv_entry) * p.max_pages_per_seq + key / p.page_size);
             kv_entry = min(max(page, 0), p.num_pages - 1);
             kv_row = key % p.page_size;
           }
@@ -1173,7 +1174,8 @@ Status supports(const AttentionProblem& problem) {
                                              std::to_string(problem.head_dim)};
     if (problem.has_window() || problem.has_sequence_bounds())
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run dense batches only: no sliding "
-                                                              "window, cu_seqlens, seqlens_k or block_table"};
+                                                              "window, cu_seqlens, seqlens_k, block_table, "
+                                                              "kv_batch_idx or leftpad_k"};
     if (problem.seqlen_k > (1 << 30))  // V^T's copy pads the keys to a multiple of 128 in an int
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs take seqlen_k up to 2^30; got " +
                                              std::to_string(problem.seqlen_k)};

@@ -39,6 +39,11 @@ struct AttentionParams {
   const int32_t* seqlens_k;
   const int32_t* block_table;
   int max_pages_per_seq, num_pages, page_size;
+  // Cache entries per sequence and left padding (only the final kernel reads these; null
+  // otherwise): see AttentionProblem.
+  const int32_t* kv_batch_idx;
+  int kv_batch;
+  const int32_t* leftpad_k;
   // Split-KV (only the final kernel reads these): with splits > 1 each item computes one part
   // of its block's K/V tiles and writes fp32 partial results, O (normalized by the part's own
   // sum) to o_partial [splits][B][Hq][rows][D] and its LSE to lse_partial [splits][B][Hq][rows],
@@ -101,6 +106,9 @@ inline AttentionParams make_params(const AttentionProblem& p) {
   a.max_pages_per_seq = p.max_pages_per_seq;
   a.num_pages = p.num_pages;
   a.page_size = p.page_size;
+  a.kv_batch_idx = p.kv_batch_idx;
+  a.kv_batch = p.kv_batch;
+  a.leftpad_k = p.leftpad_k;
   a.splits = 1;  // the final kernel's launch decides
   a.o_partial = nullptr;
   a.lse_partial = nullptr;
