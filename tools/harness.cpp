@@ -265,7 +265,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
       w->inputs.host[i] = ref::bits_to_float(bits[i], shape.dtype);
     }
   });
-  if (!shape.leftpad_k.empty() && (int(shape.leftpad_k.size()) != B || shape.page_size > 0))
+  if (!shape.leftpad_k.empty() && (int(shape.leftpad_k.size()) != shape.batch || shape.page_size > 0))
     return {StatusCode::invalid_argument, "leftpad_k: one offset per sequence, and not with page_size"};
   if (shape.kv_batch_idx && varlen) return {StatusCode::invalid_argument, "kv_batch_idx: not with varlen"};
   // Keys past a sequence's seqlens_k_used or before its leftpad_k are outside the problem (a
@@ -422,9 +422,10 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
     p.kv_batch_idx = reinterpret_cast<const int32_t*>(at);
     p.kv_batch = entries;
   }
-  if (!shape.leftpad_k.empty()) {
-    if (!(s = w->leftpad_k.allocate(size_t(B) * 4)).ok()) return s;
-    if (!(s = cuda_check(cudaMemcpy(w->leftpad_k.get(), shape.leftpad_k.data(), size_t(B) * 4, cudaMemcpyHostToDevice),
+  if (!shape.leftpad_k.empty()) {  // one offset per sequence (B is 1 for a varlen batch's tensors)
+    const size_t bytes = shape.leftpad_k.size() * 4;
+    if (!(s = w->leftpad_k.allocate(bytes)).ok()) return s;
+    if (!(s = cuda_check(cudaMemcpy(w->leftpad_k.get(), shape.leftpad_k.data(), bytes, cudaMemcpyHostToDevice),
                          "uploading leftpad_k"))
              .ok())
       return s;
