@@ -31,7 +31,7 @@ import torch
 
 from .ops import (
     _FP8_DTYPE, _PAGED_NAMES, _check_block_table, _check_device, _check_inputs, _check_seqlens_k, _needs_grad,
-    _window, _append_kv, _call, append_kv, attention, attention_fp8,
+    _launch_key, _window, _append_kv, _call, append_kv, attention, attention_fp8,
     attention_paged, attention_varlen,
 )  # fmt: skip
 
@@ -220,6 +220,71 @@ def _check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, capacity: int) -> Non
         raise ValueError(f"rotary_sin: shape {tuple(rotary_sin.shape)} must equal rotary_cos's shape")
 
 
+# Layouts of flash_attn_with_kvcache calls whose checks passed (_kvcache_key): a decoding loop's
+# later calls skip them, as the ops skip theirs for a launch they remember (ops._launch_key).
+_CHECKED: dict = {}
+_MAX_CHECKED = 256
+
+
+def _kvcache_key(
+    q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+    causal, window_size, softmax_scale, num_splits, return_softmax_lse, rotary_interleaved,
+) -> Optional[tuple]:  # fmt: skip
+    """The call's layout: its tensors' shapes, strides, dtypes, devices and alignments and its
+    flags, what every check of _check_kvcache_call depends on; None for arguments no layout
+    describes (a non-tensor where a tensor goes, a window that is no sequence) and while
+    torch.compile traces the call (which runs the checks once, when it traces)."""
+    if torch.compiler.is_compiling():
+        return None
+    seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
+    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx, cache_leftpad, block_table)
+    if not all(t is None or isinstance(t, torch.Tensor) for t in tensors) or not isinstance(window_size, (tuple, list)):
+        return None
+    flags = (
+        "kvcache", type(cache_seqlens).__name__, bool(causal), tuple(window_size), softmax_scale, num_splits,
+        bool(return_softmax_lse), bool(rotary_interleaved),
+    )  # fmt: skip
+    return _launch_key(flags, *tensors)
+
+
+def _check_kvcache_call(
+    q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+    causal, window_size,
+) -> Tuple[Optional[torch.Tensor], Tuple[int, int]]:  # fmt: skip
+    """flash_attn_with_kvcache's checks before anything is written; returns (seqlens_k, window)."""
+    paged, appending, indexed = block_table is not None, k is not None or v is not None, cache_batch_idx is not None
+    # First, so that errors call the caches by these names (hattn.attention calls them k and v).
+    _check_inputs(q, k_cache, v_cache, "auto", paged=paged, names=_PAGED_NAMES, kv_entries=indexed)
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_seqlens_k(t, q.shape[0], name)
+    seqlens_k = _cache_seqlens(cache_seqlens, q)
+    window = _flash_window(window_size, causal)
+    if paged and seqlens_k is None:
+        raise ValueError("cache_seqlens: required with block_table (the keys in each sequence's pages)")
+    if paged and (appending or rotary_cos is not None or rotary_sin is not None):
+        # Here, not only in attention_paged: its width sizes the rotary tables and the append writes through it.
+        _check_block_table(block_table, q.shape[0], k_cache.shape[1], indexed=indexed)
+    if rotary_cos is not None or rotary_sin is not None:
+        if not appending:
+            raise ValueError("rotary_cos, rotary_sin: only with k and v (the rotation applies to the keys appended)")
+        capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+        _check_rotary(rotary_cos, rotary_sin, q, capacity)
+    if appending:
+        _check_new_kv(k, v, q, k_cache)
+        if seqlens_k is None:
+            raise ValueError("cache_seqlens: required with k and v (where the new keys go in each sequence)")
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if t.stride(-1) != 1:
+                raise ValueError(f"{name}: the last dim must be contiguous (stride 1) to append to it in place")
+        if q.device.type != "meta":  # before anything is written (k, v and rotary are on the caches' device)
+            _check_device(
+                q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k,
+                cache_batch_idx=cache_batch_idx,
+            )  # fmt: skip
+    return seqlens_k, window
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -291,39 +356,23 @@ def flash_attn_with_kvcache(
         unsupported.append("inputs that require grad (hattn has no backward with a KV cache yet; use torch.no_grad())")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_with_kvcache does not support " + "; ".join(unsupported))
-    paged = block_table is not None
-    indexed = cache_batch_idx is not None
-    # First, so that errors call the caches by these names (hattn.attention calls them k and v).
-    _check_inputs(q, k_cache, v_cache, "auto", paged=paged, names=_PAGED_NAMES, kv_entries=indexed)
-    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
-        if t is not None:
-            _check_seqlens_k(t, q.shape[0], name)
-    seqlens_k = _cache_seqlens(cache_seqlens, q)
-    window = _flash_window(window_size, causal)
-    if paged:
-        if seqlens_k is None:
-            raise ValueError("cache_seqlens: required with block_table (the keys in each sequence's pages)")
-    appending = k is not None or v is not None
-    if paged and (appending or rotary_cos is not None or rotary_sin is not None):
-        # Here, not only in attention_paged: its width sizes the rotary tables and the append writes through it.
-        _check_block_table(block_table, q.shape[0], k_cache.shape[1], indexed=indexed)
-    if rotary_cos is not None or rotary_sin is not None:
-        if not appending:
-            raise ValueError("rotary_cos, rotary_sin: only with k and v (the rotation applies to the keys appended)")
-        capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-        _check_rotary(rotary_cos, rotary_sin, q, capacity)
+    paged, appending = block_table is not None, k is not None or v is not None
+    key = _kvcache_key(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+        causal, window_size, softmax_scale, num_splits, return_softmax_lse, rotary_interleaved,
+    )  # fmt: skip
+    if key is not None and key in _CHECKED:  # a layout whose checks passed before: the values' alone
+        seqlens_k, window = _cache_seqlens(cache_seqlens, q), _flash_window(window_size, causal)
+    else:
+        seqlens_k, window = _check_kvcache_call(
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+            block_table, causal, window_size,
+        )  # fmt: skip
+        if key is not None:
+            if len(_CHECKED) >= _MAX_CHECKED:
+                _CHECKED.clear()
+            _CHECKED[key] = True
     if appending:
-        _check_new_kv(k, v, q, k_cache)
-        if seqlens_k is None:
-            raise ValueError("cache_seqlens: required with k and v (where the new keys go in each sequence)")
-        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if t.stride(-1) != 1:
-                raise ValueError(f"{name}: the last dim must be contiguous (stride 1) to append to it in place")
-        if q.device.type != "meta":  # before anything is written (k, v and rotary are on the caches' device)
-            _check_device(
-                q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k,
-                cache_batch_idx=cache_batch_idx,
-            )  # fmt: skip
         if rotary_cos is not None:  # the kernel reads the tables in q's dtype, rows contiguous
             rotary_cos, rotary_sin = (t.to(q.dtype).contiguous() for t in (rotary_cos, rotary_sin))
         table = None if block_table is None else block_table.contiguous()

@@ -1046,35 +1046,51 @@ def _append_kv(
     rotary = rotary_cos is not None
     seqlens_out = torch.empty_like(seqlens)
     q_rotated = torch.empty_like(q, memory_format=torch.contiguous_format) if rotary else q.new_empty(0)
-    paged = block_table is not None
-    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-    extra = {}
-    if paged:
-        extra.update(
-            block_table=block_table.data_ptr(), max_pages_per_seq=block_table.shape[1], num_pages=k_cache.shape[0],
-            page_size=k_cache.shape[1],
-        )  # fmt: skip
-    else:
-        extra.update(cache_seqlen=k_cache.shape[1])
-    if kv_batch_idx is not None:
-        entries = block_table.shape[0] if paged else k_cache.shape[0]
-        extra.update(kv_batch_idx=kv_batch_idx.data_ptr(), kv_batch=entries)
-    if rotary:
-        q_in = q if q.stride(-1) == 1 else q.contiguous()
-        extra.update(
-            rotary_cos=rotary_cos.data_ptr(), rotary_sin=rotary_sin.data_ptr(), rotary_dim=2 * rotary_cos.shape[1],
-            rotary_seqlen=rotary_cos.shape[0], rotary_interleaved=rotary_interleaved, q=q_in.data_ptr(),
-            q_strides=_strides(q_in), q_rotated=q_rotated.data_ptr(), q_rotated_strides=_strides(q_rotated),
-            seqlen_q=q.shape[1], heads_q=q.shape[2], q_positions_per_row=q_positions_per_row,
-        )  # fmt: skip
-    with torch.cuda.device(q.device):
-        _C.append_kv(
+    # Remembered by layout like the attention's launches (_launch_key): a call of a layout seen
+    # before only fills in its pointers.
+    key = _launch_key(
+        ("append", rotary_interleaved, q_positions_per_row),
+        q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin, kv_batch_idx,
+    )  # fmt: skip
+    layout = _LAUNCHES.get(key)
+    if layout is None:
+        # The kernel reads rows with a contiguous last dim (the caches' were checked).
+        if k.stride(-1) != 1 or v.stride(-1) != 1 or (rotary and q.stride(-1) != 1):
+            key = None  # copies: nothing to remember
+            k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+            q = q if q.stride(-1) == 1 else q.contiguous()
+        layout = dict(
             dtype=_DTYPE_NAMES[k_cache.dtype], batch=q.shape[0], seqlen_new=k.shape[1], heads_kv=k.shape[2],
-            head_dim=k.shape[3], k_new=k.data_ptr(), k_new_strides=_strides(k), v_new=v.data_ptr(),
-            v_new_strides=_strides(v), k_cache=k_cache.data_ptr(), k_cache_strides=_strides(k_cache),
-            v_cache=v_cache.data_ptr(), v_cache_strides=_strides(v_cache), seqlens=seqlens.data_ptr(),
-            seqlens_out=seqlens_out.data_ptr(), stream=_current_stream(q.device), **extra,
+            head_dim=k.shape[3], k_new_strides=_strides(k), v_new_strides=_strides(v),
+            k_cache_strides=_strides(k_cache), v_cache_strides=_strides(v_cache),
         )  # fmt: skip
+        if block_table is not None:
+            layout.update(
+                max_pages_per_seq=block_table.shape[1], num_pages=k_cache.shape[0], page_size=k_cache.shape[1]
+            )  # fmt: skip
+        else:
+            layout.update(cache_seqlen=k_cache.shape[1])
+        if kv_batch_idx is not None:
+            layout.update(kv_batch=block_table.shape[0] if block_table is not None else k_cache.shape[0])
+        if rotary:
+            layout.update(
+                rotary_dim=2 * rotary_cos.shape[1], rotary_seqlen=rotary_cos.shape[0],
+                rotary_interleaved=rotary_interleaved, q_strides=_strides(q), q_rotated_strides=_strides(q_rotated),
+                seqlen_q=q.shape[1], heads_q=q.shape[2], q_positions_per_row=q_positions_per_row,
+            )  # fmt: skip
+        if key is not None:
+            if len(_LAUNCHES) >= _MAX_LAUNCHES:
+                _LAUNCHES.clear()
+            _LAUNCHES[key] = layout  # the C++ side checks every call's arguments, this one's included
+    pointers = {
+        "k_new": k, "v_new": v, "k_cache": k_cache, "v_cache": v_cache, "seqlens": seqlens,
+        "seqlens_out": seqlens_out, "block_table": block_table, "kv_batch_idx": kv_batch_idx,
+    }  # fmt: skip
+    if rotary:
+        pointers.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin, q=q, q_rotated=q_rotated)
+    kwargs = dict(layout, **{name: t.data_ptr() for name, t in pointers.items() if t is not None})
+    with torch.cuda.device(q.device):
+        _C.append_kv(**kwargs, stream=_current_stream(q.device))
     return seqlens_out, q_rotated
 
 

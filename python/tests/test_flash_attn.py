@@ -888,3 +888,73 @@ def test_kvcache_cache_leftpad(causal, rotary):
         keys = torch.cat((before_k[b, p:n], k_dense[b, n : n + seqlen_new]))
         values = torch.cat((before_v[b, p:n], new_v[b]))
         check_sequence(out[b], lse[b], q_ref[b], keys, values, causal, None, (-1, -1), f"b={b} pad {p} cache {n}")
+
+
+# --- repeated calls of one layout ---------------------------------------------------------------------
+
+
+def test_kvcache_checks_are_skipped_only_for_a_layout_that_passed_them():
+    from hattn.flash_attn import _CHECKED
+
+    q, dense, pages, table, new, rotary = cpu_append_args()
+    q, dense, new = (t.to("meta") for t in (q, dense, new))
+    rotary = {name: t.to("meta") for name, t in rotary.items()}
+    _CHECKED.clear()
+    short = {name: t[:299] for name, t in rotary.items()}  # fewer rows than the cache's 300 keys
+    for _ in range(2):  # refused each time: a failed layout is not remembered
+        with pytest.raises(ValueError, match=r"rotary_cos: seqlen_ro \(299, dim 0\)"):
+            hattn.flash_attn_with_kvcache(q, dense, dense, new, new, cache_seqlens=10, **short)
+    assert not _CHECKED
+    for _ in range(2):
+        out = hattn.flash_attn_with_kvcache(q, dense, dense, new, new, cache_seqlens=10, causal=True, **rotary)
+        assert out.shape == q.shape
+    assert len(_CHECKED) == 1
+    # The same layout with values the checks read each call, and another layout.
+    with pytest.raises(ValueError, match=r"cache_seqlens: must be >= 0, got -1"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, new, new, cache_seqlens=-1, causal=True, **rotary)
+    with pytest.raises(ValueError, match=r"window_size"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, new, new, cache_seqlens=10, window_size=(1, 2, 3), **rotary)
+    with pytest.raises(ValueError, match=r"k: must be 4-D"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, new[0], new[0], cache_seqlens=10, causal=True, **rotary)
+    with pytest.raises(TypeError, match=r"k: must be a torch.Tensor, got list"):
+        hattn.flash_attn_with_kvcache(q, dense, dense, [new], new, cache_seqlens=10, causal=True, **rotary)
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_kvcache_append_repeated_layout_reads_the_new_tensors(paged):
+    """The second decoding step of one layout skips the Python checks and launches the append
+    and the attention from remembered arguments with the new tensors' pointers: the caches,
+    out and lse equal those of a step with every check, bit for bit."""
+    from hattn.flash_attn import _CHECKED
+    from hattn.ops import _LAUNCHES
+
+    def inputs(seed):
+        q, k_pages, v_pages, table, k_dense, v_dense, seqlens = gpu_kvcache([10, 200, 0], seqlen_q=1, seed=seed)
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        new_k, new_v = (torch.randn(3, 1, 2, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in "kv")
+        angles = torch.rand(384, 48, device="cuda", generator=gen)
+        rotary = {"rotary_cos": angles.cos().bfloat16(), "rotary_sin": angles.sin().bfloat16()}
+        if paged:
+            return (q, k_pages, v_pages, new_k, new_v), {"cache_seqlens": seqlens, "block_table": table, **rotary}
+        index = torch.tensor([2, 0, 1], dtype=torch.int32, device="cuda")
+        return (q, k_dense, v_dense, new_k, new_v), {"cache_seqlens": seqlens, "cache_batch_idx": index, **rotary}
+
+    def step(args, kwargs):
+        return hattn.flash_attn_with_kvcache(*args, causal=True, return_softmax_lse=True, **kwargs)
+
+    _LAUNCHES.clear()
+    _CHECKED.clear()
+    step(*inputs(1))
+    remembered = (len(_CHECKED), len(_LAUNCHES))
+    args, kwargs = inputs(2)
+    fresh_args = tuple(t.clone() for t in args)
+    again = step(args, kwargs)  # skips the checks; remembered launches with new pointers
+    assert (len(_CHECKED), len(_LAUNCHES)) == remembered == (1, 2)
+    _LAUNCHES.clear()
+    _CHECKED.clear()
+    fresh = step(fresh_args, kwargs)  # every check, new entries
+    for got, want in zip(again, fresh):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for got, want in zip(args[1:3], fresh_args[1:3]):  # the caches, appended to the same way
+        assert torch.equal(got, want)
