@@ -1,6 +1,6 @@
 """What appending to the KV cache (flash_attn_with_kvcache's k, v and rotary) costs a decoding step.
 
-Runs one step four ways, --reps calls back to back as a decoding loop would, and reports the
+Runs one decoding step these ways, --reps calls back to back as a decoding loop would, and reports the
 host's time per call (Python and launches) and the time per call on the stream (CUDA events
 around the loop: the host's time when the GPU waits for it, the GPU's when the host runs ahead):
 
