@@ -170,6 +170,19 @@ Status check_device_pointer(const char* name, const void* ptr) {
   return Status::Ok();
 }
 
+Status check_cache_entries(const int32_t* kv_batch_idx, int kv_batch) {
+  if (kv_batch_idx == nullptr) {
+    if (kv_batch != 0) return invalid("kv_batch: only with kv_batch_idx (got " + std::to_string(kv_batch) + ")");
+    return Status::Ok();
+  }
+  if (reinterpret_cast<uintptr_t>(kv_batch_idx) % alignof(int32_t) != 0)
+    return invalid("kv_batch_idx: pointer must be 4-byte aligned (int32 entries)");
+  if (kv_batch < 1)
+    return invalid("kv_batch: must be >= 1 with kv_batch_idx (the cache entries it indexes), got " +
+                   std::to_string(kv_batch));
+  return Status::Ok();
+}
+
 Status check_device_and_pointers(std::initializer_list<std::pair<const char*, const void*>> pointers) {
   Status s = check_device();
   if (!s.ok()) return s;
@@ -201,6 +214,8 @@ Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
     return {StatusCode::not_supported,
             std::string(entry.name) + ": no kv_batch_idx or leftpad_k (KV cache entries, left padding); the final "
                                       "kernel has them"};
+  if (problem.softcap > 0.f && !entry.supports_softcap)
+    return {StatusCode::not_supported, std::string(entry.name) + ": no softcap; the final kernel has it"};
   if (problem.dtype == DType::e4m3 && !entry.supports_fp8)
     return {StatusCode::not_supported, std::string(entry.name) + ": no e4m3 (FP8) inputs; the final kernel has them"};
   return entry.supports(problem);
@@ -273,6 +288,8 @@ Status validate_arguments(const AttentionProblem& p) {
   if (p.batch > kMaxGridYZ) return invalid("batch: at most 65535 (got " + std::to_string(p.batch) + ")");
   if (p.heads_q > kMaxGridYZ) return invalid("heads_q: at most 65535 (got " + std::to_string(p.heads_q) + ")");
   if (p.softmax_scale && !std::isfinite(*p.softmax_scale)) return invalid("softmax_scale: must be finite");
+  if (!(p.softcap >= 0.f) || !std::isfinite(p.softcap))
+    return invalid("softcap: must be finite and >= 0 (0: off), got " + std::to_string(p.softcap));
   if (p.window_left < -1)
     return invalid("window_left: must be >= 0, or -1 for no left edge (got " + std::to_string(p.window_left) + ")");
   if (p.window_right < -1)
@@ -321,16 +338,9 @@ Status validate_arguments(const AttentionProblem& p) {
   } else if (p.page_size != 0 || p.num_pages != 0 || p.max_pages_per_seq != 0) {
     return invalid("page_size, num_pages, max_pages_per_seq: only with block_table (a paged cache)");
   }
-  if (p.kv_batch_idx != nullptr) {
-    if (varlen) return invalid("kv_batch_idx: not with cu_seqlens (a variable-length batch has no cache entries)");
-    if (reinterpret_cast<uintptr_t>(p.kv_batch_idx) % alignof(int32_t) != 0)
-      return invalid("kv_batch_idx: pointer must be 4-byte aligned (int32 entries)");
-    if (p.kv_batch < 1)
-      return invalid("kv_batch: must be >= 1 with kv_batch_idx (the cache entries it indexes), got " +
-                     std::to_string(p.kv_batch));
-  } else if (p.kv_batch != 0) {
-    return invalid("kv_batch: only with kv_batch_idx (got " + std::to_string(p.kv_batch) + ")");
-  }
+  if (p.kv_batch_idx != nullptr && varlen)
+    return invalid("kv_batch_idx: not with cu_seqlens (a variable-length batch has no cache entries)");
+  if (Status s = check_cache_entries(p.kv_batch_idx, p.kv_batch); !s.ok()) return s;
   if (p.leftpad_k != nullptr) {
     if (paged) return invalid("leftpad_k: not with block_table (a paged cache's K/V tiles start on its pages)");
     if (reinterpret_cast<uintptr_t>(p.leftpad_k) % alignof(int32_t) != 0)
@@ -437,6 +447,7 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   const AttentionProblem& p = problem.forward;
   if (p.dtype == DType::e4m3)
     return {StatusCode::not_supported, "backward: dtype e4m3 is forward-only; the backward takes bf16 or fp16"};
+  if (p.softcap > 0.f) return {StatusCode::not_supported, "backward: no softcap yet (the forward has it)"};
   // A variable-length batch (cu_seqlens) is fine; keys in use and pages are not there yet.
   if (p.seqlens_k != nullptr || p.is_paged() || p.kv_batch_idx != nullptr || p.leftpad_k != nullptr)
     return {StatusCode::not_supported,

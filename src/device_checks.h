@@ -1,6 +1,8 @@
-// Checks that need the CUDA runtime, shared by the entry points (forward, backward, append_kv).
+// Checks shared by the entry points (forward, backward, append_kv): those that need the CUDA
+// runtime, and the cache entries' arguments, which forward and append_kv take alike.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <utility>
 
@@ -16,5 +18,8 @@ Status check_device_pointer(const char* name, const void* ptr);
 
 // An entry point's last checks before it launches: the device, then each (name, pointer).
 Status check_device_and_pointers(std::initializer_list<std::pair<const char*, const void*>> pointers);
+
+// kv_batch_idx (int32, 4-byte aligned) and kv_batch (>= 1 with it, 0 without). Needs no GPU.
+Status check_cache_entries(const int32_t* kv_batch_idx, int kv_batch);
 
 }  // namespace hattn

@@ -154,15 +154,7 @@ Status validate_append_kv_arguments(const KvAppendProblem& p) {
   } else if (p.cache_seqlen < 0) {
     return invalid("cache_seqlen: must be >= 0, got " + std::to_string(p.cache_seqlen));
   }
-  if (p.kv_batch_idx != nullptr) {
-    if (reinterpret_cast<uintptr_t>(p.kv_batch_idx) % alignof(int32_t) != 0)
-      return invalid("kv_batch_idx: pointer must be 4-byte aligned (int32 entries)");
-    if (p.kv_batch < 1)
-      return invalid("kv_batch: must be >= 1 with kv_batch_idx (the cache entries it indexes), got " +
-                     std::to_string(p.kv_batch));
-  } else if (p.kv_batch != 0) {
-    return invalid("kv_batch: only with kv_batch_idx (got " + std::to_string(p.kv_batch) + ")");
-  }
+  if (!(s = check_cache_entries(p.kv_batch_idx, p.kv_batch)).ok()) return s;
   const int cache_batch = p.is_paged() ? p.num_pages : p.kv_batch_idx != nullptr ? p.kv_batch : p.batch;
   const int64_t cache_rows = p.is_paged() ? p.page_size : p.cache_seqlen;
   const struct {

@@ -105,6 +105,7 @@ void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, 
     double dot = 0;
     for (int d = 0; d < D; ++d) dot += double(q[d]) * double(k[d]);
     s[j] = dot * double(p.scale);
+    if (p.softcap > 0.f) s[j] = double(p.softcap) * std::tanh(s[j] / double(p.softcap));
     m = std::max(m, s[j]);
   }
   double sum = 0;
@@ -139,6 +140,7 @@ void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, 
     float dot = 0;
     for (int d = 0; d < D; ++d) dot += q[d] * k[d];
     s[j] = dot * p.scale;
+    if (p.softcap > 0.f) s[j] = p.softcap * std::tanh(s[j] / p.softcap);
     m = std::max(m, s[j]);
   }
   float sum = 0;

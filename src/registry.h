@@ -25,6 +25,8 @@ struct KernelEntry {
   // Bytes of workspace the launch needs for `problem` (AttentionProblem::workspace); null for
   // kernels that never need any.
   Status (*workspace_bytes)(const AttentionProblem& problem, size_t* bytes) = nullptr;
+  // Runs softcapping (softcap > 0); likewise only the final kernel.
+  bool supports_softcap = false;
 };
 
 // One accessor per lineage kernel, defined in its own file under src/kernels/.

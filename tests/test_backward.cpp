@@ -230,6 +230,11 @@ TEST(BackwardValidation, VarlenRefusals) {
   Status s = backward(b);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
+  b = valid_backward();  // softcapping: forward only
+  b.forward.softcap = 30.f;
+  s = backward(b);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+  EXPECT_NE(s.message().find("softcap"), std::string::npos) << s.message();
   // Cache entries and left padding likewise.
   for (bool entries : {true, false}) {
     b = valid_backward();

@@ -198,6 +198,23 @@ std::vector<Shape> test_shapes() {
   shapes.back().window_left = 300;
   varlen(make(1, 1, 1, 2, 2, 64, true, bf, Layout::contiguous), {3, 100}, {900, 400});
   shapes.back().leftpad_k = {500, 0};
+  // Softcapping (the final kernel, in its run-time-bounds kernels): caps well inside and near
+  // the scores' range, each head dim, causal, a window, varlen, a paged decode with split-KV.
+  auto capped = [&](Shape s, float softcap) {
+    s.softcap = softcap;
+    shapes.push_back(s);
+  };
+  capped(make(2, 300, 300, 4, 2, 128, false, bf, Layout::contiguous), 1.5f);
+  capped(make(1, 257, 700, 4, 4, 64, true, fp, Layout::padded), 30.f);
+  capped(make(1, 200, 500, 2, 1, 256, true, bf, Layout::contiguous), 3.f);
+  shapes.back().window_left = 90;
+  capped(make(1, 2000, 2000, 2, 2, 128, false, bf, Layout::contiguous), 2.f);  // the wide tiles
+  capped(make(1, 1000, 1000, 2, 2, 64, false, bf, Layout::contiguous), 2.f);  // two consumers, not three
+  varlen(make(1, 1, 1, 4, 2, 64, true, bf, Layout::contiguous), {100, 257}, {300, 257});
+  shapes.back().softcap = 5.f;
+  cache(make(3, 1, 1000, 8, 2, 128, false, bf, Layout::contiguous), {1000, 1, 513}, 128, {}, false);
+  shapes.back().softcap = 2.5f;
+  shapes.back().num_splits = 3;
   // GQA packing (the final kernel; the lineage kernels ignore pack_gqa): a K/V head's query
   // heads as rows of one item. Decoding shapes that pack by themselves (groups of 4 and 8, a
   // paged cache, split parts), and packing forced on other masks: causal with Sq not a multiple
@@ -326,6 +343,7 @@ std::string case_name(const ::testing::TestParamInfo<KernelTest::ParamType>& inf
   if (s.page_size > 0) name += "_paged" + std::to_string(s.page_size);
   if (s.kv_batch_idx) name += "_entries";
   if (!s.leftpad_k.empty()) name += "_leftpad";
+  if (s.softcap > 0.f) name += "_softcap";
   return name;
 }
 

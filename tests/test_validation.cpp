@@ -347,6 +347,33 @@ TEST(Dispatch, CacheEntriesAndLeftPaddingGoToTheFinalKernelOnly) {
   }
 }
 
+TEST(Validation, BadSoftcap) {
+  for (float bad : {-1.f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    AttentionProblem p = valid_problem();
+    p.softcap = bad;
+    expect_invalid(p, "softcap");
+  }
+  AttentionProblem p = valid_problem();
+  p.softcap = 30.f;
+  EXPECT_TRUE(validate_arguments(p).ok());
+}
+
+// Only the final kernel caps scores, and not with e4m3 inputs; the backward refuses it.
+TEST(Dispatch, SoftcapGoesToTheFinalKernelOnly) {
+  AttentionProblem p = valid_problem();
+  p.softcap = 30.f;
+  std::string resolved;
+  ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_EQ(resolved, kernels().back().name);
+  Status s = resolve_kernel(p, "15_three_consumers", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("no softcap"), std::string::npos) << s.message();
+  p.dtype = DType::e4m3;
+  s = resolve_kernel(p, kernels().back().name, &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported);
+  EXPECT_NE(s.message().find("softcap"), std::string::npos) << s.message();
+}
+
 TEST(Validation, BadNumSplits) {
   for (int parts : {-1, kMaxSplits + 1}) {
     AttentionProblem p = valid_problem();

@@ -29,6 +29,7 @@ std::string describe(const Shape& s) {
      << " Hkv=" << s.heads_kv << " D=" << s.head_dim << (s.causal ? " causal" : " full") << " "
      << dtype_name(s.dtype) << " " << layout_name(s.layout) << (s.with_lse ? " lse" : "");
   if (s.scale) os << " scale=" << *s.scale;
+  if (s.softcap > 0.f) os << " softcap=" << s.softcap;
   if (s.window_left >= 0 || s.window_right >= 0) os << " window=(" << s.window_left << "," << s.window_right << ")";
   if (s.num_splits != 0) os << " num_splits=" << s.num_splits;
   if (s.pack_gqa.has_value()) os << " pack_gqa=" << (*s.pack_gqa ? "on" : "off");
@@ -330,6 +331,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.window_left = shape.window_left;
   p.window_right = shape.window_right;
   p.softmax_scale = shape.scale;
+  p.softcap = shape.softcap;
   p.num_splits = shape.num_splits;
   p.pack_gqa = shape.pack_gqa;
   if (!shape.seqlens_k_used.empty()) {
@@ -463,6 +465,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   h.v = w->inputs.host.data() + v.offset;
   h.v_strides = v.strides;
   h.scale = p.scale();
+  h.softcap = shape.softcap;
   h.causal = shape.causal;
   h.window_left = shape.window_left;
   h.window_right = shape.window_right;

@@ -29,6 +29,7 @@ struct Shape {
   Layout layout = Layout::contiguous;
   bool with_lse = true;
   std::optional<float> scale;  // softmax scale; default 1/sqrt(D)
+  float softcap = 0.f;         // AttentionProblem::softcap (0: off)
   // A variable-length batch when not empty: sequence b has seqlens_q[b] queries and
   // seqlens_k[b] keys, packed along the rows of [total, H, D] tensors (contiguous or padded
   // layout); batch, seqlen_q and seqlen_k are then the count and the longest lengths

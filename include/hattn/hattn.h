@@ -88,6 +88,10 @@ struct AttentionProblem {
   float* lse = nullptr;  // optional [B, Hq, Sq] contiguous fp32 ([Hq, total_q] when varlen); -inf for a fully masked row
 
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
+  // Softcapping (FlashAttention's softcap, as in Gemma 2): with softcap > 0 each score
+  // scale * q.k becomes softcap * tanh(scale * q.k / softcap) before the mask and the softmax,
+  // which bounds it to (-softcap, softcap); 0 turns it off. Only the final kernel, forward only.
+  float softcap = 0.f;
   // Causal mask aligned to the bottom-right corner: query i sees key j iff
   // j <= i + (seqlen_k - seqlen_q). Rows that see no key get output 0 and LSE -inf.
   bool causal = false;

@@ -26,6 +26,7 @@ struct HostProblem {
   const float* v = nullptr;  // [B, Sk, Hkv, D]
   Strides v_strides;
   float scale = 0.f;
+  float softcap = 0.f;  // as in AttentionProblem: scores s become softcap * tanh(s / softcap); 0 off
   bool causal = false;
   int window_left = -1, window_right = -1;  // as in AttentionProblem; -1: that side open
 };

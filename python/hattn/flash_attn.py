@@ -14,9 +14,10 @@ fewer K/V heads, window_size=(left, right) is a sliding window aligned the same 
 default scale is 1/sqrt(D). flash_attn_func and flash_attn_varlen_func are differentiable
 (hattn.attention's and hattn.attention_varlen's backward: dq, dk and dv); the KV-cache function
 is forward only, and appends new keys and values to the cache (with rotary embedding) as
-FlashAttention does. What hattn does not have (dropout, softcapping, ALiBi, the attention
-probabilities, a deterministic backward, gradients through the KV-cache function, paged KV
-with varlen, left padding of a paged cache) raises NotImplementedError naming the argument.
+FlashAttention does; softcap works in all three, forward only. What hattn does not have
+(dropout, gradients with softcapping, ALiBi, the attention probabilities, a deterministic
+backward, gradients through the KV-cache function, paged KV with varlen, left padding of a
+paged cache) raises NotImplementedError naming the argument.
 Nothing falls back to another library.
 
 flash_attn_func also takes FlashAttention-3's FP8 call: float8_e4m3fn q, k, v with the keywords
@@ -36,13 +37,16 @@ from .ops import (
 )  # fmt: skip
 
 
-def _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str) -> List[str]:
-    """What a call asks for that hattn lacks, one entry per argument; lse_from: the hattn function that has the LSE."""
+def _unsupported(
+    dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str, needs_grad: bool = False
+) -> List[str]:
+    """What a call asks for that hattn lacks, one entry per argument; lse_from: the hattn function
+    that has the LSE; needs_grad: whether autograd records the call (softcapping is forward only)."""
     unsupported = []
     if dropout_p != 0.0:
         unsupported.append(f"dropout_p={dropout_p} (no dropout)")
-    if softcap != 0.0:
-        unsupported.append(f"softcap={softcap} (no softcapping)")
+    if softcap != 0.0 and needs_grad:
+        unsupported.append(f"softcap={softcap} with inputs that require grad (no backward with softcapping yet)")
     if alibi_slopes is not None:
         unsupported.append("alibi_slopes (no ALiBi)")
     if return_attn_probs:
@@ -79,8 +83,10 @@ def flash_attn_func(
     Differentiable like hattn.attention: with q, k or v requiring grad, backward gives dq, dk
     and dv. hattn's forward is deterministic, its backward is not (it sums dq, dk and dv in fp32
     with atomic adds), so deterministic=True is accepted without gradients and refused with
-    them. Everything else beyond q, k, v, softmax_scale, causal and window_size must keep its
-    default. As in FlashAttention, causal sets the window's right side to 0.
+    them. softcap (> 0: scores capped at softcap * tanh(s / softcap)) runs without gradients;
+    with inputs that require grad it is refused (no backward with softcapping yet). Everything
+    else beyond q, k, v, softmax_scale, causal and window_size must keep its default. As in
+    FlashAttention, causal sets the window's right side to 0.
 
     FP8, as FlashAttention-3's flash_attn_func takes it: with torch.float8_e4m3fn q, k and v
     (D = 128), the keyword-only q_descale, k_descale, v_descale (None or fp32 [B, Hkv]) go with
@@ -88,7 +94,7 @@ def flash_attn_func(
     grad are refused). No sliding window then: window_size must be (-1, -1), or (-1, 0), which
     is the causal mask. Descales with bf16/fp16 inputs raise ValueError.
     """
-    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention")
+    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention", _needs_grad(q, k, v))
     if deterministic and _needs_grad(q, k, v):
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
@@ -97,6 +103,8 @@ def flash_attn_func(
     window = _flash_window(window_size, causal)
     if fp8 and (window[0] != -1 or window[1] not in (-1, 0)):
         unsupported.append(f"window_size={tuple(window_size)} with FP8 inputs (hattn.attention_fp8 has no window)")
+    if fp8 and softcap != 0.0:
+        unsupported.append(f"softcap={softcap} with FP8 inputs (hattn.attention_fp8 has no softcapping)")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_func does not support " + "; ".join(unsupported))
     if fp8:
@@ -108,7 +116,7 @@ def flash_attn_func(
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if t is not None and isinstance(q, torch.Tensor):
             raise ValueError(f"{name}: only with torch.float8_e4m3fn q, k and v, got q of dtype {q.dtype}")
-    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window)
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap)
 
 
 def flash_attn_varlen_func(
@@ -136,10 +144,13 @@ def flash_attn_varlen_func(
     not read on the host: they are the caller's promise, as in FlashAttention. Differentiable
     like hattn.attention_varlen: with q, k or v requiring grad, backward gives dq, dk and dv;
     deterministic=True is accepted without gradients and refused with them (the backward sums
-    with atomic adds). Everything else beyond those and softmax_scale, causal and window_size
-    must keep its default. As in FlashAttention, causal sets the window's right side to 0.
+    with atomic adds). softcap runs without gradients, as in flash_attn_func. Everything else
+    beyond those and softmax_scale, causal and window_size must keep its default. As in
+    FlashAttention, causal sets the window's right side to 0.
     """
-    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen")
+    unsupported = _unsupported(
+        dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen", _needs_grad(q, k, v)
+    )  # fmt: skip
     if deterministic and _needs_grad(q, k, v):
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
@@ -151,7 +162,7 @@ def flash_attn_varlen_func(
     window = _flash_window(window_size, causal)
     return attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        causal=causal, softmax_scale=softmax_scale, window_size=window,
+        causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap,
     )  # fmt: skip
 
 
@@ -343,14 +354,15 @@ def flash_attn_with_kvcache(
     rotary positions stay absolute (key cache_seqlens[b] + i), as in FlashAttention. Both are
     read by the kernels only, and clamped there (to the entries, and to the sequence's keys).
 
-    softcap, alibi_slopes, cache_leftpad with block_table and inputs that require grad (no
-    backward with a KV cache yet) raise NotImplementedError naming them. Unused cache rows may
+    softcap caps the scores as in hattn.attention. alibi_slopes, cache_leftpad with block_table
+    and inputs that require grad (no backward with a KV cache yet) raise NotImplementedError
+    naming them. Unused cache rows may
     hold anything (see hattn.attention_paged).
     """
     unsupported = []
     if cache_leftpad is not None and block_table is not None:
         unsupported.append("cache_leftpad with block_table (a paged cache's K/V tiles start on its pages)")
-    # softcap and alibi_slopes as in flash_attn_func (no dropout or probabilities here).
+    # alibi_slopes as in flash_attn_func (no dropout or probabilities here; no grad, see below).
     unsupported += _unsupported(0.0, softcap, alibi_slopes, False, "attention_paged")
     if _needs_grad(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
         unsupported.append("inputs that require grad (hattn has no backward with a KV cache yet; use torch.no_grad())")
@@ -388,11 +400,12 @@ def flash_attn_with_kvcache(
         result = attention_paged(
             q, k_cache, v_cache, block_table, seqlens_k, causal=causal, softmax_scale=softmax_scale,
             return_lse=return_softmax_lse, window_size=window, num_splits=num_splits, kv_batch_idx=cache_batch_idx,
+            softcap=softcap,
         )  # fmt: skip
     else:
         result = attention(
             q, k_cache, v_cache, causal=causal, softmax_scale=softmax_scale, return_lse=return_softmax_lse,
             window_size=window, seqlens_k=seqlens_k, num_splits=num_splits, kv_batch_idx=cache_batch_idx,
-            leftpad_k=cache_leftpad,
+            leftpad_k=cache_leftpad, softcap=softcap,
         )  # fmt: skip
     return result

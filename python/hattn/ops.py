@@ -36,6 +36,7 @@ only fill in their pointers, which halves the host's time per call.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -221,6 +222,15 @@ def _check_block_table(block_table: torch.Tensor, batch: int, page_size: int, in
         )
 
 
+def _check_softcap(softcap) -> float:
+    """softcap as a float: finite and >= 0 (0: off)."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap: must be a float, got {type(softcap).__name__}")
+    if not 0 <= softcap < math.inf:  # NaN fails both comparisons (comparisons also trace under torch.compile)
+        raise ValueError(f"softcap: must be finite and >= 0 (0: off), got {softcap}")
+    return float(softcap)
+
+
 def _check_num_splits(num_splits) -> None:
     # An int or, under torch.compile, a SymInt, as max_seqlen.
     if isinstance(num_splits, bool) or not isinstance(num_splits, (int, torch.SymInt)):
@@ -280,6 +290,7 @@ def _strides(t: torch.Tensor) -> Tuple[int, int, int]:
 def _problem_kwargs(
     q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, *,
     seqlens_k=None, block_table=None, num_splits=0, descales=(None, None, None), kv_batch_idx=None, leftpad_k=None,
+    softcap=0.0,
 ):  # fmt: skip
     """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors.
 
@@ -290,6 +301,7 @@ def _problem_kwargs(
     the most keys a sequence can have (the kernel plans by it; seqlens_k is not read here).
     kv_batch_idx: None, or int32 [batch], each sequence's cache entry: a batch entry of k and
     v, or a row of block_table. leftpad_k: None, or int32 [batch], each sequence's first key.
+    softcap: > 0 caps the scores at softcap * tanh(s / softcap); 0 leaves them as they are.
     descales: FP8's (q_descale, k_descale, v_descale), each None (scale 1) or a contiguous
     fp32 [batch, Hkv] tensor. The dtype is q's; FP8 q's out must be bf16 (the caller's).
     """
@@ -343,6 +355,7 @@ def _problem_kwargs(
         out_strides=_strides(out),
         lse=0 if lse is None else lse.data_ptr(),
         softmax_scale=softmax_scale,
+        softcap=softcap,
         causal=causal,
         window_left=window[0],
         window_right=window[1],
@@ -400,7 +413,7 @@ def _window(window_size) -> Tuple[int, int]:
 
 def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, remember=None, **extra):
     """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales,
-    kv_batch_idx, leftpad_k.
+    kv_batch_idx, leftpad_k, softcap.
     remember: a _launch_key under which to keep this call's arguments for _forward_again."""
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
@@ -492,10 +505,11 @@ def _attention_fwd(
     num_splits: int = 0,
     kv_batch_idx: Optional[torch.Tensor] = None,
     leftpad_k: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
     key = _launch_key(
-        ("fwd", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits),
+        ("fwd", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits, softcap),
         q, k, v, seqlens_k, kv_batch_idx, leftpad_k,
     )  # fmt: skip
     remembered = _LAUNCHES.get(key)
@@ -518,7 +532,7 @@ def _attention_fwd(
         return out, lse
     _forward(
         q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, (window_left, window_right),
-        remember=key, num_splits=num_splits, **indices,
+        remember=key, num_splits=num_splits, softcap=softcap, **indices,
     )  # fmt: skip
     return out, lse
 
@@ -538,7 +552,7 @@ def _bshd_outputs_like(
 @attention_fwd.register_fake
 def _attention_fwd_fake(
     q, k, v, causal, softmax_scale, kernel, return_lse, window_left=-1, window_right=-1, seqlens_k=None, num_splits=0,
-    kv_batch_idx=None, leftpad_k=None,
+    kv_batch_idx=None, leftpad_k=None, softcap=0.0,
 ):  # fmt: skip
     _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx, leftpad_k)
     return _bshd_outputs_like(q, return_lse)
@@ -579,12 +593,13 @@ def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, window_l
 
 def _attention_fwd_setup_context(ctx, inputs, output) -> None:
     q, k, v, causal, softmax_scale, _kernel, return_lse, window_left, window_right, *cache = inputs
-    seqlens_k, _splits, kv_batch_idx, leftpad_k = cache
+    seqlens_k, _splits, kv_batch_idx, leftpad_k, softcap = cache
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale, ctx.window = causal, softmax_scale, (window_left, window_right)
     ctx.has_lse = return_lse
     ctx.has_cache = any(t is not None for t in (seqlens_k, kv_batch_idx, leftpad_k))
+    ctx.softcap = softcap
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
 
 
@@ -604,12 +619,14 @@ def _backward_needed(ctx, dout, dlse, entry: str) -> bool:
 
 def _attention_fwd_backward(ctx, dout, dlse):
     if not _backward_needed(ctx, dout, dlse, "attention"):
-        return (None,) * 13
+        return (None,) * 14
     if ctx.has_cache:
         raise NotImplementedError("hattn: no backward with seqlens_k, kv_batch_idx or leftpad_k (a KV cache) yet")
+    if ctx.softcap:
+        raise NotImplementedError("hattn: no backward with softcap yet (the forward has it)")
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.hattn.attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window)
-    return (dq, dk, dv) + (None,) * 10
+    return (dq, dk, dv) + (None,) * 11
 
 
 attention_fwd.register_autograd(_attention_fwd_backward, setup_context=_attention_fwd_setup_context)
@@ -634,6 +651,7 @@ def attention(
     num_splits: int = 0,
     kv_batch_idx: Optional[torch.Tensor] = None,
     leftpad_k: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
 ):
     """Forward attention O = softmax(scale * Q K^T + mask) V on BSHD tensors.
 
@@ -670,6 +688,11 @@ def attention(
             seqlens_k[b] - 1 (.. Sk - 1 without seqlens_k), and the masks align as for a
             sequence of that many keys. The keys before it may hold anything (NaN included).
             Clamped to [0, the sequence's keys]. Final kernel only.
+        softcap: > 0 caps the scores (FlashAttention's softcap, as in Gemma 2): each score
+            s = scale * q.k becomes softcap * tanh(s / softcap) before the mask and softmax; the
+            LSE is that of the capped scores. 0 (the default) leaves them as they are. Final
+            kernel only, and no backward yet (inputs that require grad raise NotImplementedError
+            in the backward).
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -688,6 +711,7 @@ def attention(
     indices = {"seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx, "leftpad_k": leftpad_k}
     _check_types(q, k, v, **{name: t for name, t in indices.items() if t is not None})
     _check_num_splits(num_splits)
+    softcap = _check_softcap(softcap)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
@@ -695,7 +719,7 @@ def attention(
     out, lse = _call(
         attention_fwd, _attention_fwd,
         q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, seqlens_k,
-        num_splits, kv_batch_idx, leftpad_k,
+        num_splits, kv_batch_idx, leftpad_k, softcap,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -721,6 +745,7 @@ def _attention_varlen_fwd(
     return_lse: bool,
     window_left: int = -1,
     window_right: int = -1,
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_varlen_fwd: (out [total_q, Hq, D], lse [Hq, total_q] fp32, or empty when not return_lse)."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
@@ -732,7 +757,7 @@ def _attention_varlen_fwd(
     out = torch.empty((total_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
     window, varlen = (window_left, window_right), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, window, varlen)
+    _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, window, varlen, softcap=softcap)
     return out, lse
 
 
@@ -742,7 +767,7 @@ attention_varlen_fwd = torch.library.custom_op("hattn::attention_varlen_fwd", mu
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, return_lse,
-    window_left=-1, window_right=-1,
+    window_left=-1, window_right=-1, softcap=0.0,
 ):  # fmt: skip
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
     total_q, heads_q, head_dim = q.shape
@@ -796,24 +821,26 @@ def _attention_varlen_bwd_fake(
 
 def _attention_varlen_fwd_setup_context(ctx, inputs, output) -> None:
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, _kernel, return_lse,
-     window_left, window_right) = inputs  # fmt: skip
+     window_left, window_right, softcap) = inputs  # fmt: skip
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.causal, ctx.softmax_scale, ctx.window = causal, softmax_scale, (window_left, window_right)
-    ctx.has_lse = return_lse
+    ctx.has_lse, ctx.softcap = return_lse, softcap
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
 
 
 def _attention_varlen_fwd_backward(ctx, dout, dlse):
     if not _backward_needed(ctx, dout, dlse, "attention_varlen"):
-        return (None,) * 13
+        return (None,) * 14
+    if ctx.softcap:
+        raise NotImplementedError("hattn: no backward with softcap yet (the forward has it)")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = torch.ops.hattn.attention_varlen_bwd(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlen, ctx.causal, ctx.softmax_scale,
         *ctx.window,
     )  # fmt: skip
-    return (dq, dk, dv) + (None,) * 10
+    return (dq, dk, dv) + (None,) * 11
 
 
 attention_varlen_fwd.register_autograd(
@@ -834,6 +861,7 @@ def attention_varlen(
     kernel: str = "auto",
     return_lse: bool = False,
     window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
 ):
     """Forward attention over a variable-length batch: sequences packed one after another along
     the rows, as FlashAttention's varlen functions take them (cu_seqlens).
@@ -856,6 +884,8 @@ def attention_varlen(
         return_lse: also return the row log-sum-exp (natural log), fp32 [Hq, total_q].
         window_size: (left, right), the sliding window of attention(), aligned like the causal
             mask to each sequence's own bottom-right corner; -1 leaves a side open.
+        softcap: > 0 caps the scores at softcap * tanh(s / softcap), as in attention() (no
+            backward yet).
 
     Returns:
         out [total_q, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -876,6 +906,7 @@ def attention_varlen(
     _check_types(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    softcap = _check_softcap(softcap)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
@@ -883,7 +914,7 @@ def attention_varlen(
     out, lse = _call(
         attention_varlen_fwd, _attention_varlen_fwd,
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right,
+        bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, softcap,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -902,10 +933,11 @@ def _attention_paged_fwd(
     window_right: int = -1,
     num_splits: int = 0,
     kv_batch_idx: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_paged_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
     key = _launch_key(
-        ("paged", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits),
+        ("paged", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits, softcap),
         q, k_cache, v_cache, block_table, seqlens_k, kv_batch_idx,
     )  # fmt: skip
     remembered = _LAUNCHES.get(key)
@@ -928,7 +960,7 @@ def _attention_paged_fwd(
         return out, lse
     _forward(
         q, k_cache, v_cache, out, lse if return_lse else None, causal, softmax_scale, kernel,
-        (window_left, window_right), remember=key, num_splits=num_splits, **indices,
+        (window_left, window_right), remember=key, num_splits=num_splits, softcap=softcap, **indices,
     )  # fmt: skip
     return out, lse
 
@@ -939,7 +971,7 @@ attention_paged_fwd = torch.library.custom_op("hattn::attention_paged_fwd", muta
 @attention_paged_fwd.register_fake
 def _attention_paged_fwd_fake(
     q, k_cache, v_cache, block_table, seqlens_k, causal, softmax_scale, kernel, return_lse,
-    window_left=-1, window_right=-1, num_splits=0, kv_batch_idx=None,
+    window_left=-1, window_right=-1, num_splits=0, kv_batch_idx=None, softcap=0.0,
 ):  # fmt: skip
     _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx)
     return _bshd_outputs_like(q, return_lse)
@@ -958,6 +990,7 @@ def attention_paged(
     window_size: Tuple[int, int] = (-1, -1),
     num_splits: int = 0,
     kv_batch_idx: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
 ):
     """Forward attention over a paged KV cache, as FlashAttention's flash_attn_with_kvcache and
     vLLM keep it: keys and values in fixed-size pages that a block table maps to each sequence.
@@ -986,6 +1019,7 @@ def attention_paged(
         kv_batch_idx: None, or torch.int32 [B] on q's device (FlashAttention's cache_batch_idx):
             sequence b's pages are row kv_batch_idx[b] of block_table, which may then have any
             number of rows (indices clamped to them).
+        softcap: > 0 caps the scores at softcap * tanh(s / softcap), as in attention().
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -1009,13 +1043,14 @@ def attention_paged(
         more["kv_batch_idx"] = kv_batch_idx
     _check_types(q, k_cache, v_cache, _PAGED_NAMES, **more)
     _check_num_splits(num_splits)
+    softcap = _check_softcap(softcap)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
     out, lse = _call(
         attention_paged_fwd, _attention_paged_fwd,
         q, k_cache, v_cache, block_table, seqlens_k, bool(causal), softmax_scale, kernel, bool(return_lse),
-        left, right, num_splits, kv_batch_idx,
+        left, right, num_splits, kv_batch_idx, softcap,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

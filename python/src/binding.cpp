@@ -69,7 +69,7 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       [fn](const std::string& dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
            uintptr_t q, const StrideTuple& q_strides, uintptr_t k, const StrideTuple& k_strides, uintptr_t v,
            const StrideTuple& v_strides, uintptr_t out, const StrideTuple& out_strides, uintptr_t lse,
-           std::optional<float> softmax_scale, bool causal, int window_left, int window_right,
+           std::optional<float> softmax_scale, float softcap, bool causal, int window_left, int window_right,
            uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, uintptr_t seqlens_k,
            uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, uintptr_t kv_batch_idx,
            int kv_batch, uintptr_t leftpad_k, int num_splits,
@@ -93,6 +93,7 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.out_strides = to_strides(out_strides);
         p.lse = reinterpret_cast<float*>(lse);
         p.softmax_scale = softmax_scale;
+        p.softcap = softcap;
         p.causal = causal;
         p.window_left = window_left;
         p.window_right = window_right;
@@ -119,9 +120,9 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
       nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("q"), nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"),
       nb::arg("v"), nb::arg("v_strides"), nb::arg("out"), nb::arg("out_strides"), nb::arg("lse") = 0,
-      nb::arg("softmax_scale") = nb::none(), nb::arg("causal") = false, nb::arg("window_left") = -1,
-      nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0, nb::arg("total_q") = 0,
-      nb::arg("total_k") = 0, nb::arg("seqlens_k") = 0, nb::arg("block_table") = 0, nb::arg("max_pages_per_seq") = 0,
+      nb::arg("softmax_scale") = nb::none(), nb::arg("softcap") = 0.f, nb::arg("causal") = false,
+      nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0,
+      nb::arg("total_q") = 0, nb::arg("total_k") = 0, nb::arg("seqlens_k") = 0, nb::arg("block_table") = 0, nb::arg("max_pages_per_seq") = 0,
       nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("kv_batch_idx") = 0, nb::arg("kv_batch") = 0,
       nb::arg("leftpad_k") = 0, nb::arg("num_splits") = 0, nb::arg("workspace") = 0,
       nb::arg("workspace_bytes") = 0, nb::arg("q_descale") = 0, nb::arg("k_descale") = 0, nb::arg("v_descale") = 0,
@@ -266,6 +267,7 @@ NB_MODULE(_C, m) {
       "contiguous; lse is 0 or a contiguous fp32 [B, Hq, Sq] buffer; softmax_scale None means 1/sqrt(D).\n"
       "Variable-length batch: cu_seqlens_q/cu_seqlens_k are device int32 [batch + 1] offsets, total_q/total_k\n"
       "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).\n"
+      "softcap: scores s become softcap * tanh(s / softcap) (0: off; final kernel, forward).\n"
       "seqlens_k: device int32 [batch], keys in use per sequence. Paged KV: block_table device int32\n"
       "[batch, max_pages_per_seq], k/v [num_pages, page_size, Hkv, D]. num_splits: split-KV parts (0 auto).\n"
       "kv_batch_idx: device int32 [batch], each sequence's cache entry (a batch entry of k/v, or a block_table\n"

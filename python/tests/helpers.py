@@ -62,8 +62,10 @@ def attention_ref(
     softmax_scale: Optional[float] = None,
     upcast: bool = True,
     window=(-1, -1),
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out [B, Sq, Hq, D], lse [B, Hq, Sq]) of BSHD inputs.
+    """(out [B, Sq, Hq, D], lse [B, Hq, Sq]) of BSHD inputs; softcap > 0 caps the scores s at
+    softcap * tanh(s / softcap) before the mask.
 
     upcast=True: everything in float64, the reference. upcast=False: the straightforward
     implementation in the inputs' dtype (scores, softmax and P rounded to it, as a plain torch
@@ -79,6 +81,8 @@ def attention_ref(
     kh = k.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
     vh = v.to(dtype).transpose(1, 2).repeat_interleave(heads_q // heads_kv, dim=1)
     scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # [B, Hq, Sq, Sk]
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     if causal or tuple(window) != (-1, -1):
         visible = visible_mask(seqlen_q, seqlen_k, causal, window, device=q.device)
         scores = scores.masked_fill(~visible, float("-inf"))

@@ -36,7 +36,6 @@ def cpu_varlen():
     "kwargs, words",
     [
         ({"dropout_p": 0.1}, "dropout_p"),
-        ({"softcap": 30.0}, "softcap"),
         ({"alibi_slopes": torch.zeros(2)}, "alibi_slopes"),
         ({"return_attn_probs": True}, "return_attn_probs"),
     ],
@@ -44,6 +43,28 @@ def cpu_varlen():
 def test_unsupported_arguments_are_named(kwargs, words):
     with pytest.raises(NotImplementedError, match=words):
         hattn.flash_attn_func(*cpu_qkv(), **kwargs)
+
+
+def test_softcap_runs_forward_only():
+    """softcap reaches hattn.attention (here: the GPU check of CPU tensors); with gradients, or
+    with FP8 inputs, it is refused by name; a bad value is named by hattn.attention."""
+    gpu = r"no suitable GPU|must be a CUDA tensor"
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.flash_attn_func(*cpu_qkv(), softcap=30.0)
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.flash_attn_varlen_func(*cpu_varlen(), softcap=30.0)
+    q, k, v = cpu_qkv()
+    with pytest.raises(NotImplementedError, match=r"softcap=30.0 with inputs that require grad"):
+        hattn.flash_attn_func(q.requires_grad_(), k, v, softcap=30.0)
+    args = cpu_varlen()
+    with pytest.raises(NotImplementedError, match=r"flash_attn_varlen_func does not support softcap=2.0 with inputs"):
+        hattn.flash_attn_varlen_func(args[0].requires_grad_(), *args[1:], softcap=2.0)
+    fp8 = [t.to(torch.float8_e4m3fn) for t in cpu_qkv()]
+    with pytest.raises(NotImplementedError, match=r"softcap=5.0 with FP8 inputs"):
+        hattn.flash_attn_func(*fp8, softcap=5.0)
+    for bad, error in ((-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError), ("1", TypeError)):
+        with pytest.raises(error, match=r"softcap: must be"):
+            hattn.attention(*cpu_qkv(), softcap=bad)
 
 
 def test_inputs_that_need_grad_reach_the_op():
@@ -97,7 +118,6 @@ def test_window_size_reaches_the_op():
     "kwargs, words",
     [
         ({"dropout_p": 0.1}, "dropout_p"),
-        ({"softcap": 30.0}, "softcap"),
         ({"alibi_slopes": torch.zeros(2)}, "alibi_slopes"),
         ({"return_attn_probs": True}, r"return_attn_probs=True \(use hattn.attention_varlen"),
         ({"block_table": torch.zeros(2, 4, dtype=torch.int32)}, r"block_table \(no paged KV with a variable-length"),
@@ -259,7 +279,6 @@ def cpu_kvcache(device="cpu"):
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        ({"softcap": 30.0}, r"softcap=30.0"),
         ({"alibi_slopes": torch.zeros(8)}, r"alibi_slopes"),
     ],
 )
@@ -272,11 +291,11 @@ def test_kvcache_unsupported_arguments_are_named(kwargs, words):
 def test_kvcache_names_every_unsupported_argument_and_grad():
     q, _, pages, table = cpu_kvcache()
     with pytest.raises(
-        NotImplementedError, match=r"cache_leftpad with block_table .*softcap=1.0 .*no backward with a KV cache yet"
+        NotImplementedError, match=r"cache_leftpad with block_table .*alibi_slopes .*no backward with a KV cache yet"
     ):
         hattn.flash_attn_with_kvcache(
             q.requires_grad_(), pages, pages, cache_seqlens=10, cache_leftpad=torch.zeros(2, dtype=torch.int32),
-            block_table=table, softcap=1.0,
+            block_table=table, softcap=1.0, alibi_slopes=torch.zeros(8),
         )  # fmt: skip
 
 
@@ -958,3 +977,20 @@ def test_kvcache_append_repeated_layout_reads_the_new_tensors(paged):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     for got, want in zip(args[1:3], fresh_args[1:3]):  # the caches, appended to the same way
         assert torch.equal(got, want)
+
+
+@requires_hopper
+def test_softcap_reaches_hattn():
+    """softcap in the drop-ins is hattn's softcap: the same results as the hattn calls (the
+    capped results themselves are checked against the reference in test_gpu.py)."""
+    q, k, v = make_qkv(2, 100, 300, 8, 2, 128, torch.bfloat16)
+    out = hattn.flash_attn_func(q, k, v, causal=True, softcap=4.0)
+    torch.testing.assert_close(out, hattn.attention(q, k, v, causal=True, softcap=4.0), rtol=0, atol=0)
+    assert not torch.equal(out, hattn.attention(q, k, v, causal=True))
+    q, k_pages, v_pages, table, _, _, seqlens = gpu_kvcache([0, 1, 300, 129, 512])
+    out = hattn.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table, softcap=2.0)
+    expect = hattn.attention_paged(q, k_pages, v_pages, table, seqlens, softcap=2.0)
+    torch.testing.assert_close(out, expect, rtol=0, atol=0)
+    args = gpu_varlen([300, 0, 129], [200, 50, 400])
+    out = hattn.flash_attn_varlen_func(*args, causal=True, softcap=3.0)
+    torch.testing.assert_close(out, hattn.attention_varlen(*args, causal=True, softcap=3.0), rtol=0, atol=0)

@@ -33,7 +33,7 @@ def run(q, k, v, kernel, causal=False, softmax_scale=None, window=(-1, -1)):
     return out, lse
 
 
-def check(q, k, v, out, lse, causal=False, softmax_scale=None, window=(-1, -1)):
+def check(q, k, v, out, lse, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
     """out and lse against the fp64 reference, within twice the error of plain same-dtype torch."""
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     batch, seqlen_q, heads_q, _ = q.shape
@@ -41,8 +41,8 @@ def check(q, k, v, out, lse, causal=False, softmax_scale=None, window=(-1, -1)):
     assert not torch.isnan(out).any(), "NaN in out"
     assert not torch.isnan(lse).any(), "NaN in lse"
 
-    ref_out, ref_lse = attention_ref(q, k, v, causal, softmax_scale, upcast=True, window=window)
-    naive_out, naive_lse = attention_ref(q, k, v, causal, softmax_scale, upcast=False, window=window)
+    ref_out, ref_lse = attention_ref(q, k, v, causal, softmax_scale, upcast=True, window=window, softcap=softcap)
+    naive_out, naive_lse = attention_ref(q, k, v, causal, softmax_scale, upcast=False, window=window, softcap=softcap)
     err = (out.double() - ref_out).abs().max().item()
     bound = error_bound(ref_out, naive_out, q.dtype)
     assert err <= bound, f"out: max error {err:.3e} > bound {bound:.3e} (naive {q.dtype} error x2 + atol)"
@@ -107,6 +107,31 @@ def test_sliding_window(seqlen_q, seqlen_k, head_dim, causal, window):
     """window_size on the final kernel ("auto"); the lineage kernels refuse it (test_cpu.py)."""
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, torch.bfloat16)
     check(q, k, v, *run(q, k, v, "auto", causal, window=window), causal=causal, window=window)
+
+
+@pytest.mark.parametrize(
+    "seqlen_q, seqlen_k, head_dim, causal, window, softcap",
+    [
+        (300, 300, 128, False, (-1, -1), 1.5),  # a cap inside the scores' range
+        (257, 700, 64, True, (-1, -1), 30.0),  # a cap far outside it: nearly no change
+        (200, 500, 256, True, (90, 0), 3.0),
+        (2000, 2000, 128, False, (-1, -1), 2.0),  # long enough for the wide tiles
+        (1, 4000, 128, False, (-1, -1), 5.0),  # decoding: split-KV and GQA packing
+    ],
+)
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_softcap(dtype, seqlen_q, seqlen_k, head_dim, causal, window, softcap):
+    """softcap on the final kernel ("auto"), against the capped fp64 reference; the lineage
+    kernels and the backward refuse it."""
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 8, 2, head_dim, DTYPES[dtype])
+    out, lse = hattn.attention(q, k, v, causal=causal, return_lse=True, window_size=window, softcap=softcap)
+    torch.cuda.synchronize()
+    check(q, k, v, out, lse, causal=causal, window=window, softcap=softcap)
+    with pytest.raises(NotImplementedError, match=r"no softcap"):
+        hattn.attention(q, k, v, softcap=softcap, kernel=hattn.kernels()[-2].name)
+    q.requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"no backward with softcap yet"):
+        hattn.attention(q, k, v, causal=causal, softcap=softcap).sum().backward()
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

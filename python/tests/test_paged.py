@@ -58,7 +58,7 @@ def test_op_schemas():
     args = (
         "Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seqlens_k, bool causal, "
         "float? softmax_scale, str kernel, bool return_lse, SymInt window_left=-1, SymInt window_right=-1, "
-        "SymInt num_splits=0, Tensor? kv_batch_idx=None"
+        "SymInt num_splits=0, Tensor? kv_batch_idx=None, float softcap=0."
     )
     assert schema == f"hattn::attention_paged_fwd({args}) -> (Tensor, Tensor)"
     # attention_fwd gained its new arguments at the end: positional callers keep working.
@@ -66,7 +66,7 @@ def test_op_schemas():
     args = (
         "Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str kernel, bool return_lse, "
         "SymInt window_left=-1, SymInt window_right=-1, Tensor? seqlens_k=None, SymInt num_splits=0, "
-        "Tensor? kv_batch_idx=None, Tensor? leftpad_k=None"
+        "Tensor? kv_batch_idx=None, Tensor? leftpad_k=None, float softcap=0."
     )
     assert schema == f"hattn::attention_fwd({args}) -> (Tensor, Tensor)"
 

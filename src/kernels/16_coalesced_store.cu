@@ -125,6 +125,14 @@ constexpr float kFp8PLog2 = 8.f;
 constexpr int kSwizzleBytes = 128;  // one row of a 64-column block
 constexpr int kAtomBytes = 1024;    // 8 rows x 128 bytes: the swizzle pattern's period
 
+// tanh(x) = 1 - 2 / (e^(2x) + 1) for softcapping, from MUFU.EX2 and a fast division: within a
+// few 1e-7 of tanh everywhere (+-1 at +-inf), where tanh.approx.f32's relative error of 2^-11
+// would move a score of the softcap's size by 2^-11 of it, far more than an fp32 softmax does.
+__device__ __forceinline__ float tanh_from_ex2(float x) {
+  const float e2x = ptx::ex2_approx_ftz_f32(x * (2.f * kLog2e));
+  return 1.f - __fdividef(2.f, e2x + 1.f);
+}
+
 // Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
 // 128B-swizzled.
 template <typename T, int D, bool kWide, int kNumConsumers>
@@ -221,7 +229,7 @@ struct WorkList {
 // step's own tile loop (the causal mask or none, with no window or sequence arithmetic):
 //   kRuntimeBounds: each item reads its sequence's bounds at run time: a variable-length
 //            batch, keys in use (seqlens_k), left padding, cache entries, a paged cache,
-//            split-KV parts.
+//            split-KV parts. These kernels also run softcapping (with two consumers).
 //   kWindow: a sliding window, whose edges bound the sweeps and masks. Its kernels also take
 //            run-time bounds (kWindow implies kRuntimeBounds), so three of the four
 //            combinations are compiled.
@@ -599,6 +607,16 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       if (lane == 0) {
         ptx::mbarrier_arrive(&smem.k_empty[stage]);                 // S(t) has read K(t)
         if (tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);  // the item's last S has read our Q rows
+      }
+
+      if constexpr (kRuntimeBounds && kNumConsumers == 2) {
+        // Softcapping: s -> tanh(s scale / softcap) (the exponent's scale is then the softcap),
+        // before the mask, whose -inf must stay -inf. Two consumers only: in the three
+        // consumers' registers (D = 64) the loop would spill; launch() keeps softcap off them.
+        if (p.softcap_scale > 0.f) {
+#pragma unroll
+          for (int i = 0; i < kNTiles * 4; ++i) s[i] = tanh_from_ex2(s[i] * p.softcap_scale);
+        }
       }
 
       // Masked entries to -inf (only tiles crossing Sk or an edge of the mask: the diagonal
@@ -1172,10 +1190,10 @@ Status supports(const AttentionProblem& problem) {
     if (problem.head_dim != 64 && problem.head_dim != 128)
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run at head_dim 64 and 128; got " +
                                              std::to_string(problem.head_dim)};
-    if (problem.has_window() || problem.has_sequence_bounds())
+    if (problem.has_window() || problem.has_sequence_bounds() || problem.softcap > 0.f)
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run dense batches only: no sliding "
                                                               "window, cu_seqlens, seqlens_k, block_table, "
-                                                              "kv_batch_idx or leftpad_k"};
+                                                              "kv_batch_idx, leftpad_k or softcap"};
     if (problem.seqlen_k > (1 << 30))  // V^T's copy pads the keys to a multiple of 128 in an int
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs take seqlen_k up to 2^30; got " +
                                              std::to_string(problem.seqlen_k)};
@@ -1230,7 +1248,7 @@ struct TileChoice {
   double mean_keys = 0;    // keys per query block, on average
   bool wide = false;       // the wide K/V tiles (D = 128, 256)
   bool window = false;     // the window's kernels
-  bool dense = false;      // no window, sequence bounds or GQA packing: the kernels without run-time bounds
+  bool dense = false;      // no window, sequence bounds, GQA packing or softcap: the kernels without run-time bounds
   bool three = false;      // three consumers (D = 64)
   int sms = 0;
 };
@@ -1243,10 +1261,13 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   c->mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c->params.pack_shift, problem.seqlen_q,
                                      problem.seqlen_k, problem.causal, c->params.window_left, c->params.window_right);
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
-  c->dense = !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0;
+  c->dense =
+      !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0 && problem.softcap == 0.f;
   c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim, c->dense);
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
-  c->three = !(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys;
+  // Softcapping runs in the two-consumer kernels only.
+  c->three =
+      (!(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys) && problem.softcap == 0.f;
   c->sms = sm_count();
   if (c->sms <= 0)
     return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
@@ -1369,7 +1390,8 @@ Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
 const KernelEntry& kernel_16_coalesced_store() {
   static const KernelEntry entry{kName, "O stored from registers in 16-byte pieces after a transpose across each quad (D = 256, wide D = 128)",
                                  supports, launch, /*supports_window=*/true, /*supports_varlen=*/true,
-                                 /*supports_paged=*/true, /*supports_fp8=*/true, workspace_bytes};
+                                 /*supports_paged=*/true, /*supports_fp8=*/true, workspace_bytes,
+                                 /*supports_softcap=*/true};
   return entry;
 }
 
