@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,7 @@ struct Config {
   int num_splits = 0;   // split-KV parts (AttentionProblem::num_splits): 0 automatic, 1 off
   int page_size = 0;    // > 0: K and V in a paged cache of such pages (every key in use)
   int gqa = 1;          // query heads per K/V head
+  float softcap = 0.f;  // AttentionProblem::softcap on every shape; 0: off
   std::optional<bool> pack_gqa;  // AttentionProblem::pack_gqa; empty: automatic
   bool backward = false;         // time hattn::backward instead of the forward kernels
   DType dtype = DType::bf16;
@@ -71,6 +73,7 @@ void usage() {
       "  --page-size N       K and V in a paged cache of N-key pages, shuffled (final kernel only)\n"
       "  --gqa R             R query heads per K/V head (default 1; must divide the heads)\n"
       "  --pack-gqa on|off   force GQA packing (default: automatic; final kernel only)\n"
+      "  --softcap C         cap the scores at C * tanh(s / C) (final kernel, forward only)\n"
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
       "                      sampled rows of dq are checked against the fp64 reference; --kernels\n"
       "                      then names backward kernels (default: auto); with --varlen too\n"
@@ -142,7 +145,8 @@ int parse(int argc, char** argv, Config* c) {
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
                a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--settle" ||
                a == "--check-rows" || a == "--csv" || a == "--commit" || a == "--window" || a == "--varlen" ||
-               a == "--seqlen-q" || a == "--num-splits" || a == "--page-size" || a == "--gqa" || a == "--pack-gqa") {
+               a == "--seqlen-q" || a == "--num-splits" || a == "--page-size" || a == "--gqa" || a == "--pack-gqa" ||
+               a == "--softcap") {
       if (!(v = value(a.c_str()))) return 2;
       const std::string s = v;
       bool ok = true;
@@ -192,6 +196,10 @@ int parse(int argc, char** argv, Config* c) {
         c->csv = s;
       } else if (a == "--commit") {
         c->commit = s;
+      } else if (a == "--softcap") {
+        char* end = nullptr;
+        c->softcap = std::strtof(s.c_str(), &end);
+        ok = *end == '\0' && c->softcap > 0 && std::isfinite(c->softcap);
       } else if (a == "--settle") {
         char* end = nullptr;
         c->settle_seconds = std::strtod(s.c_str(), &end);
@@ -228,6 +236,10 @@ int parse(int argc, char** argv, Config* c) {
   }
   if (c->backward && c->settle_seconds > 0) {  // its CSV column would claim a settle that did not happen
     std::fprintf(stderr, "hattn-bench: --settle applies to the forward only, not with --backward\n");
+    return 2;
+  }
+  if (c->backward && c->softcap > 0) {  // the backward has no softcapping
+    std::fprintf(stderr, "hattn-bench: --softcap applies to the forward only, not with --backward\n");
     return 2;
   }
   if (c->backward && c->page_size > 0) {  // the backward takes no paged cache
@@ -518,6 +530,7 @@ std::vector<Shape> grid(const Config& cfg) {
         if (cfg.seqlen_q > 0) sh.seqlen_q = cfg.seqlen_q;
         sh.num_splits = cfg.num_splits;
         sh.pack_gqa = cfg.pack_gqa;
+        sh.softcap = cfg.softcap;
         if (cfg.page_size > 0) {
           sh.page_size = cfg.page_size;
           sh.seqlens_k_used.assign(size_t(sh.batch), s);
@@ -606,7 +619,8 @@ int main(int argc, char** argv) {
            "heads_kv,reps,ms,tflops,pct_gemm,max_err,err_budget,check,gbps"
         << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "")
         << (cfg.num_splits != 0 ? ",num_splits" : "") << (cfg.pack_gqa.has_value() ? ",pack_gqa" : "")
-        << (cfg.settle_seconds > 0 ? ",settle_s" : "") << '\n';
+        << (cfg.settle_seconds > 0 ? ",settle_s" : "") << (cfg.softcap > 0 ? ",softcap" : "")
+        << '\n';
   }
 
   harness::DeviceBuffer flush;
@@ -691,6 +705,7 @@ int main(int argc, char** argv) {
         if (cfg.num_splits != 0) csv << ',' << cfg.num_splits;
         if (cfg.pack_gqa.has_value()) csv << ',' << (*cfg.pack_gqa ? "on" : "off");
         if (cfg.settle_seconds > 0) csv << ',' << cfg.settle_seconds;
+        if (cfg.softcap > 0) csv << ',' << cfg.softcap;
         csv << '\n' << std::flush;
       }
       rows.push_back(row);
