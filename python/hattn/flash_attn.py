@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .ops import (
     _FP8_DTYPE, _PAGED_NAMES, _check_block_table, _check_device, _check_inputs, _check_seqlens_k, _needs_grad,
@@ -243,13 +244,14 @@ def _kvcache_key(
 ) -> Optional[tuple]:  # fmt: skip
     """The call's layout: its tensors' shapes, strides, dtypes, devices and alignments and its
     flags, what every check of _check_kvcache_call depends on; None for arguments no layout
-    describes (a non-tensor where a tensor goes, a window that is no sequence) and while
-    torch.compile traces the call (which runs the checks once, when it traces)."""
-    if torch.compiler.is_compiling():
+    describes (a non-tensor where a tensor goes, a window that is no sequence), and for calls
+    that are traced rather than run (torch.compile, a dispatch mode such as fake tensors, tensor
+    subclasses): those run every check, as their first call would."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return None
     seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx, cache_leftpad, block_table)
-    if not all(t is None or isinstance(t, torch.Tensor) for t in tensors) or not isinstance(window_size, (tuple, list)):
+    if not all(t is None or type(t) is torch.Tensor for t in tensors) or not isinstance(window_size, (tuple, list)):
         return None
     flags = (
         "kvcache", type(cache_seqlens).__name__, bool(causal), tuple(window_size), softmax_scale, num_splits,
