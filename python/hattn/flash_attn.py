@@ -95,8 +95,9 @@ def flash_attn_func(
     grad are refused). No sliding window then: window_size must be (-1, -1), or (-1, 0), which
     is the causal mask. Descales with bf16/fp16 inputs raise ValueError.
     """
-    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention", _needs_grad(q, k, v))
-    if deterministic and _needs_grad(q, k, v):
+    needs_grad = _needs_grad(q, k, v)
+    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention", needs_grad)
+    if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
         )
@@ -149,10 +150,9 @@ def flash_attn_varlen_func(
     beyond those and softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
     """
-    unsupported = _unsupported(
-        dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen", _needs_grad(q, k, v)
-    )  # fmt: skip
-    if deterministic and _needs_grad(q, k, v):
+    needs_grad = _needs_grad(q, k, v)
+    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen", needs_grad)
+    if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
         )
@@ -234,7 +234,7 @@ def _check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, capacity: int) -> Non
 
 # Layouts of flash_attn_with_kvcache calls whose checks passed (_kvcache_key): a decoding loop's
 # later calls skip them, as the ops skip theirs for a launch they remember (ops._launch_key).
-_CHECKED: dict = {}
+_CHECKED: set = set()
 _MAX_CHECKED = 256
 
 
@@ -358,8 +358,7 @@ def flash_attn_with_kvcache(
 
     softcap caps the scores as in hattn.attention. alibi_slopes, cache_leftpad with block_table
     and inputs that require grad (no backward with a KV cache yet) raise NotImplementedError
-    naming them. Unused cache rows may
-    hold anything (see hattn.attention_paged).
+    naming them. Unused cache rows may hold anything (see hattn.attention_paged).
     """
     unsupported = []
     if cache_leftpad is not None and block_table is not None:
@@ -385,7 +384,7 @@ def flash_attn_with_kvcache(
         if key is not None:
             if len(_CHECKED) >= _MAX_CHECKED:
                 _CHECKED.clear()
-            _CHECKED[key] = True
+            _CHECKED.add(key)
     if appending:
         if rotary_cos is not None:  # the kernel reads the tables in q's dtype, rows contiguous
             rotary_cos, rotary_sin = (t.to(q.dtype).contiguous() for t in (rotary_cos, rotary_sin))
