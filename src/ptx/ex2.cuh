@@ -1,7 +1,8 @@
-// ex2: the hardware base-2 exponential (the MUFU.EX2 unit).
+// ex2 and rcp: the hardware base-2 exponential and reciprocal (the MUFU unit).
 //
-// PTX ISA: Floating Point Instructions: ex2,
+// PTX ISA: Floating Point Instructions: ex2, rcp.approx,
 // https://docs.nvidia.com/cuda/parallel-thread-execution/#floating-point-instructions-ex2
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#floating-point-instructions-rcp
 //
 // exp2f() without --use_fast_math compiles to the non-.ftz form, which ptxas wraps in three
 // extra instructions (a compare and two multiplies) to produce subnormal results. A softmax
@@ -15,6 +16,14 @@ namespace hattn::ptx {
 __device__ __forceinline__ float ex2_approx_ftz_f32(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 1/x from MUFU.RCP (within 1 ulp); subnormal inputs and results are flushed to zero;
+// rcp(+-inf) = +-0.
+__device__ __forceinline__ float rcp_approx_ftz_f32(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 
