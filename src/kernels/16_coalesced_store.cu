@@ -125,16 +125,6 @@ constexpr float kFp8PLog2 = 8.f;
 constexpr int kSwizzleBytes = 128;  // one row of a 64-column block
 constexpr int kAtomBytes = 1024;    // 8 rows x 128 bytes: the swizzle pattern's period
 
-// Softcapping's score as the softmax takes it: v = (tanh(x) - 1) / 2 = -1 / (e^(2x) + 1), in
-// [-1, 0], from x 2 log2(e) (the caller's factor folds in the 2 log2 e). Softmax and max are blind
-// to the offset: e^(c t) / sum e^(c t) = e^(2c v) / sum e^(2c v); the LSE takes c back. Two MUFU
-// ops (EX2, RCP) and an add; within a few 1e-7 of the exact value everywhere (-1 at -inf, -0 at
-// +inf). tanh.approx.f32 would save one, but its relative error of 2^-11 would move a score of
-// the softcap's size by 2^-11 of it, far more than an fp32 softmax does.
-__device__ __forceinline__ float softcapped_score(float x_2log2e) {
-  return ptx::rcp_approx_ftz_f32(-1.f - ptx::ex2_approx_ftz_f32(x_2log2e));
-}
-
 // Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
 // 128B-swizzled.
 template <typename T, int D, bool kWide, int kNumConsumers>
@@ -612,12 +602,12 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
 
       if constexpr (kRuntimeBounds && kNumConsumers == 2) {
-        // Softcapping: s -> (tanh(s scale / softcap) - 1) / 2 (the exponent's scale is then twice
-        // the softcap), before the mask, whose -inf must stay -inf. Two consumers only: in the
-        // three consumers' registers (D = 64) the loop would spill; launch() keeps softcap off them.
+        // Softcapping: s -> tanh(s scale / softcap) (the exponent's scale is then the softcap),
+        // before the mask, whose -inf must stay -inf. Two consumers only: in the three
+        // consumers' registers (D = 64) the loop would spill; launch() keeps softcap off them.
         if (p.softcap_scale > 0.f) {
 #pragma unroll
-          for (int i = 0; i < kNTiles * 4; ++i) s[i] = softcapped_score(s[i] * p.softcap_scale);
+          for (int i = 0; i < kNTiles * 4; ++i) s[i] = ptx::tanh_approx_f32(s[i] * p.softcap_scale);
         }
       }
 
@@ -749,13 +739,11 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         inv_sum[1] *= v_scale;
       }
     }
-    // Softcapping's scores are tanh's offset by -1/2 (softcapped_score): the LSE takes the softcap back.
-    const float lse_offset = kRuntimeBounds && kNumConsumers == 2 && p.softcap_scale > 0.f ? 0.5f * p.scale : 0.f;
     // A part's row r of the thread (split-KV or a cut tail item): its O, normalized by its own
     // sum, and its LSE, in fp32 at `index` of the partial layout for the combine step; -inf and
     // zeros where the part saw no key. A quad writes 32 contiguous bytes per n8 tile.
     auto store_partial_row = [&](int r, int64_t index) {
-      if (tig == 0) p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) + lse_offset : -INFINITY;
+      if (tig == 0) p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
       float* o_row = p.o_partial + index * D;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt)
@@ -789,7 +777,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
       continue;  // the combine step writes out and lse
     }
-    // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum) (+ lse_offset), max in raw units. [B, Hq, Sq], or
+    // LSE = ln(sum_j e^(scale s_j)) = scale max + ln(sum), max in raw units. [B, Hq, Sq], or
     // [Hq, total_q] in a variable-length batch.
     if (p.lse != nullptr && tig == 0) {
       const bool packed = kRuntimeBounds && p.cu_seqlens_q != nullptr;
@@ -802,7 +790,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         if (row < out_seq.seqlen_q << pack_shift)
           p.lse[index] = row_sum[r] > 0.f
                              ? kFp8 ? row_max[r] * (scale_log2 / kLog2e) + logf(row_sum[r]) - kFp8PLog2 / kLog2e
-                                    : row_max[r] * p.scale + logf(row_sum[r]) + lse_offset
+                                    : row_max[r] * p.scale + logf(row_sum[r])
                              : -INFINITY;
       }
     }

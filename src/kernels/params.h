@@ -21,7 +21,7 @@ struct AttentionParams {
 
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   int heads_per_kv;   // heads_q / heads_kv
-  float scale;        // softmax scale; with softcapping, twice the softcap (see softcap_scale)
+  float scale;        // softmax scale; with softcapping, the softcap (the tanh's outputs' scale)
   bool causal;
   int causal_offset;  // seqlen_k - seqlen_q: query i sees keys j <= i + causal_offset
   // Sliding window (only the final kernel reads these): query i sees keys
@@ -61,9 +61,8 @@ struct AttentionParams {
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;
-  // Softcapping (only the final kernel reads it): scores s become v = (tanh(s scale' / softcap)
-  // - 1) / 2 for the softmax scale' (as -1 / (2^(s softcap_scale) + 1)), with softcap_scale =
-  // 2 log2(e) scale' / softcap, `scale` = 2 softcap, and the softcap added to the LSE; 0 without.
+  // Softcapping (only the final kernel reads it): scores s become tanh(s * softcap_scale), with
+  // softcap_scale = softmax scale / softcap, and `scale` is the softcap; 0 without softcapping.
   float softcap_scale;
 };
 
@@ -93,8 +92,8 @@ inline AttentionParams make_params(const AttentionProblem& p) {
   a.heads_kv = p.heads_kv;
   a.head_dim = p.head_dim;
   a.heads_per_kv = p.heads_q / p.heads_kv;
-  a.scale = p.softcap > 0.f ? 2.f * p.softcap : p.scale();
-  a.softcap_scale = p.softcap > 0.f ? 2.f * 1.4426950408889634f * p.scale() / p.softcap : 0.f;
+  a.scale = p.softcap > 0.f ? p.softcap : p.scale();
+  a.softcap_scale = p.softcap > 0.f ? p.scale() / p.softcap : 0.f;
   a.causal = p.causal;
   a.causal_offset = p.seqlen_k - p.seqlen_q;
   // An edge that binds no row is dropped (-1), which also keeps the kernels' index sums small:
