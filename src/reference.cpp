@@ -175,7 +175,7 @@ namespace {
 
 // Row i's part of the backward: the keys it sees, [first, first + prob.size()), their
 // probabilities and dS = P * (dO V^T - rowsum(dO * O)) * scale (the gradient of the raw score
-// q.k). Empty when the row sees no key.
+// q.k; with softcapping times 1 - tanh^2, the cap's slope). Empty when the row sees no key.
 void backward_row_fp64(const HostProblem& p, const float* dout, const Strides& dout_strides, int b, int h, int i,
                        int* first, std::vector<double>* prob, std::vector<double>* ds) {
   const int D = p.head_dim;
@@ -201,8 +201,14 @@ void backward_row_fp64(const HostProblem& p, const float* dout, const Strides& d
       dot += double(q[d]) * double(k[d]);
       dp += double(d_o[d]) * double(v[d]);
     }
-    (*prob)[j] = std::exp(dot * double(p.scale) - lse);
-    (*ds)[j] = (*prob)[j] * (dp - delta) * double(p.scale);
+    double score = dot * double(p.scale), slope = double(p.scale);  // the score and d score / d(q.k)
+    if (p.softcap > 0.f) {
+      const double t = std::tanh(score / double(p.softcap));
+      score = double(p.softcap) * t;
+      slope *= 1 - t * t;
+    }
+    (*prob)[j] = std::exp(score - lse);
+    (*ds)[j] = (*prob)[j] * (dp - delta) * slope;
   }
 }
 

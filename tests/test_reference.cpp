@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hattn/reference.h"
@@ -216,7 +217,8 @@ TEST(Reference, LowPrecisionEmulationIsCloseButNotExact) {
 
 // The fp64 backward against central differences of L = sum(dout * out) through the fp64
 // forward, for every element of q, k and v: GQA (two query heads per K/V head), a causal mask
-// with Sq > Sk (the first rows see no key: no gradient), and a window.
+// with Sq > Sk (the first rows see no key: no gradient), a window, and softcapping (a cap of
+// 0.5 on scores of about that size: tanh well off its linear part).
 TEST(Reference, BackwardMatchesFiniteDifferences) {
   Tensors t(1, 6, 4, 4, 2);
   std::mt19937 rng(3);
@@ -225,10 +227,11 @@ TEST(Reference, BackwardMatchesFiniteDifferences) {
     for (float& e : *x) e = normal(rng);
   std::vector<float> dout(t.q.size());
   for (float& e : dout) e = normal(rng);
-  for (int window_left : {-1, 1}) {
-    SCOPED_TRACE("window_left=" + std::to_string(window_left));
+  for (const auto& [window_left, softcap] : {std::pair{-1, 0.f}, std::pair{1, 0.f}, std::pair{-1, 0.5f}}) {
+    SCOPED_TRACE("window_left=" + std::to_string(window_left) + " softcap=" + std::to_string(softcap));
     HostProblem p = t.problem(0.2f, true);
     p.window_left = window_left;
+    p.softcap = softcap;
     auto loss = [&] {
       std::vector<double> out, lse;
       attention_fp64(p, &out, &lse);
