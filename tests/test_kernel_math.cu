@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../tools/harness.h"
 #include "gpu_env.h"
 #include "ptx/ex2.cuh"
 
@@ -30,15 +31,13 @@ TEST(TanhApprox, WithinTheH200sErrorOnTheGpu) {
     x.push_back(-v);
   }
   const int n = int(x.size());
-  float *dx = nullptr, *dy = nullptr;
-  ASSERT_EQ(cudaMalloc(&dx, n * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(&dy, n * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  tanh_approx_kernel<<<(n + 255) / 256, 256>>>(dx, dy, n);
+  harness::DeviceBuffer dx, dy;  // freed on every path, an early ASSERT's included
+  ASSERT_TRUE(dx.allocate(n * sizeof(float)).ok());
+  ASSERT_TRUE(dy.allocate(n * sizeof(float)).ok());
+  ASSERT_EQ(cudaMemcpy(dx.get(), x.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  tanh_approx_kernel<<<(n + 255) / 256, 256>>>(static_cast<const float*>(dx.get()), static_cast<float*>(dy.get()), n);
   std::vector<float> y(n);
-  ASSERT_EQ(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  cudaFree(dx);
-  cudaFree(dy);
+  ASSERT_EQ(cudaMemcpy(y.data(), dy.get(), n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   double worst_abs = 0, worst_rel = 0;
   for (int i = 0; i < n; ++i) {
     const double exact = std::tanh(double(x[i]));
