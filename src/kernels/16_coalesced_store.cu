@@ -603,8 +603,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
 
       if constexpr (kRuntimeBounds && kNumConsumers == 2) {
         // Softcapping: s -> tanh(s scale / softcap) (the exponent's scale is then the softcap),
-        // before the mask, whose -inf must stay -inf. Two consumers only: in the three
-        // consumers' registers (D = 64) the loop would spill; launch() keeps softcap off them.
+        // before the mask, whose -inf must stay -inf. Two consumers only (launch() keeps softcap
+        // off three): the earlier tanh forms spilt in the three consumers' registers (D = 64);
+        // tanh.approx does not, but that pairing is not yet timed.
         if (p.softcap_scale > 0.f) {
 #pragma unroll
           for (int i = 0; i < kNTiles * 4; ++i) s[i] = ptx::tanh_approx_f32(s[i] * p.softcap_scale);
