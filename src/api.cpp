@@ -447,7 +447,6 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   const AttentionProblem& p = problem.forward;
   if (p.dtype == DType::e4m3)
     return {StatusCode::not_supported, "backward: dtype e4m3 is forward-only; the backward takes bf16 or fp16"};
-  if (p.softcap > 0.f) return {StatusCode::not_supported, "backward: no softcap yet (the forward has it)"};
   // A variable-length batch (cu_seqlens) is fine; keys in use and pages are not there yet.
   if (p.seqlens_k != nullptr || p.is_paged() || p.kv_batch_idx != nullptr || p.leftpad_k != nullptr)
     return {StatusCode::not_supported,
@@ -456,10 +455,16 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   // "auto", as for the forward: the newest kernel that supports the problem (up to D = 128
   // bwd_15, dense or variable-length; at D = 256 bwd_12 for a dense batch, bwd_10 for a
   // variable-length one).
+  // Softcapping: only the kernels that say so (each kernel's supports() does not ask).
+  auto supports = [&](const BackwardKernel* k) -> Status {
+    if (p.softcap > 0.f && !k->supports_softcap)
+      return {StatusCode::not_supported, std::string(k->name) + ": no softcap (bwd_15_tma_sums has it, D <= 128)"};
+    return k->supports(problem);
+  };
   if (name == "auto") {
     std::string reasons;
     for (const BackwardKernel* k : backward_kernels()) {
-      const Status why = k->supports(problem);
+      const Status why = supports(k);
       if (why.ok())
         *out = k;
       else
@@ -476,7 +481,7 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
     for (const std::string& n : backward_kernel_names()) known += ", " + n;
     return invalid("kernel: unknown backward kernel '" + name + "' (known: " + known + ")");
   }
-  return (*out)->supports(problem);
+  return supports(*out);
 }
 }  // namespace
 

@@ -230,11 +230,26 @@ TEST(BackwardValidation, VarlenRefusals) {
   Status s = backward(b);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
-  b = valid_backward();  // softcapping: forward only
+  // Softcapping: bwd_15 only (D <= 128); every other kernel is refused it by name.
+  b = valid_backward();
   b.forward.softcap = 30.f;
-  s = backward(b);
+  std::string resolved;
+  s = resolve_backward_kernel(b, "auto", &resolved);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(resolved, "bwd_15_tma_sums");
+  for (const std::string& name : backward_kernel_names()) {
+    if (name == "bwd_15_tma_sums") continue;
+    s = resolve_backward_kernel(b, name, &resolved);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << name << ": " << s.to_string();
+    EXPECT_NE(s.message().find(name + ": no softcap"), std::string::npos) << s.message();
+  }
+  b.forward.head_dim = 256;
+  b.forward.q_strides = b.forward.out_strides = b.dout_strides = b.dq_strides = contiguous_bshd(100, 4, 256);
+  b.forward.k_strides = b.forward.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
+  ASSERT_TRUE(validate_backward_arguments(b).ok()) << validate_backward_arguments(b).to_string();
+  s = resolve_backward_kernel(b, "auto", &resolved);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
-  EXPECT_NE(s.message().find("softcap"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("no softcap"), std::string::npos) << s.message();
   // Cache entries and left padding likewise.
   for (bool entries : {true, false}) {
     b = valid_backward();
@@ -335,6 +350,7 @@ struct Case {
   int window_left;
   DType dtype;
   bool padded;  // dq, dk and dv with gaps between rows and heads
+  float softcap = 0.f;
 };
 
 std::string describe(const Case& c) {
@@ -342,7 +358,8 @@ std::string describe(const Case& c) {
          " Hq=" + std::to_string(c.heads_q) + " Hkv=" + std::to_string(c.heads_kv) + " D=" +
          std::to_string(c.head_dim) + (c.causal ? " causal" : "") +
          (c.window_left >= 0 ? " window_left=" + std::to_string(c.window_left) : "") +
-         (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "");
+         (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "") +
+         (c.softcap > 0.f ? " softcap=" + std::to_string(c.softcap) : "");
 }
 
 // Compares a gradient on the GPU ([entries, rows, heads, D] at `strides`, in `dtype`) with the
@@ -454,6 +471,7 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   h.scale = 1.f / std::sqrt(float(D));
   h.causal = c.causal;
   h.window_left = c.window_left;
+  h.softcap = c.softcap;
   std::vector<double> out, lse, dq_ref, dk_ref, dv_ref;
   ref::attention_fp64(h, &out, &lse);
   ref::attention_backward_fp64(h, dout.values.data(), h.q_strides, &dq_ref, &dk_ref, &dv_ref);
@@ -487,6 +505,7 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   p.head_dim = D;
   p.causal = c.causal;
   p.window_left = c.window_left;
+  p.softcap = c.softcap;
   d.point(&b, h.q_strides, h.k_strides, dq_strides, dk_strides);
   Options options;
   options.kernel = kernel;
@@ -522,7 +541,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 100, 300, 2, 2, 64, false, 30, bf, true},     // keys 0-169 seen by no query: dK, dV 0
                       Case{2, 64, 256, 4, 4, 128, false, 20, fp, false},    // the same at D = 128, whole blocks
                       Case{2, 300, 260, 4, 2, 256, true, -1, bf, true},     // D = 256: causal, GQA, tails
-                      Case{1, 640, 512, 2, 2, 256, false, -1, fp, false})),  // D = 256: 10 query blocks
+                      Case{1, 640, 512, 2, 2, 256, false, -1, fp, false},   // D = 256: 10 query blocks
+                      // Softcapping (bwd_15 only; caps near the scores' size, where tanh bends)
+                      Case{2, 37, 53, 4, 2, 64, false, -1, bf, false, 2.f},   // tails, GQA
+                      Case{1, 200, 300, 4, 2, 128, true, -1, fp, true, 1.5f},  // causal, padded gradients
+                      Case{1, 192, 256, 2, 1, 64, false, 70, bf, false, 3.f},  // a window, MQA
+                      Case{1, 700, 650, 2, 1, 128, false, -1, bf, false, 30.f})),  // a loose cap, ring wraps
     [](const ::testing::TestParamInfo<std::tuple<std::string, Case>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });
@@ -543,6 +567,7 @@ struct VarlenCase {
   DType dtype;
   bool padded;  // dq, dk and dv with gaps between rows and heads
   int nan_sequence = -1;
+  float softcap = 0.f;
 };
 
 std::string describe(const VarlenCase& c) {
@@ -553,7 +578,8 @@ std::string describe(const VarlenCase& c) {
          " D=" + std::to_string(c.head_dim) + (c.causal ? " causal" : "") +
          (c.window_left >= 0 ? " window_left=" + std::to_string(c.window_left) : "") +
          (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "") +
-         (c.nan_sequence >= 0 ? " NaN in sequence " + std::to_string(c.nan_sequence) : "");
+         (c.nan_sequence >= 0 ? " NaN in sequence " + std::to_string(c.nan_sequence) : "") +
+         (c.softcap > 0.f ? " softcap=" + std::to_string(c.softcap) : "");
 }
 
 class BackwardVarlenTest : public ::testing::TestWithParam<std::tuple<std::string, VarlenCase>> {};
@@ -616,6 +642,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
     h.scale = 1.f / std::sqrt(float(D));
     h.causal = c.causal;
     h.window_left = c.window_left;
+    h.softcap = c.softcap;
     std::vector<double> out, lse, dq, dk, dv;
     ref::attention_fp64(h, &out, &lse);  // [1, sq, Hq, D], [1, Hq, sq]
     ref::attention_backward_fp64(h, dout.values.data() + size_t(cu_q[b]) * Hq * D, q_strides, &dq, &dk, &dv);
@@ -661,6 +688,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   p.head_dim = D;
   p.causal = c.causal;
   p.window_left = c.window_left;
+  p.softcap = c.softcap;
   p.cu_seqlens_q = static_cast<const int32_t*>(d_cu_q.get());
   p.cu_seqlens_k = static_cast<const int32_t*>(d_cu_k.get());
   p.total_q = total_q;
@@ -716,7 +744,10 @@ INSTANTIATE_TEST_SUITE_P(
             // and key boxes run into sequence 1's rows), at each head dim; GQA 2 at D = 128.
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 64, false, -1, bf, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 4, 2, 128, true, -1, fp, false, 0},
-            VarlenCase{{70, 90}, {90, 70}, 2, 2, 256, false, -1, bf, false, 0})),
+            VarlenCase{{70, 90}, {90, 70}, 2, 2, 256, false, -1, bf, false, 0},
+            // Softcapping (bwd_15 only): causal with a sequence without keys; a window.
+            VarlenCase{{60, 50, 40}, {60, 0, 45}, 4, 2, 64, true, -1, bf, false, -1, 2.f},
+            VarlenCase{{130, 8, 500}, {200, 700, 9}, 2, 1, 128, false, 40, fp, true, -1, 1.5f})),
     [](const ::testing::TestParamInfo<std::tuple<std::string, VarlenCase>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });

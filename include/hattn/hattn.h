@@ -90,7 +90,8 @@ struct AttentionProblem {
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   // Softcapping (FlashAttention's softcap, as in Gemma 2): with softcap > 0 each score
   // scale * q.k becomes softcap * tanh(scale * q.k / softcap) before the mask and the softmax,
-  // which bounds it to (-softcap, softcap); 0 turns it off. Only the final kernel, forward only.
+  // which bounds it to (-softcap, softcap); 0 turns it off. Only the final kernel; the backward
+  // only in bwd_15_tma_sums (head_dim <= 128).
   float softcap = 0.f;
   // Causal mask aligned to the bottom-right corner: query i sees key j iff
   // j <= i + (seqlen_k - seqlen_q). Rows that see no key get output 0 and LSE -inf.

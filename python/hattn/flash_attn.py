@@ -14,10 +14,10 @@ fewer K/V heads, window_size=(left, right) is a sliding window aligned the same 
 default scale is 1/sqrt(D). flash_attn_func and flash_attn_varlen_func are differentiable
 (hattn.attention's and hattn.attention_varlen's backward: dq, dk and dv); the KV-cache function
 is forward only, and appends new keys and values to the cache (with rotary embedding) as
-FlashAttention does; softcap works in all three, forward only. What hattn does not have
-(dropout, gradients with softcapping, ALiBi, the attention probabilities, a deterministic
-backward, gradients through the KV-cache function, paged KV with varlen, left padding of a
-paged cache) raises NotImplementedError naming the argument.
+FlashAttention does; softcap works in all three (with gradients up to D = 128). What hattn
+does not have (dropout, gradients with softcapping at D = 256, ALiBi, the attention
+probabilities, a deterministic backward, gradients through the KV-cache function, paged KV with
+varlen, left padding of a paged cache) raises NotImplementedError naming the argument.
 Nothing falls back to another library.
 
 flash_attn_func also takes FlashAttention-3's FP8 call: float8_e4m3fn q, k, v with the keywords
@@ -39,15 +39,19 @@ from .ops import (
 
 
 def _unsupported(
-    dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str, needs_grad: bool = False
+    dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str, needs_grad: bool = False, head_dim: int = 0
 ) -> List[str]:
     """What a call asks for that hattn lacks, one entry per argument; lse_from: the hattn function
-    that has the LSE; needs_grad: whether autograd records the call (softcapping is forward only)."""
+    that has the LSE; needs_grad: whether autograd records the call (the backward has softcapping
+    up to D = 128)."""
     unsupported = []
     if dropout_p != 0.0:
         unsupported.append(f"dropout_p={dropout_p} (no dropout)")
-    if softcap != 0.0 and needs_grad:
-        unsupported.append(f"softcap={softcap} with inputs that require grad (no backward with softcapping yet)")
+    if softcap != 0.0 and needs_grad and head_dim > 128:
+        unsupported.append(
+            f"softcap={softcap} with inputs that require grad at head dim {head_dim} (the backward has softcapping "
+            "up to 128)"
+        )
     if alibi_slopes is not None:
         unsupported.append("alibi_slopes (no ALiBi)")
     if return_attn_probs:
@@ -84,8 +88,8 @@ def flash_attn_func(
     Differentiable like hattn.attention: with q, k or v requiring grad, backward gives dq, dk
     and dv. hattn's forward is deterministic, its backward is not (it sums dq, dk and dv in fp32
     with atomic adds), so deterministic=True is accepted without gradients and refused with
-    them. softcap (> 0: scores capped at softcap * tanh(s / softcap)) runs without gradients;
-    with inputs that require grad it is refused (no backward with softcapping yet). Everything
+    them. softcap (> 0: scores capped at softcap * tanh(s / softcap)) runs with gradients up to
+    D = 128; at D = 256 inputs that require grad are refused with it. Everything
     else beyond q, k, v, softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
 
@@ -96,7 +100,9 @@ def flash_attn_func(
     is the causal mask. Descales with bf16/fp16 inputs raise ValueError.
     """
     needs_grad = _needs_grad(q, k, v)
-    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention", needs_grad)
+    unsupported = _unsupported(
+        dropout_p, softcap, alibi_slopes, return_attn_probs, "attention", needs_grad, q.shape[-1]
+    )  # fmt: skip
     if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
@@ -146,12 +152,14 @@ def flash_attn_varlen_func(
     not read on the host: they are the caller's promise, as in FlashAttention. Differentiable
     like hattn.attention_varlen: with q, k or v requiring grad, backward gives dq, dk and dv;
     deterministic=True is accepted without gradients and refused with them (the backward sums
-    with atomic adds). softcap runs without gradients, as in flash_attn_func. Everything else
+    with atomic adds). softcap runs as in flash_attn_func. Everything else
     beyond those and softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
     """
     needs_grad = _needs_grad(q, k, v)
-    unsupported = _unsupported(dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen", needs_grad)
+    unsupported = _unsupported(
+        dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen", needs_grad, q.shape[-1]
+    )  # fmt: skip
     if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"

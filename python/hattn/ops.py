@@ -570,6 +570,7 @@ def attention_bwd(
     softmax_scale: Optional[float],
     window_left: int = -1,
     window_right: int = -1,
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hattn::attention_bwd: (dq, dk, dv) of hattn::attention_fwd's q, k, v given dL/d out, from the
     forward's out and lse (dense batches; dk and dv sum over a K/V head's query heads)."""
@@ -579,14 +580,16 @@ def attention_bwd(
     lse = lse.contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     with torch.cuda.device(q.device):
-        kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, "auto", (window_left, window_right))
+        kwargs = _problem_kwargs(
+            q, k, v, out, lse, causal, softmax_scale, "auto", (window_left, window_right), softcap=softcap
+        )  # fmt: skip
         grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
         _C.backward(**kwargs, grads=grads, stream=torch.cuda.current_stream(q.device).cuda_stream)
     return dq, dk, dv
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1):
+def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1, softcap=0.0):
     _check_inputs(q, k, v, "auto")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -622,10 +625,10 @@ def _attention_fwd_backward(ctx, dout, dlse):
         return (None,) * 14
     if ctx.has_cache:
         raise NotImplementedError("hattn: no backward with seqlens_k, kv_batch_idx or leftpad_k (a KV cache) yet")
-    if ctx.softcap:
-        raise NotImplementedError("hattn: no backward with softcap yet (the forward has it)")
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.hattn.attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window)
+    dq, dk, dv = torch.ops.hattn.attention_bwd(
+        dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window, ctx.softcap
+    )  # fmt: skip
     return (dq, dk, dv) + (None,) * 11
 
 
@@ -691,8 +694,8 @@ def attention(
         softcap: > 0 caps the scores (FlashAttention's softcap, as in Gemma 2): each score
             s = scale * q.k becomes softcap * tanh(s / softcap) before the mask and softmax; the
             LSE is that of the capped scores. 0 (the default) leaves them as they are. Final
-            kernel only, and no backward yet (inputs that require grad raise NotImplementedError
-            in the backward).
+            kernel only; the backward has it up to D = 128 (at D = 256 it raises
+            NotImplementedError).
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -792,6 +795,7 @@ def attention_varlen_bwd(
     softmax_scale: Optional[float],
     window_left: int = -1,
     window_right: int = -1,
+    softcap: float = 0.0,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hattn::attention_varlen_bwd: (dq [total_q, Hq, D], dk, dv [total_k, Hkv, D]) of
     hattn::attention_varlen_fwd's q, k, v given dL/d out, from the forward's out and lse [Hq, total_q]
@@ -804,7 +808,9 @@ def attention_varlen_bwd(
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     with torch.cuda.device(q.device):
-        kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, "auto", (window_left, window_right), varlen)
+        kwargs = _problem_kwargs(
+            q, k, v, out, lse, causal, softmax_scale, "auto", (window_left, window_right), varlen, softcap=softcap
+        )  # fmt: skip
         grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
         _C.backward(**kwargs, grads=grads, stream=torch.cuda.current_stream(q.device).cuda_stream)
     return dq, dk, dv
@@ -813,7 +819,7 @@ def attention_varlen_bwd(
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(
     dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-    window_left=-1, window_right=-1,
+    window_left=-1, window_right=-1, softcap=0.0,
 ):  # fmt: skip
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, "auto")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -833,12 +839,10 @@ def _attention_varlen_fwd_setup_context(ctx, inputs, output) -> None:
 def _attention_varlen_fwd_backward(ctx, dout, dlse):
     if not _backward_needed(ctx, dout, dlse, "attention_varlen"):
         return (None,) * 14
-    if ctx.softcap:
-        raise NotImplementedError("hattn: no backward with softcap yet (the forward has it)")
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = torch.ops.hattn.attention_varlen_bwd(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlen, ctx.causal, ctx.softmax_scale,
-        *ctx.window,
+        *ctx.window, ctx.softcap,
     )  # fmt: skip
     return (dq, dk, dv) + (None,) * 11
 
@@ -884,8 +888,8 @@ def attention_varlen(
         return_lse: also return the row log-sum-exp (natural log), fp32 [Hq, total_q].
         window_size: (left, right), the sliding window of attention(), aligned like the causal
             mask to each sequence's own bottom-right corner; -1 leaves a side open.
-        softcap: > 0 caps the scores at softcap * tanh(s / softcap), as in attention() (no
-            backward yet).
+        softcap: > 0 caps the scores at softcap * tanh(s / softcap), as in attention() (a
+            backward up to D = 128).
 
     Returns:
         out [total_q, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.

@@ -142,7 +142,9 @@ def check_sequence(o, lse_b, q, k, v, causal, softmax_scale, window, label):
         assert lerr <= lbound, f"{label}: lse max error {lerr:.3e} > bound {lbound:.3e}"
 
 
-def varlen_attention_ref(q, k, v, lens_q, lens_k, causal=False, softmax_scale=None, window=(-1, -1)) -> torch.Tensor:
+def varlen_attention_ref(
+    q, k, v, lens_q, lens_k, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0
+) -> torch.Tensor:
     """out [total_q, Hq, D] of packed q [total_q, Hq, D], k and v [total_k, Hkv, D] whose sequences
     have these lengths (Python ints): attention_ref (fp64) on each sequence alone; a sequence
     without keys gives 0. Differentiable, for the reference gradients."""
@@ -150,7 +152,9 @@ def varlen_attention_ref(q, k, v, lens_q, lens_k, causal=False, softmax_scale=No
     for sq, sk in zip(lens_q, lens_k):
         qb, kb, vb = q[q0 : q0 + sq], k[k0 : k0 + sk], v[k0 : k0 + sk]
         if sq > 0 and sk > 0:
-            pieces.append(attention_ref(qb[None], kb[None], vb[None], causal, softmax_scale, window=window)[0][0])
+            pieces.append(
+                attention_ref(qb[None], kb[None], vb[None], causal, softmax_scale, window=window, softcap=softcap)[0][0]
+            )
         else:
             pieces.append(torch.zeros_like(qb, dtype=torch.float64))
         q0, k0 = q0 + sq, k0 + sk

@@ -20,7 +20,8 @@ def test_backward_op_schema():
     schema = str(torch.ops.hattn.attention_bwd.default._schema)
     assert schema.startswith(
         "hattn::attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
-        "float? softmax_scale, SymInt window_left=-1, SymInt window_right=-1) -> (Tensor, Tensor, Tensor)"
+        "float? softmax_scale, SymInt window_left=-1, SymInt window_right=-1, float softcap=0.) -> (Tensor, Tensor, "
+        "Tensor)"
     )
 
 
@@ -37,7 +38,8 @@ def test_varlen_backward_op_schema():
     assert schema.startswith(
         "hattn::attention_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, "
-        "float? softmax_scale, SymInt window_left=-1, SymInt window_right=-1) -> (Tensor, Tensor, Tensor)"
+        "float? softmax_scale, SymInt window_left=-1, SymInt window_right=-1, float softcap=0.) -> (Tensor, Tensor, "
+        "Tensor)"
     )
 
 
@@ -119,6 +121,59 @@ def test_backward_matches_reference(shape, causal, window, dtype):
         q.double(), k.double(), v.double(), dout.double(),
     )  # fmt: skip
     check_gradients(got, want, dtype)
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "shape, causal, window, softcap",
+    [
+        ((2, 37, 53, 4, 2, 64), False, (-1, -1), 2.0),  # a cap inside the scores' range: tanh bends
+        ((1, 200, 300, 4, 2, 128), True, (-1, -1), 1.5),
+        ((1, 192, 256, 2, 1, 64), False, (70, -1), 30.0),  # a loose cap, a window
+    ],
+)
+def test_softcap_backward_matches_reference(shape, causal, window, softcap, dtype):
+    """dq, dk, dv through hattn.attention with softcap (bwd_15: D <= 128) against the capped fp64
+    reference's autograd gradients; a variable-length batch too; D = 256 is refused."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
+    gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 37 + head_dim)
+
+    def rand(*size):
+        return torch.randn(*size, head_dim, device="cuda", dtype=dtype, generator=gen) + INPUT_MEAN
+
+    q, k, v = rand(batch, seqlen_q, heads_q), rand(batch, seqlen_k, heads_kv), rand(batch, seqlen_k, heads_kv)
+    dout = rand(batch, seqlen_q, heads_q)
+    kwargs = dict(causal=causal, window_size=window, softcap=softcap)
+    got = gradients(lambda q, k, v: hattn.attention(q, k, v, **kwargs), q, k, v, dout)
+    want = gradients(
+        lambda q, k, v: attention_ref(q, k, v, causal=causal, window=window, softcap=softcap)[0],
+        q.double(), k.double(), v.double(), dout.double(),
+    )  # fmt: skip
+    check_gradients(got, want, dtype, f"softcap={softcap}")
+    # The same sequences packed as a variable-length batch.
+    lens_q, lens_k = [seqlen_q] * batch, [seqlen_k] * batch
+    cu_q, cu_k = cu_seqlens_of(lens_q), cu_seqlens_of(lens_k)
+    packed = [t.flatten(0, 1) for t in (q, k, v, dout)]
+    got = gradients(
+        lambda q, k, v: hattn.attention_varlen(q, k, v, cu_q, cu_k, seqlen_q, seqlen_k, **kwargs), *packed
+    )  # fmt: skip
+    want = gradients(
+        lambda q, k, v: varlen_attention_ref(q, k, v, lens_q, lens_k, causal=causal, window=window, softcap=softcap),
+        *(t.double() for t in packed),
+    )  # fmt: skip
+    check_gradients(got, want, dtype, f"varlen softcap={softcap}")
+
+
+@requires_hopper
+def test_softcap_backward_refused_at_d256():
+    q = torch.randn(1, 40, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = q.detach().clone(), q.detach().clone()
+    out = hattn.attention(q, k, v, softcap=2.0)
+    with pytest.raises(NotImplementedError, match=r"no softcap"):
+        out.sum().backward()
+    with pytest.raises(NotImplementedError, match=r"softcap=2.0 with inputs that require grad at head dim 256"):
+        hattn.flash_attn_func(q, k, v, softcap=2.0)
 
 
 @requires_hopper

@@ -45,20 +45,25 @@ def test_unsupported_arguments_are_named(kwargs, words):
         hattn.flash_attn_func(*cpu_qkv(), **kwargs)
 
 
-def test_softcap_runs_forward_only():
-    """softcap reaches hattn.attention (here: the GPU check of CPU tensors); with gradients, or
-    with FP8 inputs, it is refused by name; a bad value is named by hattn.attention."""
+def test_softcap_reaches_the_ops():
+    """softcap reaches hattn.attention (here: the GPU check of CPU tensors), with gradients too up
+    to D = 128; at D = 256 with gradients, or with FP8 inputs, it is refused by name; a bad value
+    is named by hattn.attention."""
     gpu = r"no suitable GPU|must be a CUDA tensor"
     with pytest.raises((RuntimeError, ValueError), match=gpu):
         hattn.flash_attn_func(*cpu_qkv(), softcap=30.0)
     with pytest.raises((RuntimeError, ValueError), match=gpu):
         hattn.flash_attn_varlen_func(*cpu_varlen(), softcap=30.0)
     q, k, v = cpu_qkv()
-    with pytest.raises(NotImplementedError, match=r"softcap=30.0 with inputs that require grad"):
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
         hattn.flash_attn_func(q.requires_grad_(), k, v, softcap=30.0)
-    args = cpu_varlen()
+    q, k, v = (torch.randn(1, 16, 2, 256, dtype=torch.bfloat16) for _ in range(3))
+    with pytest.raises(NotImplementedError, match=r"softcap=30.0 with inputs that require grad at head dim 256"):
+        hattn.flash_attn_func(q.requires_grad_(), k, v, softcap=30.0)
+    args = [torch.randn(16, 2, 256, dtype=torch.bfloat16).requires_grad_()] + list(cpu_varlen())[1:]
+    args[1], args[2] = args[0].detach(), args[0].detach()
     with pytest.raises(NotImplementedError, match=r"flash_attn_varlen_func does not support softcap=2.0 with inputs"):
-        hattn.flash_attn_varlen_func(args[0].requires_grad_(), *args[1:], softcap=2.0)
+        hattn.flash_attn_varlen_func(*args, softcap=2.0)
     fp8 = [t.to(torch.float8_e4m3fn) for t in cpu_qkv()]
     with pytest.raises(NotImplementedError, match=r"softcap=5.0 with FP8 inputs"):
         hattn.flash_attn_func(*fp8, softcap=5.0)

@@ -15,6 +15,8 @@ struct BackwardKernel {
   Status (*supports)(const BackwardProblem& problem);
   // Launches on `stream` (no synchronization).
   Status (*launch)(const BackwardProblem& problem, cudaStream_t stream);
+  // Runs softcapping (forward.softcap > 0); the others are refused it before supports() is asked.
+  bool supports_softcap = false;
 };
 
 // bwd_01_cuda_core.cu: FlashAttention's backward on CUDA cores, fp32 sums.

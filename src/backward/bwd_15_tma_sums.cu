@@ -216,7 +216,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int n_wg = n0 + 64 * warpgroup;                   // this warpgroup's first key
   const int key0 = n_wg + 16 * warp_in_wg + group;        // this thread's keys: key0 and key0 + 8
-  const float scale_log2 = f.scale * kLog2e;
+  const float scale_log2 = f.scale * kLog2e;  // with softcapping, the softcap (as in the forward)
+  // d score / d(q.k): the softmax scale (with softcapping also 1 - t^2 per score, in dS).
+  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
 
   int q_first, q_last;
   queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
@@ -347,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         *reinterpret_cast<float2*>(at + 8 * r * 32) =
-            rows_left > 8 * r ? make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1])
+            rows_left > 8 * r ? make_float2(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1])
                               : make_float2(0.f, 0.f);
       }
     }
@@ -479,6 +481,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
 
+    // Columns 8 nt + 2 t and + 1 of the block: their LSE and delta as one 8-byte load each.
+    auto column_stats = [&](int nt, float2* lse, float2* delta) {
+      *lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * nt + 2 * tig]);
+      *delta = *reinterpret_cast<const float2*>(&smem.delta[stage][8 * nt + 2 * tig]);
+    };
+    // Softcapping: the score the forward's softmax saw is t = tanh(s softcap_scale) (its tanh.approx),
+    // and dS = P (dP - delta) (1 - t^2). In place, before the shared loops below: s becomes t, and
+    // dP becomes (dP - delta) (1 - t^2) + delta, so that their P (dP - delta) is that dS.
+    if (f.softcap_scale > 0.f) {
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        float2 lse, delta;
+        column_stats(nt, &lse, &delta);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float t = ptx::tanh_approx_f32(s[nt * 4 + e] * f.softcap_scale), d = e % 2 ? delta.y : delta.x;
+          s[nt * 4 + e] = t;
+          dp[nt * 4 + e] = fmaf(dp[nt * 4 + e] - d, fmaf(-t, t, 1.f), d);
+        }
+      }
+    }
+
     // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
     // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
     // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query). Varlen:
@@ -495,11 +519,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
       need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 || first_hi > n_wg;
     }
-    // Columns 8 nt + 2 t and + 1 of the block: their LSE and delta as one 8-byte load each.
-    auto column_stats = [&](int nt, float2* lse, float2* delta) {
-      *lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * nt + 2 * tig]);
-      *delta = *reinterpret_cast<const float2*>(&smem.delta[stage][8 * nt + 2 * tig]);
-    };
     if (need_mask) {
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt) {
@@ -613,7 +632,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int dt = 0; dt < kDTiles; ++dt) {
         const int at = (row + 8 * r) * 64 + ((dt % 8 ^ group) << 3) + 2 * tig;
         *reinterpret_cast<uint32_t*>(&smem.k[dt / 8][at]) =
-            frag::pack2<T>(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]);
+            frag::pack2<T>(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(&smem.v[dt / 8][at]) = frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
     ptx::fence_proxy_async_shared_cta();  // the stores above, before the TMA copies (async proxy) read them
@@ -649,13 +668,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kVarlen) {
         const bool keep_key = key0 + 8 * r < seq.seqlen_k;
         *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
-            keep_key ? make_float2(f.scale * dk[nt * 4 + 2 * r], f.scale * dk[nt * 4 + 2 * r + 1])
+            keep_key ? make_float2(grad_scale * dk[nt * 4 + 2 * r], grad_scale * dk[nt * 4 + 2 * r + 1])
                      : make_float2(0.f, 0.f);
         *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) =
             keep_key ? make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
       } else {
         *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
-            make_float2(f.scale * dk[nt * 4 + 2 * r], f.scale * dk[nt * 4 + 2 * r + 1]);
+            make_float2(grad_scale * dk[nt * 4 + 2 * r], grad_scale * dk[nt * 4 + 2 * r + 1]);
         *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) = make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]);
       }
     }
@@ -736,7 +755,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_tma_sums() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{kName, supports, launch, /*supports_softcap=*/true};
   return kernel;
 }
 
