@@ -221,7 +221,7 @@ struct WorkList {
 // step's own tile loop (the causal mask or none, with no window or sequence arithmetic):
 //   kRuntimeBounds: each item reads its sequence's bounds at run time: a variable-length
 //            batch, keys in use (seqlens_k), left padding, cache entries, a paged cache,
-//            split-KV parts. These kernels also run softcapping (with two consumers).
+//            split-KV parts. These kernels also run softcapping.
 //   kWindow: a sliding window, whose edges bound the sweeps and masks. Its kernels also take
 //            run-time bounds (kWindow implies kRuntimeBounds), so three of the four
 //            combinations are compiled.
@@ -601,11 +601,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         if (tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);  // the item's last S has read our Q rows
       }
 
-      if constexpr (kRuntimeBounds && kNumConsumers == 2) {
+      if constexpr (kRuntimeBounds) {
         // Softcapping: s -> tanh(s scale / softcap) (the exponent's scale is then the softcap),
-        // before the mask, whose -inf must stay -inf. Two consumers only (launch() keeps softcap
-        // off three): the earlier tanh forms spilt in the three consumers' registers (D = 64);
-        // tanh.approx does not, but that pairing is not yet timed.
+        // before the mask, whose -inf must stay -inf.
         if (p.softcap_scale > 0.f) {
 #pragma unroll
           for (int i = 0; i < kNTiles * 4; ++i) s[i] = ptx::tanh_approx_f32(s[i] * p.softcap_scale);
@@ -1258,9 +1256,8 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
       !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0 && problem.softcap == 0.f;
   c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim, c->dense);
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
-  // Softcapping runs in the two-consumer kernels only.
   c->three =
-      (!(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys) && problem.softcap == 0.f;
+      !(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys;
   c->sms = sm_count();
   if (c->sms <= 0)
     return {StatusCode::cuda_error, std::string(kName) + ": cannot query the number of SMs of the current device"};
