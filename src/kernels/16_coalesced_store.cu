@@ -1215,7 +1215,8 @@ constexpr double wide_tile_min_keys(int head_dim, bool dense) {
 // At D = 64 three consumers run unless the sweep is causal and short: measured on the H200
 // (results/evidence/bench_x16_three_consumers_d64.log), they win by 2-23% without a mask at
 // every S and with it from S = 2k (mean 1,088 keys per block), and lose 10-13% at causal
-// S = 512 and 1k.
+// S = 512 and 1k. Softcapped problems follow the same rule: 1.05-1.09x from S = 4k, 0.97x
+// without a mask at S = 1k (results/evidence/softcap/run5/).
 constexpr double kThreeConsumerMinCausalKeys = 1024;
 
 // GQA packing: log2 of the query heads per K/V head when a work item takes all of them as
