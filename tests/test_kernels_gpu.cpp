@@ -209,7 +209,8 @@ std::vector<Shape> test_shapes() {
   capped(make(1, 200, 500, 2, 1, 256, true, bf, Layout::contiguous), 3.f);
   shapes.back().window_left = 90;
   capped(make(1, 2000, 2000, 2, 2, 128, false, bf, Layout::contiguous), 2.f);  // the wide tiles
-  capped(make(1, 1000, 1000, 2, 2, 64, false, bf, Layout::contiguous), 2.f);  // two consumers, not three
+  capped(make(1, 1000, 1000, 2, 2, 64, false, bf, Layout::contiguous), 2.f);  // three consumers
+  capped(make(1, 2100, 2100, 4, 2, 64, true, fp, Layout::padded), 30.f);      // three, causal, GQA 2
   varlen(make(1, 1, 1, 4, 2, 64, true, bf, Layout::contiguous), {100, 257}, {300, 257});
   shapes.back().softcap = 5.f;
   cache(make(3, 1, 1000, 8, 2, 128, false, bf, Layout::contiguous), {1000, 1, 513}, 128, {}, false);
