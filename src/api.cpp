@@ -458,7 +458,9 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   // Softcapping: only the kernels that say so (each kernel's supports() does not ask).
   auto supports = [&](const BackwardKernel* k) -> Status {
     if (p.softcap > 0.f && !k->supports_softcap)
-      return {StatusCode::not_supported, std::string(k->name) + ": no softcap (bwd_15_tma_sums has it, D <= 128)"};
+      return {StatusCode::not_supported, std::string(k->name) +
+                                             ": no softcap (bwd_15_tma_sums has it at D <= 128, bwd_12_dkdv_pipeline "
+                                             "at D = 256 on dense batches)"};
     return k->supports(problem);
   };
   if (name == "auto") {

@@ -14,8 +14,8 @@ fewer K/V heads, window_size=(left, right) is a sliding window aligned the same 
 default scale is 1/sqrt(D). flash_attn_func and flash_attn_varlen_func are differentiable
 (hattn.attention's and hattn.attention_varlen's backward: dq, dk and dv); the KV-cache function
 is forward only, and appends new keys and values to the cache (with rotary embedding) as
-FlashAttention does; softcap works in all three (with gradients up to D = 128). What hattn
-does not have (dropout, gradients with softcapping at D = 256, ALiBi, the attention
+FlashAttention does; softcap works in all three (with gradients, up to D = 128 for varlen). What
+hattn does not have (dropout, varlen gradients with softcapping at D = 256, ALiBi, the attention
 probabilities, a deterministic backward, gradients through the KV-cache function, paged KV with
 varlen, left padding of a paged cache) raises NotImplementedError naming the argument.
 Nothing falls back to another library.
@@ -39,18 +39,25 @@ from .ops import (
 
 
 def _unsupported(
-    dropout_p, softcap, alibi_slopes, return_attn_probs, lse_from: str, needs_grad: bool = False, head_dim: int = 0
+    dropout_p,
+    softcap,
+    alibi_slopes,
+    return_attn_probs,
+    lse_from: str,
+    needs_grad: bool = False,
+    head_dim: int = 0,
+    varlen: bool = False,
 ) -> List[str]:
     """What a call asks for that hattn lacks, one entry per argument; lse_from: the hattn function
     that has the LSE; needs_grad: whether autograd records the call (the backward has softcapping
-    up to D = 128)."""
+    at every head dim on dense batches, up to D = 128 on variable-length ones)."""
     unsupported = []
     if dropout_p != 0.0:
         unsupported.append(f"dropout_p={dropout_p} (no dropout)")
-    if softcap != 0.0 and needs_grad and head_dim > 128:
+    if softcap != 0.0 and needs_grad and varlen and head_dim > 128:
         unsupported.append(
-            f"softcap={softcap} with inputs that require grad at head dim {head_dim} (the backward has softcapping "
-            "up to 128)"
+            f"softcap={softcap} with inputs that require grad at head dim {head_dim} (the variable-length "
+            "backward has softcapping up to 128)"
         )
     if alibi_slopes is not None:
         unsupported.append("alibi_slopes (no ALiBi)")
@@ -88,8 +95,8 @@ def flash_attn_func(
     Differentiable like hattn.attention: with q, k or v requiring grad, backward gives dq, dk
     and dv. hattn's forward is deterministic, its backward is not (it sums dq, dk and dv in fp32
     with atomic adds), so deterministic=True is accepted without gradients and refused with
-    them. softcap (> 0: scores capped at softcap * tanh(s / softcap)) runs with gradients up to
-    D = 128; at D = 256 inputs that require grad are refused with it. Everything
+    them. softcap (> 0: scores capped at softcap * tanh(s / softcap)) runs with gradients at
+    every head dim. Everything
     else beyond q, k, v, softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
 
@@ -152,13 +159,14 @@ def flash_attn_varlen_func(
     not read on the host: they are the caller's promise, as in FlashAttention. Differentiable
     like hattn.attention_varlen: with q, k or v requiring grad, backward gives dq, dk and dv;
     deterministic=True is accepted without gradients and refused with them (the backward sums
-    with atomic adds). softcap runs as in flash_attn_func. Everything else
+    with atomic adds). softcap runs as in flash_attn_func, but with gradients up to D = 128
+    (at D = 256 inputs that require grad are refused with it). Everything else
     beyond those and softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
     """
     needs_grad = _needs_grad(q, k, v)
     unsupported = _unsupported(
-        dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen", needs_grad, q.shape[-1]
+        dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen", needs_grad, q.shape[-1], varlen=True
     )  # fmt: skip
     if deterministic and needs_grad:
         unsupported.append(

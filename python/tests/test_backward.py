@@ -131,11 +131,13 @@ def test_backward_matches_reference(shape, causal, window, dtype):
         ((2, 37, 53, 4, 2, 64), False, (-1, -1), 2.0),  # a cap inside the scores' range: tanh bends
         ((1, 200, 300, 4, 2, 128), True, (-1, -1), 1.5),
         ((1, 192, 256, 2, 1, 64), False, (70, -1), 30.0),  # a loose cap, a window
+        ((2, 150, 200, 4, 2, 256), True, (-1, -1), 5.0),  # D = 256 (bwd_12): causal, GQA
     ],
 )
 def test_softcap_backward_matches_reference(shape, causal, window, softcap, dtype):
-    """dq, dk, dv through hattn.attention with softcap (bwd_15: D <= 128) against the capped fp64
-    reference's autograd gradients; a variable-length batch too; D = 256 is refused."""
+    """dq, dk, dv through hattn.attention with softcap (bwd_15 up to D = 128, bwd_12 at 256)
+    against the capped fp64 reference's autograd gradients; a variable-length batch too (up to
+    D = 128; at 256 it is refused)."""
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
     gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 37 + head_dim)
 
@@ -155,6 +157,12 @@ def test_softcap_backward_matches_reference(shape, causal, window, softcap, dtyp
     lens_q, lens_k = [seqlen_q] * batch, [seqlen_k] * batch
     cu_q, cu_k = cu_seqlens_of(lens_q), cu_seqlens_of(lens_k)
     packed = [t.flatten(0, 1) for t in (q, k, v, dout)]
+    if head_dim > 128:
+        with pytest.raises(NotImplementedError, match=r"no softcap"):
+            gradients(
+                lambda q, k, v: hattn.attention_varlen(q, k, v, cu_q, cu_k, seqlen_q, seqlen_k, **kwargs), *packed
+            )  # fmt: skip
+        return
     got = gradients(
         lambda q, k, v: hattn.attention_varlen(q, k, v, cu_q, cu_k, seqlen_q, seqlen_k, **kwargs), *packed
     )  # fmt: skip
@@ -166,14 +174,15 @@ def test_softcap_backward_matches_reference(shape, causal, window, softcap, dtyp
 
 
 @requires_hopper
-def test_softcap_backward_refused_at_d256():
-    q = torch.randn(1, 40, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+def test_softcap_varlen_backward_refused_at_d256():
+    q = torch.randn(40, 2, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = q.detach().clone(), q.detach().clone()
-    out = hattn.attention(q, k, v, softcap=2.0)
+    cu = torch.tensor([0, 15, 40], device="cuda", dtype=torch.int32)
+    out = hattn.attention_varlen(q, k, v, cu, cu, 25, 25, softcap=2.0)
     with pytest.raises(NotImplementedError, match=r"no softcap"):
         out.sum().backward()
     with pytest.raises(NotImplementedError, match=r"softcap=2.0 with inputs that require grad at head dim 256"):
-        hattn.flash_attn_func(q, k, v, softcap=2.0)
+        hattn.flash_attn_varlen_func(q, k, v, cu, cu, 25, 25, softcap=2.0)
 
 
 @requires_hopper

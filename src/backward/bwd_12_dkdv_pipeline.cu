@@ -105,6 +105,8 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
   constexpr int kDTiles = kHalfD / 8;
   const AttentionParams& f = p.fwd;
   const int batch = seq.batch_coord;
+  // d score / d(q.k): the softmax scale (with softcapping, the cap's slope 1 - t^2 is in dS).
+  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
@@ -116,7 +118,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         *reinterpret_cast<uint32_t*>(dk_row + c0 + 8 * dt + 2 * tig) =
-            frag::pack2<T>(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]);
+            frag::pack2<T>(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(dv_row + c0 + 8 * dt + 2 * tig) =
             frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
@@ -125,7 +127,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
-                  make_float2(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]));
+                  make_float2(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]));
         atomicAdd(reinterpret_cast<float2*>(p.dv_accum + at + 8 * dt), make_float2(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]));
       }
     }
@@ -308,6 +310,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     visible_keys<false>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
     const bool need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
                            first_hi > n0;
+    // Softcapping: the forward's softmax saw t = tanh(s softcap_scale) (its tanh.approx), and
+    // dS = P (dP - delta) (1 - t^2). In place, before the loop below: s becomes t, and dP
+    // becomes (dP - delta) (1 - t^2) + delta, so that the loop's P (dP - delta) is that dS.
+    if (f.softcap_scale > 0.f) {
+#pragma unroll
+      for (int i = 0; i < kQTiles * 4; ++i) {
+        const float t = ptx::tanh_approx_f32(s[i] * f.softcap_scale), d = delta[i / 4 * 2 + i % 2];
+        s[i] = t;
+        dp[i] = fmaf(dp[i] - d, fmaf(-t, t, 1.f), d);
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
       const int col = q_col0 + 8 * nt + 2 * tig;  // of the block; this and col + 1
@@ -429,6 +442,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // written once in the gradient's dtype: each row is this CTA's alone (4-byte stores: the
   // gradients' rows are 16-byte aligned, validate_backward_arguments).
   const int query0 = m0 + 64 * warpgroup + 16 * warp_in_wg + group;
+  // d score / d(q.k): the softmax scale (with softcapping, the cap's slope 1 - t^2 is in dS).
+  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
   auto store_dq = [&](const float* dq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -438,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int nt = 0; nt < kDTiles; ++nt)
         *reinterpret_cast<uint32_t*>(row + 8 * nt + 2 * tig) =
-            frag::pack2<T>(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
+            frag::pack2<T>(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
     }
   };
   if (steps == 0) {  // no key seen (CTA-uniform): dQ is 0
@@ -566,7 +581,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // dS = P (dP - delta). Accumulator element e of n8 tile nt is query query0 + 8 (e / 2), key
-    // n0 + 8 nt + 2 t + e % 2.
+    // n0 + 8 nt + 2 t + e % 2. Softcapping first, as in dkdv_kernel: s becomes t and dP
+    // becomes (dP - delta) (1 - t^2) + delta.
+    if (f.softcap_scale > 0.f) {
+#pragma unroll
+      for (int i = 0; i < kKTiles * 4; ++i) {
+        const float t = ptx::tanh_approx_f32(s[i] * f.softcap_scale), d = delta[i % 4 / 2];
+        s[i] = t;
+        dp[i] = fmaf(dp[i] - d, fmaf(-t, t, 1.f), d);
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < kKTiles; ++nt) {
 #pragma unroll
@@ -650,7 +674,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_dkdv_pipeline() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{kName, supports, launch, /*supports_softcap=*/true};
   return kernel;
 }
 
