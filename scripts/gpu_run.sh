@@ -18,7 +18,7 @@
 #   NCU_ARGS         when set: ncu's duration, tensor-pipe share, L2 hit rate and reduction
 #                    sectors, and the warps' barrier and long-scoreboard stall shares, of every
 #                    kernel of one hattn-bench call with these flags and --reps 1 (ncu.txt)
-#   GTEST_FILTER     restrict the GPU tests (default: all)
+#   GTEST_FILTER     restrict the GPU tests (default: all; GoogleTest patterns: only * and ?)
 #   BACKWARD_BENCH_ARGS
 #                    extra flags for the backward lineage's hattn-bench run (after the forward's)
 #   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip both benchmarks
@@ -58,6 +58,15 @@ export HATTN_COMMIT=${HATTN_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null 
 jobs=$(nproc 2>/dev/null || echo 2)
 summary=()
 note() { summary+=("$*"); echo "== $*"; }
+
+# GoogleTest filters know only * and ?: a bracket class would match nothing, silently, after
+# the device time is spent. Refuse it before anything runs.
+for name in GTEST_FILTER SANITIZE_FILTER; do
+  if [[ "${!name:-}" == *[\[\]]* ]]; then
+    echo "$name: GoogleTest filters have only * and ? (no [...] classes): ${!name}"
+    exit 2
+  fi
+done
 
 # --- machine --------------------------------------------------------------------------------
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv 2>&1; nvcc --version | tail -1; } |
