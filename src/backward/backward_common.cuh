@@ -19,6 +19,7 @@
 #include "fragment.cuh"
 #include "hattn/hattn.h"
 #include "params.h"
+#include "ptx/ex2.cuh"
 #include "ptx/tma.cuh"
 #include "sequence.cuh"
 
@@ -40,6 +41,22 @@ struct BackwardParams {
   int64_t dk_batch_stride, dk_seq_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
 };
+
+// Softcapping (the kernels with BackwardKernel::supports_softcap): the forward's softmax saw
+// t = tanh(s softcap_scale) (its tanh.approx) with the softcap as its scale, so dS = P (dP -
+// delta) (1 - t^2). In place, before a kernel's P and dS loop: s becomes t, and dP becomes
+// (dP - delta) (1 - t^2) + delta, so that the loop's unchanged P (dP - delta) is that dS.
+__device__ __forceinline__ void softcap_score_and_dp(float* s, float* dp, float delta, float softcap_scale) {
+  const float t = ptx::tanh_approx_f32(*s * softcap_scale);
+  *s = t;
+  *dp = fmaf(*dp - delta, fmaf(-t, t, 1.f), delta);
+}
+
+// d score / d(q.k), which dQ and dK take at the end: the softmax scale (with softcapping,
+// `scale` is the softcap and softcap_scale * scale the softmax scale; the cap's slope is in dS).
+__device__ __forceinline__ float score_grad_scale(const AttentionParams& f) {
+  return f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
+}
 
 // The keys query i sees, [first, last), among seqlen_k keys whose causal diagonal runs through
 // key i + offset (bottom-right aligned: offset = seqlen_k - seqlen_q): the causal mask and

@@ -105,8 +105,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
   constexpr int kDTiles = kHalfD / 8;
   const AttentionParams& f = p.fwd;
   const int batch = seq.batch_coord;
-  // d score / d(q.k): the softmax scale (with softcapping, the cap's slope 1 - t^2 is in dS).
-  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
+  const float grad_scale = score_grad_scale(f);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
@@ -310,16 +309,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     visible_keys<false>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
     const bool need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
                            first_hi > n0;
-    // Softcapping: the forward's softmax saw t = tanh(s softcap_scale) (its tanh.approx), and
-    // dS = P (dP - delta) (1 - t^2). In place, before the loop below: s becomes t, and dP
-    // becomes (dP - delta) (1 - t^2) + delta, so that the loop's P (dP - delta) is that dS.
-    if (f.softcap_scale > 0.f) {
+    if (f.softcap_scale > 0.f) {  // s -> t and dP for the capped dS (softcap_score_and_dp)
 #pragma unroll
-      for (int i = 0; i < kQTiles * 4; ++i) {
-        const float t = ptx::tanh_approx_f32(s[i] * f.softcap_scale), d = delta[i / 4 * 2 + i % 2];
-        s[i] = t;
-        dp[i] = fmaf(dp[i] - d, fmaf(-t, t, 1.f), d);
-      }
+      for (int i = 0; i < kQTiles * 4; ++i)
+        softcap_score_and_dp(&s[i], &dp[i], delta[i / 4 * 2 + i % 2], f.softcap_scale);
     }
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
@@ -442,8 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // written once in the gradient's dtype: each row is this CTA's alone (4-byte stores: the
   // gradients' rows are 16-byte aligned, validate_backward_arguments).
   const int query0 = m0 + 64 * warpgroup + 16 * warp_in_wg + group;
-  // d score / d(q.k): the softmax scale (with softcapping, the cap's slope 1 - t^2 is in dS).
-  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
+  const float grad_scale = score_grad_scale(f);
   auto store_dq = [&](const float* dq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -581,15 +573,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // dS = P (dP - delta). Accumulator element e of n8 tile nt is query query0 + 8 (e / 2), key
-    // n0 + 8 nt + 2 t + e % 2. Softcapping first, as in dkdv_kernel: s becomes t and dP
-    // becomes (dP - delta) (1 - t^2) + delta.
+    // n0 + 8 nt + 2 t + e % 2. Softcapping first (softcap_score_and_dp).
     if (f.softcap_scale > 0.f) {
 #pragma unroll
-      for (int i = 0; i < kKTiles * 4; ++i) {
-        const float t = ptx::tanh_approx_f32(s[i] * f.softcap_scale), d = delta[i % 4 / 2];
-        s[i] = t;
-        dp[i] = fmaf(dp[i] - d, fmaf(-t, t, 1.f), d);
-      }
+      for (int i = 0; i < kKTiles * 4; ++i) softcap_score_and_dp(&s[i], &dp[i], delta[i % 4 / 2], f.softcap_scale);
     }
 #pragma unroll
     for (int nt = 0; nt < kKTiles; ++nt) {

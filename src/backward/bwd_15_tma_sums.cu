@@ -217,8 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_wg = n0 + 64 * warpgroup;                   // this warpgroup's first key
   const int key0 = n_wg + 16 * warp_in_wg + group;        // this thread's keys: key0 and key0 + 8
   const float scale_log2 = f.scale * kLog2e;  // with softcapping, the softcap (as in the forward)
-  // d score / d(q.k): the softmax scale (with softcapping also 1 - t^2 per score, in dS).
-  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
+  const float grad_scale = score_grad_scale(f);
 
   int q_first, q_last;
   queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
@@ -486,20 +485,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       *lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * nt + 2 * tig]);
       *delta = *reinterpret_cast<const float2*>(&smem.delta[stage][8 * nt + 2 * tig]);
     };
-    // Softcapping: the score the forward's softmax saw is t = tanh(s softcap_scale) (its tanh.approx),
-    // and dS = P (dP - delta) (1 - t^2). In place, before the shared loops below: s becomes t, and
-    // dP becomes (dP - delta) (1 - t^2) + delta, so that their P (dP - delta) is that dS.
+    // Softcapping, before the shared loops below: s -> t and dP for the capped dS (softcap_score_and_dp).
     if (f.softcap_scale > 0.f) {
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt) {
         float2 lse, delta;
         column_stats(nt, &lse, &delta);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float t = ptx::tanh_approx_f32(s[nt * 4 + e] * f.softcap_scale), d = e % 2 ? delta.y : delta.x;
-          s[nt * 4 + e] = t;
-          dp[nt * 4 + e] = fmaf(dp[nt * 4 + e] - d, fmaf(-t, t, 1.f), d);
-        }
+        for (int e = 0; e < 4; ++e)
+          softcap_score_and_dp(&s[nt * 4 + e], &dp[nt * 4 + e], e % 2 ? delta.y : delta.x, f.softcap_scale);
       }
     }
 
