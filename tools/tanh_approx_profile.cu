@@ -1,18 +1,16 @@
 // tanh.approx.f32 (MUFU.TANH) against fp64 tanh: the largest absolute and relative error per
 // band of |x| over [-12, 12], on the GPU it runs on. Softcapping relies on it (ptx/ex2.cuh).
 //
-//   nvcc -O2 -gencode=arch=compute_90a,code=sm_90a tools/tanh_approx_profile.cu -o tanh_approx_profile
+//   nvcc -O2 -gencode=arch=compute_90a,code=sm_90a -Isrc tools/tanh_approx_profile.cu -o tanh_approx_profile
 //   ./tanh_approx_profile     # on the H200: results/evidence/softcap/tanh_approx/tanh_profile.txt
 #include <cmath>
 #include <cstdio>
 
+#include "ptx/ex2.cuh"
+
 __global__ void tanh_approx_kernel(const float* x, float* y, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) {
-    float t;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(x[i]));
-    y[i] = t;
-  }
+  if (i < n) y[i] = hattn::ptx::tanh_approx_f32(x[i]);
 }
 
 int main() {
