@@ -39,26 +39,13 @@ from .ops import (
 
 
 def _unsupported(
-    dropout_p,
-    softcap,
-    alibi_slopes,
-    return_attn_probs,
-    lse_from: str,
-    needs_grad: bool = False,
-    head_dim: int = 0,
-    varlen: bool = False,
+    dropout_p, alibi_slopes, return_attn_probs, lse_from: str
 ) -> List[str]:
     """What a call asks for that hattn lacks, one entry per argument; lse_from: the hattn function
-    that has the LSE; needs_grad: whether autograd records the call (the backward has softcapping
-    at every head dim on dense batches, up to D = 128 on variable-length ones)."""
+    that has the LSE."""
     unsupported = []
     if dropout_p != 0.0:
         unsupported.append(f"dropout_p={dropout_p} (no dropout)")
-    if softcap != 0.0 and needs_grad and varlen and head_dim > 128:
-        unsupported.append(
-            f"softcap={softcap} with inputs that require grad at head dim {head_dim} (the variable-length "
-            "backward has softcapping up to 128)"
-        )
     if alibi_slopes is not None:
         unsupported.append("alibi_slopes (no ALiBi)")
     if return_attn_probs:
@@ -107,9 +94,7 @@ def flash_attn_func(
     is the causal mask. Descales with bf16/fp16 inputs raise ValueError.
     """
     needs_grad = _needs_grad(q, k, v)
-    unsupported = _unsupported(
-        dropout_p, softcap, alibi_slopes, return_attn_probs, "attention", needs_grad, q.shape[-1]
-    )  # fmt: skip
+    unsupported = _unsupported(dropout_p, alibi_slopes, return_attn_probs, "attention")
     if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
@@ -165,9 +150,12 @@ def flash_attn_varlen_func(
     FlashAttention, causal sets the window's right side to 0.
     """
     needs_grad = _needs_grad(q, k, v)
-    unsupported = _unsupported(
-        dropout_p, softcap, alibi_slopes, return_attn_probs, "attention_varlen", needs_grad, q.shape[-1], varlen=True
-    )  # fmt: skip
+    unsupported = _unsupported(dropout_p, alibi_slopes, return_attn_probs, "attention_varlen")
+    if softcap != 0.0 and needs_grad and q.shape[-1] > 128:
+        unsupported.append(
+            f"softcap={softcap} with inputs that require grad at head dim {q.shape[-1]} (the variable-length "
+            "backward has softcapping up to 128)"
+        )
     if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
@@ -380,7 +368,7 @@ def flash_attn_with_kvcache(
     if cache_leftpad is not None and block_table is not None:
         unsupported.append("cache_leftpad with block_table (a paged cache's K/V tiles start on its pages)")
     # alibi_slopes as in flash_attn_func (no dropout or probabilities here; no grad, see below).
-    unsupported += _unsupported(0.0, softcap, alibi_slopes, False, "attention_paged")
+    unsupported += _unsupported(0.0, alibi_slopes, False, "attention_paged")
     if _needs_grad(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
         unsupported.append("inputs that require grad (hattn has no backward with a KV cache yet; use torch.no_grad())")
     if unsupported:
