@@ -459,8 +459,9 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   auto supports = [&](const BackwardKernel* k) -> Status {
     if (p.softcap > 0.f && !k->supports_softcap)
       return {StatusCode::not_supported, std::string(k->name) +
-                                             ": no softcap (bwd_15_tma_sums has it at D <= 128, bwd_12_dkdv_pipeline "
-                                             "at D = 256 on dense batches)"};
+                                             ": no softcap (bwd_15_tma_sums has it at D <= 128; at D = 256 "
+                                             "bwd_12_dkdv_pipeline on dense batches, bwd_10_dq_pass on variable-length "
+                                             "ones)"};
     return k->supports(problem);
   };
   if (name == "auto") {

@@ -230,8 +230,8 @@ TEST(BackwardValidation, VarlenRefusals) {
   Status s = backward(b);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
-  // Softcapping: bwd_15 (D <= 128) and bwd_12 (D = 256, dense batches); every other kernel is
-  // refused it by name.
+  // Softcapping: bwd_15 (D <= 128), bwd_12 and bwd_10 (D = 256: dense and variable-length
+  // batches); every other kernel is refused it by name.
   b = valid_backward();
   b.forward.softcap = 30.f;
   std::string resolved;
@@ -239,7 +239,7 @@ TEST(BackwardValidation, VarlenRefusals) {
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(resolved, "bwd_15_tma_sums");
   for (const std::string& name : backward_kernel_names()) {
-    if (name == "bwd_15_tma_sums" || name == "bwd_12_dkdv_pipeline") continue;
+    if (name == "bwd_15_tma_sums" || name == "bwd_12_dkdv_pipeline" || name == "bwd_10_dq_pass") continue;
     s = resolve_backward_kernel(b, name, &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << name << ": " << s.to_string();
     EXPECT_NE(s.message().find(name + ": no softcap"), std::string::npos) << s.message();
@@ -252,8 +252,10 @@ TEST(BackwardValidation, VarlenRefusals) {
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(resolved, "bwd_12_dkdv_pipeline");
   s = resolve_backward_kernel(b, "bwd_10_dq_pass", &resolved);  // D = 256's variable-length kernel
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  s = resolve_backward_kernel(b, "bwd_11_dq_pipeline", &resolved);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
-  EXPECT_NE(s.message().find("bwd_10_dq_pass: no softcap"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("bwd_11_dq_pipeline: no softcap"), std::string::npos) << s.message();
   // Cache entries and left padding likewise.
   for (bool entries : {true, false}) {
     b = valid_backward();
@@ -546,8 +548,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 64, 256, 4, 4, 128, false, 20, fp, false},    // the same at D = 128, whole blocks
                       Case{2, 300, 260, 4, 2, 256, true, -1, bf, true},     // D = 256: causal, GQA, tails
                       Case{1, 640, 512, 2, 2, 256, false, -1, fp, false},   // D = 256: 10 query blocks
-                      // Softcapping (bwd_15 and, at D = 256, bwd_12; caps near the scores' size,
-                      // where tanh bends)
+                      // Softcapping (bwd_15; at D = 256 bwd_12 and bwd_10; caps near the
+                      // scores' size, where tanh bends)
                       Case{2, 37, 53, 4, 2, 64, false, -1, bf, false, 2.f},   // tails, GQA
                       Case{1, 200, 300, 4, 2, 128, true, -1, fp, true, 1.5f},  // causal, padded gradients
                       Case{1, 192, 256, 2, 1, 64, false, 70, bf, false, 3.f},  // a window, MQA
@@ -752,9 +754,11 @@ INSTANTIATE_TEST_SUITE_P(
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 64, false, -1, bf, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 4, 2, 128, true, -1, fp, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 256, false, -1, bf, false, 0},
-            // Softcapping (bwd_15 only: bwd_10 refuses it): causal with a sequence without keys; a window.
+            // Softcapping (bwd_15; bwd_10 at D = 256): causal with a sequence without keys; a
+            // window; D = 256 causal, GQA 2, padded, sequences without queries or keys.
             VarlenCase{{60, 50, 40}, {60, 0, 45}, 4, 2, 64, true, -1, bf, false, -1, 2.f},
-            VarlenCase{{130, 8, 500}, {200, 700, 9}, 2, 1, 128, false, 40, fp, true, -1, 1.5f})),
+            VarlenCase{{130, 8, 500}, {200, 700, 9}, 2, 1, 128, false, 40, fp, true, -1, 1.5f},
+            VarlenCase{{70, 0, 50}, {130, 40, 0}, 4, 2, 256, true, -1, bf, true, -1, 5.f})),
     [](const ::testing::TestParamInfo<std::tuple<std::string, VarlenCase>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });

@@ -14,8 +14,8 @@ fewer K/V heads, window_size=(left, right) is a sliding window aligned the same 
 default scale is 1/sqrt(D). flash_attn_func and flash_attn_varlen_func are differentiable
 (hattn.attention's and hattn.attention_varlen's backward: dq, dk and dv); the KV-cache function
 is forward only, and appends new keys and values to the cache (with rotary embedding) as
-FlashAttention does; softcap works in all three (with gradients, up to D = 128 for varlen). What
-hattn does not have (dropout, varlen gradients with softcapping at D = 256, ALiBi, the attention
+FlashAttention does; softcap works in all three (with gradients in the first two). What
+hattn does not have (dropout, ALiBi, the attention
 probabilities, a deterministic backward, gradients through the KV-cache function, paged KV with
 varlen, left padding of a paged cache) raises NotImplementedError naming the argument.
 Nothing falls back to another library.
@@ -144,18 +144,12 @@ def flash_attn_varlen_func(
     not read on the host: they are the caller's promise, as in FlashAttention. Differentiable
     like hattn.attention_varlen: with q, k or v requiring grad, backward gives dq, dk and dv;
     deterministic=True is accepted without gradients and refused with them (the backward sums
-    with atomic adds). softcap runs as in flash_attn_func, but with gradients up to D = 128
-    (at D = 256 inputs that require grad are refused with it). Everything else
+    with atomic adds). softcap runs as in flash_attn_func. Everything else
     beyond those and softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
     """
     needs_grad = _needs_grad(q, k, v)
     unsupported = _unsupported(dropout_p, alibi_slopes, return_attn_probs, "attention_varlen")
-    if softcap != 0.0 and needs_grad and q.shape[-1] > 128:
-        unsupported.append(
-            f"softcap={softcap} with inputs that require grad at head dim {q.shape[-1]} (the variable-length "
-            "backward has softcapping up to 128)"
-        )
     if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"

@@ -694,8 +694,7 @@ def attention(
         softcap: > 0 caps the scores (FlashAttention's softcap, as in Gemma 2): each score
             s = scale * q.k becomes softcap * tanh(s / softcap) before the mask and softmax; the
             LSE is that of the capped scores. 0 (the default) leaves them as they are. Final
-            kernel only; the backward has it too (at D = 256 on dense batches only:
-            attention_varlen's backward raises NotImplementedError there).
+            kernel only; the backward has it too.
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -888,8 +887,8 @@ def attention_varlen(
         return_lse: also return the row log-sum-exp (natural log), fp32 [Hq, total_q].
         window_size: (left, right), the sliding window of attention(), aligned like the causal
             mask to each sequence's own bottom-right corner; -1 leaves a side open.
-        softcap: > 0 caps the scores at softcap * tanh(s / softcap), as in attention() (a
-            backward up to D = 128; at D = 256 it raises NotImplementedError).
+        softcap: > 0 caps the scores at softcap * tanh(s / softcap), as in attention() (with a
+            backward too).
 
     Returns:
         out [total_q, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.

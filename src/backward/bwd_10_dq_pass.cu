@@ -107,6 +107,8 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
                                             int tig, const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
   const AttentionParams& f = p.fwd;
+  // d score / d(q.k): the softmax scale (with softcapping, the cap's slope 1 - t^2 is in dS).
+  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
   const int batch = seq.batch_coord;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -119,7 +121,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         *reinterpret_cast<uint32_t*>(dk_row + c0 + 8 * dt + 2 * tig) =
-            frag::pack2<T>(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]);
+            frag::pack2<T>(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(dv_row + c0 + 8 * dt + 2 * tig) =
             frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
@@ -128,7 +130,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
-                  make_float2(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]));
+                  make_float2(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]));
         atomicAdd(reinterpret_cast<float2*>(p.dv_accum + at + 8 * dt), make_float2(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]));
       }
     }
@@ -302,6 +304,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     else  // written as before the varlen instantiation, which keeps the dense SASS unchanged
       need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
                   first_hi > n0;
+    // Softcapping: the forward's softmax saw t = tanh(s softcap_scale) (its tanh.approx), and
+    // dS = P (dP - delta) (1 - t^2). In place, before the loop below: s becomes t, and dP
+    // becomes (dP - delta) (1 - t^2) + delta, so that the loop's P (dP - delta) is that dS.
+    if (f.softcap_scale > 0.f) {
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        const float2 delta = *reinterpret_cast<const float2*>(&smem.delta[stage][q_col0 + 8 * nt + 2 * tig]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float t = ptx::tanh_approx_f32(s[nt * 4 + e] * f.softcap_scale), d = e % 2 ? delta.y : delta.x;
+          s[nt * 4 + e] = t;
+          dp[nt * 4 + e] = fmaf(dp[nt * 4 + e] - d, fmaf(-t, t, 1.f), d);
+        }
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
       const int col = q_col0 + 8 * nt + 2 * tig;  // of the block; this and col + 1
@@ -437,6 +454,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dq in the gradient's dtype (4-byte stores: the gradients' rows are 16-byte aligned,
   // validate_backward_arguments); a packed batch's to the zeroed fp32 sum, which the
   // conversion writes out with the rows no sequence covers.
+  // d score / d(q.k): the softmax scale (with softcapping, the cap's slope 1 - t^2 is in dS).
+  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
   auto store_dq = [&](const float* dq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -447,13 +466,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int nt = 0; nt < kDTiles; ++nt)
           *reinterpret_cast<float2*>(row + c0 + 8 * nt + 2 * tig) =
-              make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
+              make_float2(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
       } else {
         T* row = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + i * p.dq_seq_stride + head * p.dq_head_stride;
 #pragma unroll
         for (int nt = 0; nt < kDTiles; ++nt)
           *reinterpret_cast<uint32_t*>(row + c0 + 8 * nt + 2 * tig) =
-              frag::pack2<T>(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
+              frag::pack2<T>(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
       }
     }
   };
@@ -570,7 +589,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kKTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
 
     // dS = P (dP - delta). Accumulator element e of n8 tile nt is query query0 + 8 (e / 2), key
-    // n0 + key_col0 + 8 nt + 2 t + e % 2.
+    // n0 + key_col0 + 8 nt + 2 t + e % 2. Softcapping first, as in dkdv_kernel: s becomes t and
+    // dP becomes (dP - delta) (1 - t^2) + delta.
+    if (f.softcap_scale > 0.f) {
+#pragma unroll
+      for (int i = 0; i < kKTiles * 4; ++i) {
+        const float t = ptx::tanh_approx_f32(s[i] * f.softcap_scale), d = delta[i % 4 / 2];
+        s[i] = t;
+        dp[i] = fmaf(dp[i] - d, fmaf(-t, t, 1.f), d);
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < kKTiles; ++nt) {
 #pragma unroll
@@ -661,7 +689,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_dq_pass() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{kName, supports, launch, /*supports_softcap=*/true};
   return kernel;
 }
 
