@@ -74,7 +74,7 @@ void usage() {
       "  --gqa R             R query heads per K/V head (default 1; must divide the heads)\n"
       "  --pack-gqa on|off   force GQA packing (default: automatic; final kernel only)\n"
       "  --softcap C         cap the scores at C * tanh(s / C) (final kernel; backward: bwd_15 to D = 128,\n"
-      "                      bwd_12 at D = 256 on dense batches)\n"
+      "                      bwd_12 and bwd_10 at D = 256)\n"
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
       "                      sampled rows of dq are checked against the fp64 reference; --kernels\n"
       "                      then names backward kernels (default: auto); with --varlen too\n"

@@ -91,7 +91,7 @@ struct AttentionProblem {
   // Softcapping (FlashAttention's softcap, as in Gemma 2): with softcap > 0 each score
   // scale * q.k becomes softcap * tanh(scale * q.k / softcap) before the mask and the softmax,
   // which bounds it to (-softcap, softcap); 0 turns it off. Only the final kernel; the backward
-  // in bwd_15_tma_sums (head_dim <= 128) and bwd_12_dkdv_pipeline (head_dim 256, dense batches).
+  // in bwd_15_tma_sums (head_dim <= 128), bwd_12_dkdv_pipeline and bwd_10_dq_pass (head_dim 256).
   float softcap = 0.f;
   // Causal mask aligned to the bottom-right corner: query i sees key j iff
   // j <= i + (seqlen_k - seqlen_q). Rows that see no key get output 0 and LSE -inf.

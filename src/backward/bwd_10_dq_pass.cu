@@ -107,8 +107,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
                                             int tig, const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
   const AttentionParams& f = p.fwd;
-  // d score / d(q.k): the softmax scale (with softcapping, the cap's slope 1 - t^2 is in dS).
-  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
+  const float grad_scale = score_grad_scale(f);
   const int batch = seq.batch_coord;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -304,19 +303,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     else  // written as before the varlen instantiation, which keeps the dense SASS unchanged
       need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
                   first_hi > n0;
-    // Softcapping: the forward's softmax saw t = tanh(s softcap_scale) (its tanh.approx), and
-    // dS = P (dP - delta) (1 - t^2). In place, before the loop below: s becomes t, and dP
-    // becomes (dP - delta) (1 - t^2) + delta, so that the loop's P (dP - delta) is that dS.
-    if (f.softcap_scale > 0.f) {
+    if (f.softcap_scale > 0.f) {  // s -> t and dP for the capped dS (softcap_score_and_dp)
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt) {
         const float2 delta = *reinterpret_cast<const float2*>(&smem.delta[stage][q_col0 + 8 * nt + 2 * tig]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float t = ptx::tanh_approx_f32(s[nt * 4 + e] * f.softcap_scale), d = e % 2 ? delta.y : delta.x;
-          s[nt * 4 + e] = t;
-          dp[nt * 4 + e] = fmaf(dp[nt * 4 + e] - d, fmaf(-t, t, 1.f), d);
-        }
+        for (int e = 0; e < 4; ++e)
+          softcap_score_and_dp(&s[nt * 4 + e], &dp[nt * 4 + e], e % 2 ? delta.y : delta.x, f.softcap_scale);
       }
     }
 #pragma unroll
@@ -454,8 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dq in the gradient's dtype (4-byte stores: the gradients' rows are 16-byte aligned,
   // validate_backward_arguments); a packed batch's to the zeroed fp32 sum, which the
   // conversion writes out with the rows no sequence covers.
-  // d score / d(q.k): the softmax scale (with softcapping, the cap's slope 1 - t^2 is in dS).
-  const float grad_scale = f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
+  const float grad_scale = score_grad_scale(f);
   auto store_dq = [&](const float* dq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -589,15 +581,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kKTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
 
     // dS = P (dP - delta). Accumulator element e of n8 tile nt is query query0 + 8 (e / 2), key
-    // n0 + key_col0 + 8 nt + 2 t + e % 2. Softcapping first, as in dkdv_kernel: s becomes t and
-    // dP becomes (dP - delta) (1 - t^2) + delta.
+    // n0 + key_col0 + 8 nt + 2 t + e % 2. Softcapping first (softcap_score_and_dp).
     if (f.softcap_scale > 0.f) {
 #pragma unroll
-      for (int i = 0; i < kKTiles * 4; ++i) {
-        const float t = ptx::tanh_approx_f32(s[i] * f.softcap_scale), d = delta[i % 4 / 2];
-        s[i] = t;
-        dp[i] = fmaf(dp[i] - d, fmaf(-t, t, 1.f), d);
-      }
+      for (int i = 0; i < kKTiles * 4; ++i) softcap_score_and_dp(&s[i], &dp[i], delta[i % 4 / 2], f.softcap_scale);
     }
 #pragma unroll
     for (int nt = 0; nt < kKTiles; ++nt) {
