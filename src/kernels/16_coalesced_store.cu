@@ -705,33 +705,40 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // keeps its part of the barrier protocol, each arrival after the wait that opens the phase
     // it belongs to: k_empty after k_full, v_empty after v_full, q_empty after q_full (the
     // producer's wait for the previous phase has then completed, so an arrival never counts
-    // toward a phase the busy warpgroups are still in). Its epilogue stores nothing (every row
-    // is past Sq). A branch around the whole item: a wgmma under a run-time branch inside the
-    // pipeline would make ptxas serialize them all (C7518). Not in the window's kernels: there
-    // the second path made ptxas spill 24 bytes at D = 128 (budget 12).
-    const bool idle = !kWindow && m_block + warpgroup * 64 >= seq.seqlen_q << pack_shift;
-    if (n_tiles > 0 && idle) {
-      ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);
-      if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
-      for (int tile = 0; tile < n_tiles; ++tile) {
-        const int ring = kv + tile, stage = ring % Cfg::kStages;
-        const uint32_t parity = (ring / Cfg::kStages) % 2;
-        ptx::mbarrier_wait(&smem.k_full[stage], parity);
-        ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
-        ptx::bar_arrive(next_turn, kTurnThreads);
-        ptx::mbarrier_wait(&smem.v_full[stage], parity);
-        if (lane == 0) {
-          ptx::mbarrier_arrive(&smem.k_empty[stage]);
-          ptx::mbarrier_arrive(&smem.v_empty[stage]);
-          if (tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);
+    // toward a phase the busy warpgroups are still in), and skips the epilogue, which would
+    // store nothing. The branch wraps the whole item: a wgmma under a run-time branch inside
+    // the pipeline would make ptxas serialize them all (C7518). Only in the run-time-bounds
+    // kernels without a window, which decoding from a KV cache takes (sequence lengths,
+    // split-KV, GQA packing): in the window's kernels the path made ptxas spill 24 bytes at
+    // D = 128 (budget 12), and in the dense ones it cost prefill 2.7% at D = 64, causal, 16k on
+    // the H200 (results/evidence/idle_consumers/run2/). Elsewhere it is not instantiated.
+    constexpr bool kSkipsIdleConsumers = kRuntimeBounds && !kWindow;
+    if constexpr (kSkipsIdleConsumers) {
+      if (n_tiles > 0 && m_block + warpgroup * 64 >= seq.seqlen_q << pack_shift) {
+        ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);
+        if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
+        for (int tile = 0; tile < n_tiles; ++tile) {
+          const int ring = kv + tile, stage = ring % Cfg::kStages;
+          const uint32_t parity = (ring / Cfg::kStages) % 2;
+          ptx::mbarrier_wait(&smem.k_full[stage], parity);
+          ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
+          ptx::bar_arrive(next_turn, kTurnThreads);
+          ptx::mbarrier_wait(&smem.v_full[stage], parity);
+          if (lane == 0) {
+            ptx::mbarrier_arrive(&smem.k_empty[stage]);
+            ptx::mbarrier_arrive(&smem.v_empty[stage]);
+            if (tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);
+          }
         }
+        kv += n_tiles;
+        ++uses;
+        continue;
       }
-      kv += n_tiles;
-      ++uses;
     }
+
     // An item whose rows see no key (causal with Sq > Sk, or a window) skips the GEMMs and loads nothing:
     // O = 0, LSE = -inf below.
-    else if (n_tiles > 0) {
+    if (n_tiles > 0) {
       ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);  // this item's Q rows have landed
       // Consumer 0 goes first; after the first item the turn comes from the tiles before.
       if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
