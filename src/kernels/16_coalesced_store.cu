@@ -27,6 +27,7 @@
 #include "fragment.cuh"
 #include "params.h"
 #include "ptx/ex2.cuh"
+#include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/named_barrier.cuh"
 #include "ptx/setmaxnreg.cuh"
@@ -321,6 +322,12 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     }
     ptx::mbarrier_init(&smem.v_landed, 1);
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+    // Split-KV: the combine kernel may launch now (one thread issues it for the CTA). Its CTAs
+    // take the SMs this grid leaves free and wait there for this grid to finish, so its launch
+    // no longer follows the last CTA's exit.
+    if constexpr (kRuntimeBounds) {
+      if (p.splits > 1) ptx::griddepcontrol_launch_dependents();
+    }
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
 
@@ -982,6 +989,9 @@ __device__ __forceinline__ void combine_row(const float* lse_parts, const float*
 // B = 1 for a varlen batch), which is also the layout of lse.
 template <typename T, int D>
 __global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionParams p, int64_t rows_all) {
+  // Launched as the attention kernel's programmatic dependent: its partials are complete and
+  // visible only once this wait returns.
+  ptx::griddepcontrol_wait();
   const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   if (r >= rows_all) return;  // warp-uniform
   const bool packed = p.cu_seqlens_q != nullptr;
@@ -1202,8 +1212,20 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
                                                                                              Cfg::kBlockM);
       s = launch_status(kName);
     } else if (s.ok()) {
-      combine_splits_kernel<OutType<T>, D><<<unsigned((rows_all + 3) / 4), 128, 0, stream>>>(kernel_params, rows_all);
-      s = launch_status(kName);
+      // A programmatic dependent launch: it starts while the attention kernel runs (which lets
+      // it) and waits in the kernel for it to finish.
+      cudaLaunchAttribute dependent{};
+      dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      dependent.val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(unsigned((rows_all + 3) / 4));
+      config.blockDim = dim3(128);
+      config.stream = stream;
+      config.attrs = &dependent;
+      config.numAttrs = 1;
+      s = cuda_status(cudaLaunchKernelEx(&config, combine_splits_kernel<OutType<T>, D>, kernel_params, rows_all),
+                      std::string(kName) + ": launching the split-KV combine");
+      if (s.ok()) s = launch_status(kName);
     }
     if (owned) {
       const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
