@@ -1212,8 +1212,8 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
                                                                                              Cfg::kBlockM);
       s = launch_status(kName);
     } else if (s.ok()) {
-      // A programmatic dependent launch: it starts while the attention kernel runs (which lets
-      // it) and waits in the kernel for it to finish.
+      // A programmatic dependent launch: the attention kernel lets it start while it still runs
+      // (griddepcontrol.launch_dependents), and the combine waits for it (griddepcontrol.wait).
       cudaLaunchAttribute dependent{};
       dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       dependent.val.programmaticStreamSerializationAllowed = 1;
