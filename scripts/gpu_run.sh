@@ -22,6 +22,7 @@
 #   BACKWARD_BENCH_ARGS
 #                    extra flags for the backward lineage's hattn-bench run (after the forward's)
 #   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip both benchmarks
+#   SKIP_SASS=1      skip the disassembly summary (a minute or more of the call)
 #   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
 #   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
 #   SANITIZE_SHAPES  KERNEL:I,J,...: instead, backward kernel KERNEL on the backward suite's dense
@@ -110,7 +111,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 
 # --- disassembly: which MMA instructions each kernel uses, and no local memory -------------
-if command -v cuobjdump >/dev/null; then
+if [ "${SKIP_SASS:-0}" != 1 ] && command -v cuobjdump >/dev/null; then
   sass_of="$build/libhattn.a"
   [ -f "$sass_of" ] || sass_of="$build/hattn_tests"  # prebuilt: the test binary holds every kernel
   cuobjdump --dump-sass "$sass_of" >"$out/sass.txt" 2>&1 || true
