@@ -22,7 +22,7 @@
 #   BACKWARD_BENCH_ARGS
 #                    extra flags for the backward lineage's hattn-bench run (after the forward's)
 #   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip both benchmarks
-#   SKIP_SASS=1      skip the disassembly summary (a minute or more of the call)
+#   SKIP_SASS=1      skip the disassembly summary (2+ minutes of CPU, run beside the GPU tests)
 #   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
 #   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
 #   SANITIZE_SHAPES  KERNEL:I,J,...: instead, backward kernel KERNEL on the backward suite's dense
@@ -111,11 +111,15 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 
 # --- disassembly: which MMA instructions each kernel uses, and no local memory -------------
+# It takes a couple of minutes of CPU, so it runs beside the tests and sanitizers; the timed
+# runs below wait for it first (sass_wait), so that it does not share the host with them.
+sass_pid=
 if [ "${SKIP_SASS:-0}" != 1 ] && command -v cuobjdump >/dev/null; then
-  sass_of="$build/libhattn.a"
-  [ -f "$sass_of" ] || sass_of="$build/hattn_tests"  # prebuilt: the test binary holds every kernel
-  cuobjdump --dump-sass "$sass_of" >"$out/sass.txt" 2>&1 || true
-  python3 - "$out/sass.txt" >"$out/sass_summary.txt" <<'PY'
+  (
+    sass_of="$build/libhattn.a"
+    [ -f "$sass_of" ] || sass_of="$build/hattn_tests"  # prebuilt: the test binary holds every kernel
+    cuobjdump --dump-sass "$sass_of" >"$out/sass.txt" 2>&1 || true
+    python3 - "$out/sass.txt" >"$out/sass_summary.txt" <<'PY'
 import re, sys, collections
 counts = collections.OrderedDict(); fn = None
 for line in open(sys.argv[1], errors="replace"):
@@ -127,8 +131,15 @@ for line in open(sys.argv[1], errors="replace"):
 for fn, c in counts.items():
     print(f"{fn[:90]:90s} " + " ".join(f"{k}={v}" for k, v in sorted(c.items())))
 PY
-  note "sass: $(wc -l <"$out/sass_summary.txt") kernels summarized in sass_summary.txt"
+  ) &
+  sass_pid=$!
 fi
+sass_wait() {
+  [ -n "$sass_pid" ] || return 0
+  wait "$sass_pid"
+  sass_pid=
+  note "sass: $(wc -l <"$out/sass_summary.txt") kernels summarized in sass_summary.txt"
+}
 
 # --- GPU tests -------------------------------------------------------------------------------
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
@@ -161,6 +172,7 @@ if [ "${SANITIZE:-0}" = 1 ]; then
 fi
 
 # --- benchmark ---------------------------------------------------------------------------------
+sass_wait
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # Each point after 0.5 s of untimed calls: sustained figures, as the committed lineage
   # (results/evidence/clock_carryover/ says why the default 20 calls read high).
