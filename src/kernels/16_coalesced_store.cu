@@ -1223,9 +1223,9 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       config.stream = stream;
       config.attrs = &dependent;
       config.numAttrs = 1;
+      // cudaLaunchKernelEx returns the launch's own error (cuda_status then clears it).
       s = cuda_status(cudaLaunchKernelEx(&config, combine_splits_kernel<OutType<T>, D>, kernel_params, rows_all),
                       std::string(kName) + ": launching the split-KV combine");
-      if (s.ok()) s = launch_status(kName);
     }
     if (owned) {
       const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
