@@ -7,7 +7,9 @@ with the L2 flushed before every call, to find the layer that adds the time:
 
   1. _C.forward with prebuilt arguments (the C++ path alone)
   2. hattn.attention (the Python op)
-  3. the benchmark's own Timer with hattn alone, then with the SDPA anchors interleaved
+  3. hattn.attention with num_splits=1 (no split-KV, so no combine and no dependent launch)
+  4. hattn.attention on a stream of its own instead of torch's default stream
+  5. the benchmark's own Timer with hattn alone, then with the SDPA anchors interleaved
 
     python3 tools/decode_timing.py [--dim 64] [--batch 4] [--seqlen-k 4096]
 """
@@ -56,6 +58,12 @@ def main() -> None:
     print(f"D={a.dim} B={a.batch} Sk={a.seqlen_k} H={heads}, workspace {needed} bytes")
     print(f"  _C.forward, prebuilt arguments   {median_us(lambda: _C.forward(**kwargs, **extra, stream=stream)):8.1f} us")
     print(f"  hattn.attention                  {median_us(lambda: hattn.attention(q, k, v)):8.1f} us")
+    print(f"  hattn.attention, num_splits=1    {median_us(lambda: hattn.attention(q, k, v, num_splits=1)):8.1f} us")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        print(f"  hattn.attention, own stream      {median_us(lambda: hattn.attention(q, k, v)):8.1f} us")
+    torch.cuda.current_stream().wait_stream(side)
     timer = Timer(256, 5, a.reps, 2.0)
     alone = timer.interleaved([lambda: hattn.attention(q, k, v)])
     print(f"  bench Timer, hattn alone         {alone[0][0] * 1e3:8.1f} us")

@@ -302,10 +302,14 @@ class Timer:
     """
 
     MIN_REPS = 5
+    # Host time per timed call that the GPU's head start covers (see _timed), and its cap.
+    HEAD_START_US_PER_CALL = 200
+    HEAD_START_MAX_US = 100_000
 
-    def __init__(self, flush_mb: int, warmup: int, reps: int, budget_s: float):
+    def __init__(self, flush_mb: int, warmup: int, reps: int, budget_s: float, head_start: bool = True):
         self.flush = torch.empty(flush_mb * (1 << 20), dtype=torch.uint8, device="cuda")
         self.warmup, self.reps, self.budget_ms = warmup, reps, budget_s * 1e3
+        self.head_start = head_start
 
     def _timed(self, fns: Sequence[Callable[[], object]], rounds: int) -> List[List[float]]:
         """CUDA-event times (ms) of each call over `rounds` rounds, one call of each per round.
@@ -313,14 +317,23 @@ class Timer:
         Each round runs the calls in its own order (round_order): a long call timed right
         after a slow, cooler one (SDPA FLASH) ran several percent faster than right after a
         fast one, because the clocks carry over from one call to the next
-        (results/evidence/pybench_neighbour_effect_3d6787d/)."""
+        (results/evidence/pybench_neighbour_effect_3d6787d/).
+
+        The GPU first sleeps long enough for the host to queue every timed call (head_start):
+        otherwise a call shorter than the host's time to prepare it (decoding: about 50 us of
+        GPU time, as much host time in Python) is timed with the host's stalls inside it, and a
+        busy host CPU made such calls read up to 2x slower for seconds at a time
+        (results/evidence/decode_python_685b869/)."""
         n = len(fns)
         events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
                   for _ in range(rounds)]  # fmt: skip
+        if self.head_start:
+            sleep_us = min(self.HEAD_START_MAX_US, self.HEAD_START_US_PER_CALL * n * rounds)
+            torch.cuda._sleep(sleep_us * 2000)  # cycles; 2000 per us lasts at least sleep_us up to 2 GHz
         for r, round_events in enumerate(events):
             for j in round_order(n, r):
                 start, end = round_events[j]
-                self.flush.zero_()  # evicts q, k, v and out from L2; also hides the next call's launch latency
+                self.flush.zero_()  # evicts q, k, v and out from L2
                 start.record()
                 fns[j]()
                 end.record()

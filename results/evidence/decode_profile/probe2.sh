@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Decoding, second probe (not yet run). 1. With 4 query heads per K/V head the items are few
-# (16 at D = 128 with 4 x 4k keys) and the automatic rule's 4-tile floor per part leaves SMs
-# idle: hattn-bench at fixed part counts. 2. Why the attention kernel stops at 66-71% of the
-# DRAM peak without GQA: Nsight Compute's warp states, scheduler and source counters (stall
-# reasons by instruction) at 4 x 4k keys, dense (176-key tiles at D = 128, 80 at D = 256) and
-# paged (128 and 64).
+# Decoding, second probe (run: probe2/, README.md). 1. With 4 query heads per K/V head the
+# items are few (16 at D = 128 with 4 x 4k keys) and the automatic rule's 4-tile floor per part
+# may leave SMs idle: hattn-bench at fixed part counts. 2. Why the attention kernel stops at
+# 66-71% of the DRAM peak without GQA: Nsight Compute's warp states, scheduler and source
+# counters at 4 x 4k keys, dense (176-key tiles at D = 128, 80 at D = 256) and paged (128, 64).
 # Usage: probe2.sh BINARIES.tar.xz OUT_DIR
 set -uo pipefail
 bin=$1 out=$2
