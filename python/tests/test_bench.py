@@ -178,6 +178,29 @@ def test_varlen_anchor_names_are_checked():
     assert args.anchor_list == ["varlen_flash"]
 
 
+@requires_hopper
+def test_timer_head_start_keeps_the_host_out_of_the_times():
+    """A call whose host work (50 us of busy waiting) outlasts its GPU work (one small add)
+    reads at least the host's time without the GPU's head start, and its GPU time with it."""
+    import statistics
+    import time
+
+    import torch
+
+    x = torch.zeros(1024, device="cuda")
+
+    def call():
+        until = time.perf_counter() + 50e-6
+        while time.perf_counter() < until:
+            pass
+        x.add_(1)
+
+    plain = bench.Timer(1, 0, 10, 1.0, head_start=False)._timed([call], 10)[0]
+    ahead = bench.Timer(1, 0, 10, 1.0, head_start=True)._timed([call], 10)[0]
+    assert statistics.median(plain) > 0.045  # ms
+    assert statistics.median(ahead) < 0.03
+
+
 def test_decode_flag_sets_the_queries():
     argv = ["--seqlen-q", "1", "--dims", "128", "--seqlens", "4k", "--no-capstone", "--causal", "no"]
     args = bench.parse_args(argv, KERNELS)
