@@ -302,16 +302,18 @@ class Timer:
     """
 
     MIN_REPS = 5
-    # Host time per timed call that the GPU's head start covers (see _timed), and its cap.
+    # Host time per timed call that the GPU's head start covers (see _timed), and its cap; the
+    # calls of a round take the head start only when their mean GPU time is below the last.
     HEAD_START_US_PER_CALL = 200
     HEAD_START_MAX_US = 100_000
+    HEAD_START_BELOW_MS = 1.0
 
     def __init__(self, flush_mb: int, warmup: int, reps: int, budget_s: float, head_start: bool = True):
         self.flush = torch.empty(flush_mb * (1 << 20), dtype=torch.uint8, device="cuda")
         self.warmup, self.reps, self.budget_ms = warmup, reps, budget_s * 1e3
         self.head_start = head_start
 
-    def _timed(self, fns: Sequence[Callable[[], object]], rounds: int) -> List[List[float]]:
+    def _timed(self, fns: Sequence[Callable[[], object]], rounds: int, head_start: bool) -> List[List[float]]:
         """CUDA-event times (ms) of each call over `rounds` rounds, one call of each per round.
 
         Each round runs the calls in its own order (round_order): a long call timed right
@@ -319,15 +321,16 @@ class Timer:
         fast one, because the clocks carry over from one call to the next
         (results/evidence/pybench_neighbour_effect_3d6787d/).
 
-        The GPU first sleeps long enough for the host to queue every timed call (head_start):
-        otherwise a call shorter than the host's time to prepare it (decoding: about 50 us of
-        GPU time, as much host time in Python) is timed with the host's stalls inside it, and a
-        busy host CPU made such calls read up to 2x slower for seconds at a time
-        (results/evidence/decode_python_685b869/)."""
+        head_start: the GPU first sleeps long enough for the host to queue every timed call.
+        Otherwise a call shorter than the host's time to prepare it (decoding: about 50 us of
+        GPU time, 42-99 us of host time in Python on the H200's virtual machine) is timed with
+        the host's stalls inside it: such calls read up to 2x slower for seconds at a time
+        (results/evidence/decode_python_685b869/). Calls of a millisecond and more skip it and
+        keep the clocks of the warm-up calls right before them."""
         n = len(fns)
         events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in fns]
                   for _ in range(rounds)]  # fmt: skip
-        if self.head_start:
+        if head_start:
             sleep_us = min(self.HEAD_START_MAX_US, self.HEAD_START_US_PER_CALL * n * rounds)
             torch.cuda._sleep(sleep_us * 2000)  # cycles; 2000 per us lasts at least sleep_us up to 2 GHz
         for r, round_events in enumerate(events):
@@ -344,14 +347,15 @@ class Timer:
         """(median ms, number of timed calls) of each call, timed in rounds over all of them."""
         if not fns:
             return []
-        reps = self.reps
+        reps, head_start = self.reps, self.head_start
         if self.warmup > 0:
-            per_round = max(sum(times[0] for times in self._timed(fns, 1)), 1e-3)
+            per_round = max(sum(times[0] for times in self._timed(fns, 1, self.head_start)), 1e-3)
             for _ in range(min(self.warmup - 1, int(self.budget_ms * len(fns) / 10 / per_round))):
                 for fn in fns:
                     fn()
             reps = max(min(self.reps, self.MIN_REPS), min(self.reps, int(self.budget_ms * len(fns) / per_round)))
-        return [(statistics.median(times), reps) for times in self._timed(fns, reps)]
+            head_start = head_start and per_round / len(fns) < self.HEAD_START_BELOW_MS
+        return [(statistics.median(times), reps) for times in self._timed(fns, reps, head_start)]
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0, with_dout: bool = False):

@@ -182,7 +182,6 @@ def test_varlen_anchor_names_are_checked():
 def test_timer_head_start_keeps_the_host_out_of_the_times():
     """A call whose host work (50 us of busy waiting) outlasts its GPU work (one small add)
     reads at least the host's time without the GPU's head start, and its GPU time with it."""
-    import statistics
     import time
 
     import torch
@@ -195,10 +194,26 @@ def test_timer_head_start_keeps_the_host_out_of_the_times():
             pass
         x.add_(1)
 
-    plain = bench.Timer(1, 0, 10, 1.0, head_start=False)._timed([call], 10)[0]
-    ahead = bench.Timer(1, 0, 10, 1.0, head_start=True)._timed([call], 10)[0]
-    assert statistics.median(plain) > 0.045  # ms
-    assert statistics.median(ahead) < 0.03
+    plain_ms = bench.Timer(1, 0, 10, 1.0, head_start=False).interleaved([call])[0][0]  # medians
+    ahead_ms = bench.Timer(1, 0, 10, 1.0, head_start=True).interleaved([call])[0][0]
+    assert plain_ms > 0.045
+    assert ahead_ms < 0.03
+
+
+def test_timer_gives_the_head_start_to_short_calls_only():
+    class Probe(bench.Timer):  # no GPU: _timed reports call_ms per call and records its flag
+        def __init__(self, call_ms):
+            self.warmup, self.reps, self.budget_ms, self.head_start = 2, 5, 1000.0, True
+            self.call_ms, self.flags = call_ms, []
+
+        def _timed(self, fns, rounds, head_start):
+            self.flags.append(head_start)
+            return [[self.call_ms] * rounds for _ in fns]
+
+    for call_ms, timed_with_head_start in ((0.05, True), (2.0, False)):
+        probe = Probe(call_ms)
+        assert [ms for ms, _ in probe.interleaved([lambda: None, lambda: None])] == [call_ms, call_ms]
+        assert probe.flags == [True, timed_with_head_start]  # the sizing round, then the timed ones
 
 
 def test_decode_flag_sets_the_queries():
