@@ -54,22 +54,15 @@ constexpr int kTurnThreads = 2 * 128;  // the waiting warpgroup + the arriving o
 constexpr int kVtTileKeys = 128;
 
 // kWide: the wide tile shape for long key sweeps; kNumConsumers: consumer warpgroups (2, or 3
-// at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 64 or 128 with 128-key tiles);
-// kRuntimeBounds: the kernels that read each item's bounds at run time (decoding among them).
-template <int D, bool kWide, int kNumConsumers, bool kFp8 = false, bool kRuntimeBounds = false>
+// at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 64 or 128 with 128-key tiles).
+template <int D, bool kWide, int kNumConsumers, bool kFp8 = false>
 struct Config {
   static constexpr int kConsumers = kNumConsumers;     // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA: 64 per consumer
   // Keys per K/V tile (the N of S = Q K^T).
   static constexpr int kBlockN = D == 256 ? (kWide ? 80 : 64) : !kWide ? 128 : D == 128 ? 176 : 160;
-  // The deep ring: at D = 128 with 128-key tiles, the run-time bounds kernels keep a third K/V
-  // stage where O's staging tile would go and store O from registers. Decoding, whose parts
-  // sweep few tiles with one query row, waited for K in about 40% of its busy consumer's
-  // samples with two stages (results/evidence/decode_profile/).
-  static constexpr bool kDeepRing = kRuntimeBounds && D == 128 && !kWide && !kFp8;
-  // K/V tiles in flight (3 fit beside Q and O's staging tile only at D = 64)
-  static constexpr int kStages = D == 64 || kDeepRing ? 3 : 2;
+  static constexpr int kStages = D == 64 ? 3 : 2;      // K/V tiles in flight (3 fit beside O only at D = 64)
   // Q's and K's rows go in swizzle rows of 128 bytes, or 64 where a whole row is shorter (FP8 at
   // D = 64: 64-byte swizzle).
   static constexpr int kRowBytes = kFp8 && D < 128 ? D : 128;
@@ -83,8 +76,8 @@ struct Config {
   // O leaves through a shared-memory tile and a TMA store when that tile fits beside Q and
   // the ring: Q + 2 x (K + V) + O is 192 KB at D = 128, but would be 240 KB with 176-key
   // tiles and 256 KB at D = 256 (64-key tiles). At D = 64 it is 130 KB, 152 KB with 160-key
-  // tiles. The deep ring's third stage takes O's place (Q + 3 x (K + V) = 224 KB).
-  static constexpr bool kStoreByTma = D == 64 || (D == 128 && !kWide && !kDeepRing);
+  // tiles.
+  static constexpr bool kStoreByTma = D == 64 || (D == 128 && !kWide);
   // Of every 4 n8 tiles of P, this many take their exponentials on the FMA pipe (exp2_fma)
   // instead of MUFU.EX2. FP8 at D = 128 is bound by MUFU (a tile pair's ex2 and e4m3
   // conversions take as long as its halved GEMMs): on the H200 one of four ran 1-2% faster
@@ -121,8 +114,8 @@ template <typename T>
 constexpr bool kIsFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
 template <typename T>
 using OutType = std::conditional_t<kIsFp8<T>, __nv_bfloat16, T>;
-template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds = false>
-using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>, kRuntimeBounds>;
+template <typename T, int D, bool kWide, int kNumConsumers>
+using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>>;
 
 constexpr float kLog2e = 1.4426950408889634f;
 // FP8: P is kept as 2^8 P (at most 256 < 448, e4m3's largest), so that weights down to 2^-14
@@ -135,9 +128,9 @@ constexpr int kAtomBytes = 1024;    // 8 rows x 128 bytes: the swizzle pattern's
 
 // Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
 // 128B-swizzled.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds>
+template <typename T, int D, bool kWide, int kNumConsumers>
 struct SharedStorage {
-  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kRuntimeBounds>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
   alignas(kAtomBytes) T q[Cfg::kColBlocks][Cfg::kBlockM * Cfg::kAtomCols];
   alignas(kAtomBytes) T k[Cfg::kStages][Cfg::kColBlocks][Cfg::kBlockN * Cfg::kAtomCols];
   alignas(kAtomBytes) T v[Cfg::kStages][Cfg::kVBlocks][Cfg::kVBlockElems];
@@ -157,9 +150,9 @@ struct SharedStorage {
 // most a whole tile's rows of one 64-column block.
 __device__ __align__(128) uint4 g_zero_rows[256 * kSwizzleBytes / sizeof(uint4)];
 
-template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds>
+template <typename T, int D, bool kWide, int kNumConsumers>
 constexpr int smem_bytes() {
-  return int(sizeof(SharedStorage<T, D, kWide, kNumConsumers, kRuntimeBounds>)) + kAtomBytes;  // + slack to align the base to 1024
+  return int(sizeof(SharedStorage<T, D, kWide, kNumConsumers>)) + kAtomBytes;  // + slack to align the base to 1024
 }
 
 // A stage's K tile (or V's, when not FP8), and its V tile, as SharedStorage lays them out.
@@ -239,7 +232,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     coalesced_store_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                       const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map,
                       const AttentionParams p, const WorkList sched) {
-  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kRuntimeBounds>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
   constexpr bool kFp8 = kIsFp8<T>;  // e4m3 q, k, v (V as its transposed copy), bf16 out
   using OutT = OutType<T>;
   static_assert(!kFp8 || !kRuntimeBounds, "the FP8 forward runs dense batches");
@@ -269,7 +262,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   else
     smem_base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) /
                                                  kAtomBytes * kAtomBytes);
-  auto& smem = *reinterpret_cast<SharedStorage<T, D, kWide, kNumConsumers, kRuntimeBounds>*>(smem_base);
+  auto& smem = *reinterpret_cast<SharedStorage<T, D, kWide, kNumConsumers>*>(smem_base);
 
   // The consumer index; -1 is the producer. Read from lane 0 so that the compiler knows it is
   // the same in the whole warp and keeps what derives from it (Q's descriptor) in uniform
@@ -1114,8 +1107,8 @@ struct SplitPlan {
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, const SplitPlan& split, int sms,
                     cudaStream_t stream) {
-  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kRuntimeBounds>;
-  constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers, kRuntimeBounds>();
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
+  constexpr int kSmem = smem_bytes<T, D, kWide, kNumConsumers>();
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
   QkvTensorMaps maps;
   Status s = make_qkv_tensor_maps(problem, 64, Cfg::kBlockN, kName, &maps);  // Q: one consumer's rows per box
@@ -1337,14 +1330,11 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
       !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0 && problem.softcap == 0.f;
   c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim, c->dense);
   // Decoding (a query block of at most one consumer's 64 rows) runs in the run-time bounds
-  // kernels also when dense: their consumers without rows skip their tiles (the dense kernels
-  // compute them), and at D = 128 their 128-key tiles have the deep ring (Config::kDeepRing).
-  const bool decoding = !c->window && problem.dtype != DType::e4m3 &&
-                        (int64_t(problem.seqlen_q) << c->params.pack_shift) <= 64;
-  if (decoding) {
+  // kernels also when dense: their consumers without rows skip their tiles, which the dense
+  // kernels compute (D = 64 with 4 x 4k keys: 55 us in the dense kernel, 47 here; 32 x 4k: 372
+  // and 271; results/evidence/deep_ring_tail_rounds/).
+  if (!c->window && problem.dtype != DType::e4m3 && (int64_t(problem.seqlen_q) << c->params.pack_shift) <= 64)
     c->dense = false;
-    if (problem.head_dim == 128) c->wide = false;
-  }
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   c->three =
       !(problem.causal || c->window) || c->mean_keys >= kThreeConsumerMinCausalKeys;
@@ -1376,23 +1366,24 @@ int split_parts(const AttentionProblem& problem, int pack_shift, int block_m, in
   return parts;
 }
 
-// Keys each part of a last round cut over several rounds sweeps at least. Parts of shorter
-// sweeps lost more to their partial blocks (written, then read again by the combine) than the
-// idle SMs cost: cut into 5 parts, D = 256 at S = 4k ran 3.5% slower, while D = 128 from S = 8k
-// ran 1.3-2% faster (results/evidence/tail_rounds_wide_a71743b/).
+// A last round cut over several rounds: each part keeps at least kMinTailPartKeys keys, the
+// parts take at most kMaxTailRounds rounds, and the cut is made only where the round then ends
+// in at most kMaxTailRoundShare of one item's time. Every part pays its own pipeline fill and
+// drain and writes a partial block that the combine reads again: cut into 5 parts (4 rounds),
+// D = 256 at S = 4k ran 3.5% slower, while D = 128 from S = 8k ran 1.3-2% faster
+// (results/evidence/tail_rounds_wide_a71743b/); cut into up to 15 parts (8 rounds), D = 128 at
+// 8k and 16k gained nothing (results/evidence/deep_ring_tail_rounds/run1/).
 constexpr int kMinTailPartKeys = 1024;
-// A last round cut over several rounds is cut only where it then ends in at most this share of
-// one item's time.
+constexpr int kMaxTailRounds = 4;
 constexpr double kMaxTailRoundShare = 0.8;
 
 // The tail split: without a mask, when the items are not a whole number of rounds of the
 // persistent grid, the items of the last round are cut into parts. A last round that holds at
 // most half of the CTAs has each item cut into as many parts as fill one round, as long as each
 // part keeps kMinTilesPerSplit tiles. A fuller one (no part count fills one round) is cut into
-// the n parts that end it soonest: left x n parts take ceil(left x n / ctas) rounds of 1/n of an
-// item, for n up to the parts of kMinTailPartKeys keys, fewer parts on ties. Automatic only
-// (num_splits = 0), and only in the kernels without run-time bounds (dense batches, no window,
-// no GQA packing).
+// the n parts that end it soonest, left x n parts in ceil(left x n / ctas) rounds of 1/n of an
+// item, within the limits above (fewer parts on ties). Automatic only (num_splits = 0), and
+// only in the kernels without run-time bounds (dense batches, no window, no GQA packing).
 void plan_tail_split(const AttentionProblem& problem, int block_m, int block_n, int sms, SplitPlan* plan) {
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, block_m);
   const int64_t ctas = std::min<int64_t>(items, sms);
@@ -1404,9 +1395,10 @@ void plan_tail_split(const AttentionProblem& problem, int block_m, int block_n, 
     const int64_t by_tiles = (int64_t(problem.seqlen_k) + block_n - 1) / block_n / kMinTilesPerSplit;
     parts = int(std::min<int64_t>({by_ctas, by_tiles, kMaxSplits}));
   } else {
-    const int64_t by_keys = std::min<int64_t>(problem.seqlen_k / kMinTailPartKeys, kMaxSplits);
+    const int64_t most = std::min<int64_t>(
+        {problem.seqlen_k / kMinTailPartKeys, kMaxTailRounds * ctas / left, int64_t(kMaxSplits)});
     double best_share = 1.0;  // uncut, the last round takes one item's time
-    for (int64_t n = 2; n <= by_keys; ++n) {
+    for (int64_t n = 2; n <= most; ++n) {
       const double share = double((left * n + ctas - 1) / ctas) / double(n);
       if (share < best_share) best_share = share, parts = int(n);
     }

@@ -4,7 +4,7 @@
 # 4 query heads per K/V head, a paged cache, 32 sequences), the D = 128 prefill that runs the
 # run-time bounds kernels (variable-length, paged, sliding window), and the forward grid
 # without a mask (the tail cut).
-# Usage: timing.sh A.tar.xz B.tar.xz OUT_DIR
+# Usage: [TAGS='decode grid ...'] timing.sh A.tar.xz B.tar.xz OUT_DIR
 set -uo pipefail
 out=$3
 declare -A dir commit
@@ -26,16 +26,23 @@ run() {  # tag a|b args...
   shift 2
   HATTN_COMMIT=${commit[$x]} "${dir[$x]}/hattn-bench" "$@" --csv "$out/$tag.csv" >"$out/$tag.log" 2>&1
 }
+# TAGS: which of these to run (default: all)
+tags=${TAGS:-"decode decode_gqa4 decode_paged decode_batch32 prefill_varlen prefill_paged prefill_window grid"}
 for order in a1 b1 b2 a2; do
   x=${order:0:1}
-  run "decode_$order" "$x" "${dec[@]}"
-  run "decode_gqa4_$order" "$x" "${dec[@]}" --gqa 4
-  run "decode_paged_$order" "$x" "${dec[@]}" --page-size 256
-  run "decode_batch32_$order" "$x" "${dec[@]}" --seqlens 4096 --tokens 131072
-  run "prefill_varlen_$order" "$x" "${pre[@]}" --varlen mixed
-  run "prefill_paged_$order" "$x" "${pre[@]}" --page-size 256
-  run "prefill_window_$order" "$x" "${pre[@]}" --window 1024,0
-  run "grid_$order" "$x" "${grid[@]}"
+  for tag in $tags; do
+    case $tag in
+      decode) run "decode_$order" "$x" "${dec[@]}" ;;
+      decode_gqa4) run "decode_gqa4_$order" "$x" "${dec[@]}" --gqa 4 ;;
+      decode_paged) run "decode_paged_$order" "$x" "${dec[@]}" --page-size 256 ;;
+      decode_batch32) run "decode_batch32_$order" "$x" "${dec[@]}" --seqlens 4096 --tokens 131072 ;;
+      prefill_varlen) run "prefill_varlen_$order" "$x" "${pre[@]}" --varlen mixed ;;
+      prefill_paged) run "prefill_paged_$order" "$x" "${pre[@]}" --page-size 256 ;;
+      prefill_window) run "prefill_window_$order" "$x" "${pre[@]}" --window 1024,0 ;;
+      grid) run "grid_$order" "$x" "${grid[@]}" ;;
+      *) echo "unknown tag $tag" && exit 2 ;;
+    esac
+  done
 done
 for f in "$out"/*.log; do
   echo "== $f"
