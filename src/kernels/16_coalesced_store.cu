@@ -187,10 +187,9 @@ __device__ __forceinline__ void load_vt_tile(VTile<T, D, kWide, kNumConsumers>& 
 
 // The work list with its last round cut (the final kernel's tail split). Without a mask every
 // item costs the same, so when the items are not a whole number of rounds, the last round
-// keeps some CTAs busy for a whole item while the others idle. Items from tail_start on are
+// keeps a few CTAs busy for a whole item while the others idle. Items from tail_start on are
 // each cut into tail_parts parts along the keys (part i sweeps its share of the item's tiles),
-// written as fp32 partial results that a second kernel combines; the parts fill that round,
-// or end it sooner over a few shorter rounds (plan_tail_split).
+// written as fp32 partial results that a second kernel combines; the parts fill that round.
 struct PartItem : WorkItem {
   int part = 0, parts = 1;  // parts > 1: this item is part `part` of a cut tail item
   int tail = 0;             // which tail item (its partial results' slot)
@@ -1329,11 +1328,13 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   c->dense =
       !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0 && problem.softcap == 0.f;
   c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim, c->dense);
-  // Decoding (a query block of at most one consumer's 64 rows) runs in the run-time bounds
-  // kernels also when dense: their consumers without rows skip their tiles, which the dense
-  // kernels compute (D = 64 with 4 x 4k keys: 55 us in the dense kernel, 47 here; 32 x 4k: 372
-  // and 271; results/evidence/deep_ring_tail_rounds/).
-  if (!c->window && problem.dtype != DType::e4m3 && (int64_t(problem.seqlen_q) << c->params.pack_shift) <= 64)
+  // Decoding at D = 64 (a query block of at most one consumer's 64 rows) runs in the run-time
+  // bounds kernels also when dense: there its consumers without rows (two of three) skip
+  // their tiles, which the dense kernels compute (4 x 4k keys: 55 us in the dense kernel,
+  // 47.6 here; 32 x 4k: 371 and 272). At D = 128 and 256 (one idle consumer of two) they ran
+  // 0.5% slower at 32 x 4k (results/evidence/deep_ring_tail_rounds/run2/).
+  if (problem.head_dim == 64 && !c->window && problem.dtype != DType::e4m3 &&
+      (int64_t(problem.seqlen_q) << c->params.pack_shift) <= 64)
     c->dense = false;
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   c->three =
@@ -1366,44 +1367,18 @@ int split_parts(const AttentionProblem& problem, int pack_shift, int block_m, in
   return parts;
 }
 
-// A last round cut over several rounds: each part keeps at least kMinTailPartKeys keys, the
-// parts take at most kMaxTailRounds rounds, and the cut is made only where the round then ends
-// in at most kMaxTailRoundShare of one item's time. Every part pays its own pipeline fill and
-// drain and writes a partial block that the combine reads again: cut into 5 parts (4 rounds),
-// D = 256 at S = 4k ran 3.5% slower, while D = 128 from S = 8k ran 1.3-2% faster
-// (results/evidence/tail_rounds_wide_a71743b/); cut into up to 15 parts (8 rounds), D = 128 at
-// 8k and 16k gained nothing (results/evidence/deep_ring_tail_rounds/run1/).
-constexpr int kMinTailPartKeys = 1024;
-constexpr int kMaxTailRounds = 4;
-constexpr double kMaxTailRoundShare = 0.8;
-
 // The tail split: without a mask, when the items are not a whole number of rounds of the
-// persistent grid, the items of the last round are cut into parts. A last round that holds at
-// most half of the CTAs has each item cut into as many parts as fill one round, as long as each
-// part keeps kMinTilesPerSplit tiles. A fuller one (no part count fills one round) is cut into
-// the n parts that end it soonest, left x n parts in ceil(left x n / ctas) rounds of 1/n of an
-// item, within the limits above (fewer parts on ties). Automatic only (num_splits = 0), and
-// only in the kernels without run-time bounds (dense batches, no window, no GQA packing).
+// persistent grid, each item of the last round is cut into as many parts as fill the grid's
+// CTAs, as long as each part keeps kMinTilesPerSplit tiles. Automatic only (num_splits = 0),
+// and only in the kernels without run-time bounds (dense batches, no window, no GQA packing).
 void plan_tail_split(const AttentionProblem& problem, int block_m, int block_n, int sms, SplitPlan* plan) {
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, block_m);
   const int64_t ctas = std::min<int64_t>(items, sms);
   const int64_t left = ctas > 0 ? items % ctas : 0;  // items of the last, partial round
   if (left == 0) return;
-  int parts = 1;
-  if (left * 2 <= ctas) {
-    const int64_t by_ctas = ctas / left;
-    const int64_t by_tiles = (int64_t(problem.seqlen_k) + block_n - 1) / block_n / kMinTilesPerSplit;
-    parts = int(std::min<int64_t>({by_ctas, by_tiles, kMaxSplits}));
-  } else {
-    const int64_t most = std::min<int64_t>(
-        {problem.seqlen_k / kMinTailPartKeys, kMaxTailRounds * ctas / left, int64_t(kMaxSplits)});
-    double best_share = 1.0;  // uncut, the last round takes one item's time
-    for (int64_t n = 2; n <= most; ++n) {
-      const double share = double((left * n + ctas - 1) / ctas) / double(n);
-      if (share < best_share) best_share = share, parts = int(n);
-    }
-    if (best_share > kMaxTailRoundShare) parts = 1;
-  }
+  const int64_t by_ctas = ctas / left;
+  const int64_t by_tiles = (int64_t(problem.seqlen_k) + block_n - 1) / block_n / kMinTilesPerSplit;
+  const int parts = int(std::min<int64_t>({by_ctas, by_tiles, kMaxSplits}));
   if (parts < 2 || items - left + left * parts > kMaxWorkItems) return;
   plan->tail_start = int(items - left);
   plan->tail_parts = parts;
