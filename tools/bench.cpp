@@ -2,7 +2,8 @@
 //
 // Every kernel is first checked against the fp64 CPU reference on a sample of rows of the
 // same inputs it is then timed on. Times are CUDA-event medians with the L2 flushed before
-// each call; the cuBLAS bf16 GEMM rate measured in the same run is the ceiling.
+// each call (--warm-l2: not flushed); the cuBLAS bf16 GEMM rate measured in the same run is
+// the ceiling.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -53,6 +54,7 @@ struct Config {
   double slow_call_seconds = 2.0;  // a call slower than this is timed once (its check run)
   int check_rows = 48;
   bool gemm = true;
+  bool warm_l2 = false;  // no L2 flush before the timed calls (inputs that fit stay in L2)
   std::string csv;
   std::string commit;
 };
@@ -90,6 +92,9 @@ void usage() {
       "                      not with --backward, nor for a point timed once (a call over 2 s)\n"
       "  --check-rows N      rows checked against the fp64 reference (default 48)\n"
       "  --no-gemm           skip the cuBLAS GEMM ceiling\n"
+      "  --warm-l2           time without flushing L2 first: inputs that fit in L2 stay there, which\n"
+      "                      shows a kernel's floor where DRAM is not the limit (not comparable with\n"
+      "                      the default times; the CSV gets an l2 column)\n"
       "  --csv PATH          write results as CSV\n"
       "  --commit SHA        commit recorded in the CSV (default $HATTN_COMMIT)\n"
       "  --list              list the forward and the backward kernels and exit\n");
@@ -143,6 +148,8 @@ int parse(int argc, char** argv, Config* c) {
       c->backward = true;
     } else if (a == "--no-gemm") {
       c->gemm = false;
+    } else if (a == "--warm-l2") {
+      c->warm_l2 = true;
     } else if (a == "--kernels" || a == "--dims" || a == "--seqlens" || a == "--causal" || a == "--dtype" ||
                a == "--tokens" || a == "--hidden" || a == "--reps" || a == "--seconds" || a == "--settle" ||
                a == "--check-rows" || a == "--csv" || a == "--commit" || a == "--window" || a == "--varlen" ||
@@ -362,7 +369,7 @@ bool time_queued(int reps, void* flush, size_t flush_bytes, Call&& call, std::ve
     for (auto& e : events) cudaEventDestroy(e);
   };
   for (int r = 0; r < reps; ++r) {
-    CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));  // evict the inputs from L2
+    if (flush_bytes > 0) CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));  // evict the inputs from L2
     CHECK_CUDA(cudaEventRecord(events[2 * r]));
     if (!call()) {
       destroy_events();  // a failed call: the point is skipped, its events are not kept
@@ -400,7 +407,7 @@ bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& ker
   // (results/evidence/clock_carryover/).
   const int settle_calls = int(cfg.settle_seconds * 1e3 / std::max(first_call_ms, 1e-3));
   for (int i = 0; i < settle_calls; ++i) {
-    CHECK_CUDA(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
+    if (flush_bytes > 0) CHECK_CUDA(cudaMemsetAsync(flush, i & 0xff, flush_bytes));
     if (!forward(w.problem, options).ok()) return false;
   }
   std::vector<double> ms;
@@ -603,6 +610,7 @@ int main(int argc, char** argv) {
     if (!gemm_ceiling(&gemm)) std::fprintf(stderr, "hattn-bench: cuBLAS GEMM ceiling failed\n");
     std::printf("# cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s (SM clock %d MHz)\n", gemm, sm_clock_mhz());
   }
+  if (cfg.warm_l2) std::printf("# --warm-l2: L2 is not flushed before the timed calls\n");
 
   // Rows are appended as they complete, so an interrupted run still leaves its results.
   std::ofstream csv;
@@ -617,12 +625,12 @@ int main(int argc, char** argv) {
         << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "")
         << (cfg.num_splits != 0 ? ",num_splits" : "") << (cfg.pack_gqa.has_value() ? ",pack_gqa" : "")
         << (cfg.settle_seconds > 0 ? ",settle_s" : "") << (cfg.softcap > 0 ? ",softcap" : "")
-        << '\n';
+        << (cfg.warm_l2 ? ",l2" : "") << '\n';
   }
 
   harness::DeviceBuffer flush;
-  const size_t flush_bytes = size_t(256) << 20;  // > 4x the 60 MB L2
-  if (!flush.allocate(flush_bytes).ok()) return 4;
+  const size_t flush_bytes = cfg.warm_l2 ? 0 : size_t(256) << 20;  // > 4x the 60 MB L2
+  if (flush_bytes > 0 && !flush.allocate(flush_bytes).ok()) return 4;
 
   const std::vector<Shape> shapes = grid(cfg);
   std::vector<Row> rows;
@@ -703,6 +711,7 @@ int main(int argc, char** argv) {
         if (cfg.pack_gqa.has_value()) csv << ',' << (*cfg.pack_gqa ? "on" : "off");
         if (cfg.settle_seconds > 0) csv << ',' << cfg.settle_seconds;
         if (cfg.softcap > 0) csv << ',' << cfg.softcap;
+        if (cfg.warm_l2) csv << ",warm";
         csv << '\n' << std::flush;
       }
       rows.push_back(row);
