@@ -3,8 +3,8 @@
 # SM cycles, DRAM bytes and grid size of each kernel of one decoding call (the attention kernel
 # and, when split, the combine), with the caches flushed before each kernel (ncu's default)
 # and not (--cache-control none), beside hattn-bench's event times of the same calls, split
-# automatically and not (--num-splits 1). The gap between the event time and the kernels'
-# durations is the launches'.
+# automatically and not (--num-splits 1), then with 2 to 16 parts at 1 x 4k and 4 x 4k. The
+# gap between the event time and the kernels' durations is the launches'.
 # Usage: probe_floor.sh HATTN_BENCH OUT_DIR
 set -uo pipefail
 bench=$1
@@ -22,6 +22,13 @@ for splits in 0 1; do
       "$bench" "${shapes[@]}" --num-splits "$splits" --reps 3 --check-rows 1 \
       >"$out/ncu_splits${splits}_cache_$cache.csv" 2>&1
   done
+done
+# Parts per query block by hand: the automatic rule keeps 4 tiles per part (5 parts at
+# D = 128 with 1 x 4k keys), so each CTA sweeps its tiles one after the other.
+for n in 2 4 6 8 12 16; do
+  "$bench" "${shapes[@]}" --num-splits $n --csv "$out/events_n$n.csv" >"$out/events_n$n.log" 2>&1
+  "$bench" "${shapes[@]}" --num-splits $n --seqlens 4096 --tokens 16384 --csv "$out/events_b4_n$n.csv" \
+    >"$out/events_b4_n$n.log" 2>&1
 done
 python3 - "$out" <<'PY'
 import csv, glob, io, sys
