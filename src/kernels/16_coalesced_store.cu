@@ -1312,7 +1312,9 @@ struct TileChoice {
   double mean_keys = 0;    // keys per query block, on average
   bool wide = false;       // the wide K/V tiles (D = 128, 256)
   bool window = false;     // the window's kernels
-  bool dense = false;      // no window, sequence bounds, GQA packing or softcap: the kernels without run-time bounds
+  // No window, sequence bounds, GQA packing or softcap, and not decoding at D = 64: the kernels
+  // without run-time bounds.
+  bool dense = false;
   bool three = false;      // three consumers (D = 64)
   int sms = 0;
 };
