@@ -292,12 +292,12 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // Split-KV numbers the parts of a query block inside the item's m_block (block * splits +
   // part), and each part sweeps its share of the block's tiles. Only the run-time bounds
   // kernels take it; without it p.splits is 1 and these are the block and kv_tiles. A cut
-  // tail item (the other kernels) carries its part in the item.
+  // tail item carries its part in the item.
   auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? item.m_block / p.splits : item.m_block; };
   auto item_tiles = [&](const PartItem& item, const Sequence& seq) -> KvTileRange {
     const KvTileRange all = kv_tiles(block_of(item), seq);
     const bool split = kRuntimeBounds && p.splits > 1;
-    const int parts = split ? p.splits : kRuntimeBounds ? 1 : item.parts;
+    const int parts = split ? p.splits : item.parts;
     if (parts == 1) return all;
     const int part = split ? item.m_block % p.splits : item.part, n = all.last - all.first;
     return {all.first + n * part / parts, all.first + n * (part + 1) / parts};
@@ -808,7 +808,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
       continue;  // the combine step writes out and lse
     }
-    if (!kRuntimeBounds && item.parts > 1) {
+    if (item.parts > 1) {
       // A part of a cut tail item: as split-KV's parts, at [tail item][part][row of the block]
       // (rows past Sq are left unwritten; the combine step skips them).
       const int64_t slot = (int64_t(item.tail) * item.parts + item.part) * kBlockM;
@@ -1101,7 +1101,7 @@ struct SplitPlan {
 
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
 // split.splits > 1 (run-time bounds kernels only): split-KV with that many parts; or
-// split.tail_parts > 1 (the others): the tail split. Either in the caller's workspace or,
+// split.tail_parts > 1: the tail split. Either in the caller's workspace or,
 // without one, in memory taken here when it can be had.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, const SplitPlan& split, int sms,
@@ -1172,7 +1172,7 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   bool tail = false;  // the tail split runs: its parts are in the work list
   float* workspace = nullptr;
   bool owned = false;  // taken here, freed here
-  if ((kRuntimeBounds && splits > 1) || (!kRuntimeBounds && split.tail_parts > 1)) {
+  if ((kRuntimeBounds && splits > 1) || split.tail_parts > 1) {
     if (problem.workspace != nullptr) {  // forward() checked its size
       workspace = static_cast<float*>(problem.workspace);
     } else if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), split.bytes, stream) == cudaSuccess) {
@@ -1183,7 +1183,7 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       cudaGetLastError();  // clear it: the unsplit launch below does not depend on it
       workspace = nullptr;
     }
-    if (workspace != nullptr && !kRuntimeBounds) {
+    if (workspace != nullptr && split.tail_parts > 1) {
       // The tail split: the parts of the cut items, [tail item][part][row of the block].
       tail = true;
       const int64_t parts_all = int64_t(WorkList{plan.sched, split.tail_start, split.tail_parts}.tail_items()) *
@@ -1312,8 +1312,10 @@ struct TileChoice {
   double mean_keys = 0;    // keys per query block, on average
   bool wide = false;       // the wide K/V tiles (D = 128, 256)
   bool window = false;     // the window's kernels
-  // No window, sequence bounds, GQA packing or softcap, and not decoding at D = 64: the kernels
-  // without run-time bounds.
+  // No window, sequence bounds, GQA packing or softcap: every item sweeps all keys of its
+  // sequence, so the tail split may cut the last round.
+  bool dense_batch = false;
+  // A dense batch, not decoding at D = 64: the kernels without run-time bounds.
   bool dense = false;
   bool three = false;      // three consumers (D = 64)
   int sms = 0;
@@ -1327,8 +1329,9 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   c->mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c->params.pack_shift, problem.seqlen_q,
                                      problem.seqlen_k, problem.causal, c->params.window_left, c->params.window_right);
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
-  c->dense =
+  c->dense_batch =
       !c->window && !problem.has_sequence_bounds() && c->params.pack_shift == 0 && problem.softcap == 0.f;
+  c->dense = c->dense_batch;
   c->wide = !problem.is_paged() && c->mean_keys >= wide_tile_min_keys(problem.head_dim, c->dense);
   // Decoding at D = 64 (a query block of at most one consumer's 64 rows) runs in the run-time
   // bounds kernels also when dense: there its consumers without rows (two of three) skip
@@ -1372,7 +1375,8 @@ int split_parts(const AttentionProblem& problem, int pack_shift, int block_m, in
 // The tail split: without a mask, when the items are not a whole number of rounds of the
 // persistent grid, each item of the last round is cut into as many parts as fill the grid's
 // CTAs, as long as each part keeps kMinTilesPerSplit tiles. Automatic only (num_splits = 0),
-// and only in the kernels without run-time bounds (dense batches, no window, no GQA packing).
+// and only in dense batches: the kernels without run-time bounds, and decoding at D = 64 in
+// the run-time bounds kernels.
 void plan_tail_split(const AttentionProblem& problem, int block_m, int block_n, int sms, SplitPlan* plan) {
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, block_m);
   const int64_t ctas = std::min<int64_t>(items, sms);
@@ -1391,7 +1395,7 @@ SplitPlan split_plan(const AttentionProblem& problem, const TileChoice& c, int b
   SplitPlan plan;
   plan.splits = split_parts(problem, c.params.pack_shift, block_m, block_n, c.mean_keys, c.sms);
   if (plan.splits < 2) {
-    if (c.dense && !problem.causal && problem.num_splits == 0) plan_tail_split(problem, block_m, block_n, c.sms, &plan);
+    if (c.dense_batch && !problem.causal && problem.num_splits == 0) plan_tail_split(problem, block_m, block_n, c.sms, &plan);
     return plan;
   }
   plan.rows_all = int64_t(problem.tensor_batch()) * problem.heads_q * problem.tensor_rows_q();
