@@ -292,12 +292,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // Split-KV numbers the parts of a query block inside the item's m_block (block * splits +
   // part), and each part sweeps its share of the block's tiles. Only the run-time bounds
   // kernels take it; without it p.splits is 1 and these are the block and kv_tiles. A cut
-  // tail item carries its part in the item.
+  // tail item carries its part in the item (never in the window's kernels, which run no tail
+  // split and spill more with its code).
   auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? item.m_block / p.splits : item.m_block; };
   auto item_tiles = [&](const PartItem& item, const Sequence& seq) -> KvTileRange {
     const KvTileRange all = kv_tiles(block_of(item), seq);
     const bool split = kRuntimeBounds && p.splits > 1;
-    const int parts = split ? p.splits : item.parts;
+    const int parts = split ? p.splits : kWindow ? 1 : item.parts;
     if (parts == 1) return all;
     const int part = split ? item.m_block % p.splits : item.part, n = all.last - all.first;
     return {all.first + n * part / parts, all.first + n * (part + 1) / parts};
@@ -808,7 +809,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
       continue;  // the combine step writes out and lse
     }
-    if (item.parts > 1) {
+    if (!kWindow && item.parts > 1) {
       // A part of a cut tail item: as split-KV's parts, at [tail item][part][row of the block]
       // (rows past Sq are left unwritten; the combine step skips them).
       const int64_t slot = (int64_t(item.tail) * item.parts + item.part) * kBlockM;
@@ -1101,7 +1102,7 @@ struct SplitPlan {
 
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
 // split.splits > 1 (run-time bounds kernels only): split-KV with that many parts; or
-// split.tail_parts > 1: the tail split. Either in the caller's workspace or,
+// split.tail_parts > 1 (not the window's kernels): the tail split. Either in the caller's workspace or,
 // without one, in memory taken here when it can be had.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, const SplitPlan& split, int sms,
@@ -1172,7 +1173,7 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
   bool tail = false;  // the tail split runs: its parts are in the work list
   float* workspace = nullptr;
   bool owned = false;  // taken here, freed here
-  if ((kRuntimeBounds && splits > 1) || split.tail_parts > 1) {
+  if ((kRuntimeBounds && splits > 1) || (!kWindow && split.tail_parts > 1)) {
     if (problem.workspace != nullptr) {  // forward() checked its size
       workspace = static_cast<float*>(problem.workspace);
     } else if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), split.bytes, stream) == cudaSuccess) {
