@@ -70,6 +70,10 @@ std::vector<Shape> test_shapes() {
       make(1, 1000, 2000, 23, 23, 64, false, fp, Layout::padded),       // 138 items of 192 rows
       make(1, 500, 1000, 34, 17, 256, false, bf, Layout::contiguous),   // 136 items, GQA 2
       make(1, 300, 9000, 45, 9, 128, false, bf, Layout::padded),        // 135 items, wide tiles
+      // Decoding at D = 64 (at most 64 query rows per block) runs in the run-time bounds kernels,
+      // where the tail split cuts the last round too: 160 items (28 past a round), then 140.
+      make(5, 1, 1100, 32, 32, 64, false, bf, Layout::padded),
+      make(5, 40, 3000, 28, 28, 64, false, fp, Layout::contiguous),
   };
   // Softmax scales other than 1/sqrt(D): a larger positive one, and a negative one, which a
   // kernel that takes the max on unscaled scores must refuse (12 does; "auto" falls back).
