@@ -1338,7 +1338,9 @@ Status choose_tiles(const AttentionProblem& problem, TileChoice* c) {
   // bounds kernels also when dense: there its consumers without rows (two of three) skip
   // their tiles, which the dense kernels compute (4 x 4k keys: 55 us in the dense kernel,
   // 47.6 here; 32 x 4k: 371 and 272). At D = 128 and 256 (one idle consumer of two) they ran
-  // 0.5% slower at 32 x 4k (results/evidence/deep_ring_tail_rounds/run2/).
+  // 0.5% slower at 32 x 4k (results/evidence/deep_ring_tail_rounds/run2/). The tail split
+  // still cuts its last round (dense_batch): 5 x 4k, 76.5 us without it, 62.9 with
+  // (results/evidence/decode_d64_tail/).
   if (problem.head_dim == 64 && !c->window && problem.dtype != DType::e4m3 &&
       (int64_t(problem.seqlen_q) << c->params.pack_shift) <= 64)
     c->dense = false;
