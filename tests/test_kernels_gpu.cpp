@@ -162,6 +162,10 @@ std::vector<Shape> test_shapes() {
   shapes.back().window_left = 300;
   split(make(1, 300, 50, 2, 2, 128, true, bf, Layout::contiguous), 4);
   split(make(1, 100, 300, 2, 2, 256, false, fp, Layout::contiguous), 64);
+  // Decoding at D = 128 and 256, where the two consumers split each part's tiles: parts of one
+  // tile (one consumer has none), and a causal GQA decode of two queries in odd-sized parts.
+  split(make(2, 1, 300, 4, 2, 128, false, bf, Layout::contiguous), 3);
+  split(make(1, 2, 1000, 8, 2, 256, true, fp, Layout::padded), 5);
   varlen(make(1, 1, 1, 4, 1, 128, true, bf, Layout::contiguous), {1, 1, 3}, {4000, 100, 2500});
   varlen(make(1, 1, 1, 2, 2, 64, false, fp, Layout::padded), {130, 0, 70}, {900, 40, 1200});
   shapes.back().num_splits = 5;
