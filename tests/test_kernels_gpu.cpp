@@ -162,10 +162,13 @@ std::vector<Shape> test_shapes() {
   shapes.back().window_left = 300;
   split(make(1, 300, 50, 2, 2, 128, true, bf, Layout::contiguous), 4);
   split(make(1, 100, 300, 2, 2, 256, false, fp, Layout::contiguous), 64);
-  // Decoding at D = 128 and 256, where the two consumers split each part's tiles: parts of one
-  // tile (one consumer has none), and a causal GQA decode of two queries in odd-sized parts.
+  // Decoding, where the consumers split each part's tiles (two at D = 128 and 256, three at
+  // D = 64): parts of one tile (a consumer has none), a causal GQA decode of two queries in
+  // odd-sized parts, and at D = 64 parts of 1 and 2 tiles and a long automatic split.
   split(make(2, 1, 300, 4, 2, 128, false, bf, Layout::contiguous), 3);
   split(make(1, 2, 1000, 8, 2, 256, true, fp, Layout::padded), 5);
+  split(make(2, 1, 300, 4, 4, 64, false, bf, Layout::contiguous), 2);
+  shapes.push_back(make(1, 1, 7000, 4, 4, 64, false, fp, Layout::padded));
   varlen(make(1, 1, 1, 4, 1, 128, true, bf, Layout::contiguous), {1, 1, 3}, {4000, 100, 2500});
   varlen(make(1, 1, 1, 2, 2, 64, false, fp, Layout::padded), {130, 0, 70}, {900, 40, 1200});
   shapes.back().num_splits = 5;
