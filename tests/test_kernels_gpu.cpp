@@ -162,9 +162,8 @@ std::vector<Shape> test_shapes() {
   shapes.back().window_left = 300;
   split(make(1, 300, 50, 2, 2, 128, true, bf, Layout::contiguous), 4);
   split(make(1, 100, 300, 2, 2, 256, false, fp, Layout::contiguous), 64);
-  // Decoding, where the consumers split each part's tiles (two at D = 128 and 256, three at
-  // D = 64): parts of one tile (a consumer has none), a causal GQA decode of two queries in
-  // odd-sized parts, and at D = 64 parts of 1 and 2 tiles and a long automatic split.
+  // Decoding split into parts of one tile, a causal GQA decode of two queries in odd-sized
+  // parts, and at D = 64 parts of 1 and 2 tiles and a long automatic split.
   split(make(2, 1, 300, 4, 2, 128, false, bf, Layout::contiguous), 3);
   split(make(1, 2, 1000, 8, 2, 256, true, fp, Layout::padded), 5);
   split(make(2, 1, 300, 4, 4, 64, false, bf, Layout::contiguous), 2);
