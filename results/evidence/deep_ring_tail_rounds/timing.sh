@@ -4,7 +4,7 @@
 # 4 query heads per K/V head, a paged cache, 32 sequences), the D = 128 prefill that runs the
 # run-time bounds kernels (variable-length, paged, sliding window), and the forward grid
 # without a mask (the tail cut).
-# Usage: [TAGS='decode grid ...'] timing.sh A.tar.xz B.tar.xz OUT_DIR
+# Usage: [TAGS='decode grid ...'] [PRE_DIMS=64,128] timing.sh A.tar.xz B.tar.xz OUT_DIR
 set -uo pipefail
 out=$3
 declare -A dir commit
@@ -19,7 +19,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm,power.limit --format=csv >"$out/machine.txt"
 k=(--kernels 16_coalesced_store --no-gemm)
 dec=("${k[@]}" --seqlen-q 1 --causal no --seqlens "4096,16384,65536" --dims "64,128,256")
-pre=("${k[@]}" --dims 128 --seqlens "2048,4096,16384" --settle 0.3)
+pre=("${k[@]}" --dims "${PRE_DIMS:-128}" --seqlens "2048,4096,16384" --settle 0.3)  # PRE_DIMS: the prefill head dims
 grid=("${k[@]}" --seqlens "2048,4096,8192,16384" --causal no --dims "128,256" --settle 0.5)
 run() {  # tag a|b args...
   local tag=$1 x=$2
