@@ -1102,8 +1102,8 @@ struct SplitPlan {
 
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
 // split.splits > 1 (run-time bounds kernels only): split-KV with that many parts; or
-// split.tail_parts > 1 (not the window's kernels): the tail split. Either in the caller's workspace or,
-// without one, in memory taken here when it can be had.
+// split.tail_parts > 1 (not the window's kernels): the tail split. Either in the caller's
+// workspace or, without one, in memory taken here when it can be had.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const AttentionParams& params, const SplitPlan& split, int sms,
                     cudaStream_t stream) {
@@ -1398,7 +1398,8 @@ SplitPlan split_plan(const AttentionProblem& problem, const TileChoice& c, int b
   SplitPlan plan;
   plan.splits = split_parts(problem, c.params.pack_shift, block_m, block_n, c.mean_keys, c.sms);
   if (plan.splits < 2) {
-    if (c.dense_batch && !problem.causal && problem.num_splits == 0) plan_tail_split(problem, block_m, block_n, c.sms, &plan);
+    if (c.dense_batch && !problem.causal && problem.num_splits == 0)
+      plan_tail_split(problem, block_m, block_n, c.sms, &plan);
     return plan;
   }
   plan.rows_all = int64_t(problem.tensor_batch()) * problem.heads_q * problem.tensor_rows_q();
