@@ -155,5 +155,48 @@ TEST(TileScheduler, PicksTheCausalOrder) {
   EXPECT_FALSE(make_tile_scheduler(1, 16, 16384, kBlockM, false, 132, causal_tiles(16384, 16384)).by_rank);
 }
 
+// FastDivisor's quotient and remainder are the division's, for every divisor up to 4096 on
+// numerators near 0, near multiples of the divisor and near 2^31, and for large divisors.
+TEST(FastDivisor, MatchesIntegerDivision) {
+  constexpr int kMaxInt = 2147483647;
+  std::vector<int> divisors;
+  for (int d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int d : {6007, 65535, 65536, 65537, 1000003, 1 << 20, (1 << 30) - 1, 1 << 30, (1 << 30) + 1, kMaxInt - 1,
+                kMaxInt})
+    divisors.push_back(d);
+  for (int d : divisors) {
+    const FastDivisor f(d);
+    std::vector<int> numerators;
+    for (int n = 0; n < 300; ++n) numerators.push_back(n);
+    for (int k : {1, 2, 3, 1000, 65536})
+      for (int delta : {-1, 0, 1}) {
+        const int64_t n = int64_t(d) * k + delta;
+        if (n >= 0 && n <= kMaxInt) numerators.push_back(int(n));
+      }
+    for (int n = kMaxInt; n > kMaxInt - 300; --n) numerators.push_back(n);
+    numerators.push_back(kMaxInt / d * d);
+    numerators.push_back(kMaxInt / d * d - 1);
+    for (int n : numerators) {
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+      ASSERT_EQ(f.mod(n), n % d) << n << " % " << d;
+    }
+  }
+  EXPECT_EQ(FastDivisor(0).divisor, 1);  // not a count: taken as 1
+}
+
+// FastItemOrder gives every position the scheduler's item, in both orders.
+TEST(TileScheduler, FastItemOrderMatches) {
+  for (auto [batch, heads, seqlen] : {std::tuple{1, 1, 100}, {3, 5, 1000}, {32, 16, 512}, {1, 16, 16384}, {7, 40, 3000}})
+    for (bool by_rank : {false, true}) {
+      TileScheduler s{(seqlen + kBlockM - 1) / kBlockM, heads, batch * heads, by_rank};
+      const FastItemOrder order(s);
+      for (int w = 0; w < s.total(); ++w) {
+        const WorkItem a = s.item(w), b = order.item(w);
+        ASSERT_EQ(std::tie(a.m_block, a.head_q, a.batch), std::tie(b.m_block, b.head_q, b.batch))
+            << "item " << w << " of " << batch << " x " << heads << " x " << seqlen << (by_rank ? " by rank" : "");
+      }
+    }
+}
+
 }  // namespace
 }  // namespace hattn

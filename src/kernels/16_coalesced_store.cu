@@ -198,6 +198,19 @@ struct WorkList {
   TileScheduler sched;
   int tail_start = 0;  // items [0, tail_start) run whole; with tail_parts == 1 all do
   int tail_parts = 1;
+  // The divisions an item's coordinates take, as FastDivisor: the producer works out its first
+  // item before its first load, and with the GPU's division that took 1.0-1.5 us of a decoding
+  // call's ~15 us kernel (results/evidence/decode_timeline/).
+  FastItemOrder order;  // sched's order
+  FastDivisor tail;     // tail_parts
+  FastDivisor splits;   // split-KV's parts per query block (AttentionParams::splits)
+  FastDivisor group;    // query heads per K/V head (AttentionParams::heads_per_kv)
+
+  WorkList() = default;
+  WorkList(const TileScheduler& s, int first_tail_item, int parts, int kv_splits, int heads_per_kv)
+      : sched(s), tail_start(first_tail_item), tail_parts(parts), order(s), tail(parts), splits(kv_splits),
+        group(heads_per_kv) {}
+
   // The items from tail_start on, each cut into tail_parts parts (or run whole when it is 1).
   __host__ __device__ int tail_items() const { return sched.total() - tail_start; }
   __host__ __device__ int total() const { return tail_start + tail_items() * tail_parts; }
@@ -207,13 +220,13 @@ struct WorkList {
   __host__ __device__ PartItem item(int w) const {
     PartItem it;
     if (tail_parts == 1 || w < tail_start) {
-      static_cast<WorkItem&>(it) = sched.item(w);
+      static_cast<WorkItem&>(it) = order.item(w);
       return it;
     }
-    it.tail = (w - tail_start) / tail_parts;
-    it.part = (w - tail_start) % tail_parts;
+    it.tail = tail.div(w - tail_start);
+    it.part = w - tail_start - it.tail * tail_parts;
     it.parts = tail_parts;
-    static_cast<WorkItem&>(it) = sched.item(tail_start + it.tail);
+    static_cast<WorkItem&>(it) = order.item(tail_start + it.tail);
     return it;
   }
 };
@@ -294,14 +307,15 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // kernels take it; without it p.splits is 1 and these are the block and kv_tiles. A cut
   // tail item carries its part in the item (never in the window's kernels, which run no tail
   // split and spill more with its code).
-  auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? item.m_block / p.splits : item.m_block; };
+  auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? sched.splits.div(item.m_block) : item.m_block; };
   auto item_tiles = [&](const PartItem& item, const Sequence& seq) -> KvTileRange {
     const KvTileRange all = kv_tiles(block_of(item), seq);
     const bool split = kRuntimeBounds && p.splits > 1;
     const int parts = split ? p.splits : kWindow ? 1 : item.parts;
     if (parts == 1) return all;
-    const int part = split ? item.m_block % p.splits : item.part, n = all.last - all.first;
-    return {all.first + n * part / parts, all.first + n * (part + 1) / parts};
+    const FastDivisor& by_parts = split ? sched.splits : sched.tail;
+    const int part = split ? sched.splits.mod(item.m_block) : item.part, n = all.last - all.first;
+    return {all.first + by_parts.div(n * part), all.first + by_parts.div(n * (part + 1))};
   };
 
   if (threadIdx.x == 0) {
@@ -346,7 +360,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
         const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
         const int block_row = block_of(item) * kBlockM;  // the block's first row
-        const int head_kv = pack_shift > 0 ? item.head_q : item.head_q / p.heads_per_kv;  // packed: a K/V head's item
+        const int head_kv = pack_shift > 0 ? item.head_q : sched.group.div(item.head_q);  // packed: a K/V head's item
         // Q in two halves, one per consumer, each loaded as soon as its consumer is done with
         // it. WAR: consumer c's last S of the previous item has finished reading its rows.
 #pragma unroll
@@ -448,7 +462,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // FP8: scores are in units of q's and k's e4m3 codes, so each item folds its heads' descales
   // into scale_log2 too, and the epilogue scales O by v's (read there: registers are short).
   auto descales_at = [&](const WorkItem& item) {
-    return int64_t(item.batch) * p.heads_kv + item.head_q / p.heads_per_kv;  // [B][Hkv]
+    return int64_t(item.batch) * p.heads_kv + sched.group.div(item.head_q);  // [B][Hkv]
   };
   // The turn goes round the consumers: 0 -> 1 (-> 2) -> 0.
   const int my_turn = kTurnConsumer0 + warpgroup;
@@ -798,7 +812,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // Split-KV: partials at [part][batch][head][row].
       const bool packed = p.cu_seqlens_q != nullptr;
       const int rows = packed ? p.total_q : p.seqlen_q;
-      const int part = item.m_block % p.splits;
+      const int part = sched.splits.mod(item.m_block);
       const int64_t part_heads0 = (int64_t(part) * (packed ? 1 : p.batch) + (packed ? 0 : item.batch)) * p.heads_q;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -1187,8 +1201,7 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
     if (workspace != nullptr && split.tail_parts > 1) {
       // The tail split: the parts of the cut items, [tail item][part][row of the block].
       tail = true;
-      const int64_t parts_all = int64_t(WorkList{plan.sched, split.tail_start, split.tail_parts}.tail_items()) *
-                                split.tail_parts;
+      const int64_t parts_all = int64_t(plan.sched.total() - split.tail_start) * split.tail_parts;
       kernel_params.o_partial = workspace;
       kernel_params.lse_partial = workspace + size_t(parts_all) * Cfg::kBlockM * D;  // after all parts' rows
     } else if (workspace != nullptr) {
@@ -1202,7 +1215,8 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       plan.ctas = int(std::min<int64_t>(int64_t(plan.sched.total()), sms));
     }
   }
-  const WorkList list{plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1};
+  const WorkList list(plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
+                      kernel_params.heads_per_kv);
   const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, list);
   s = launch_status(kName);

@@ -25,6 +25,8 @@
 #include <climits>
 #include <cstdint>
 
+#include "fast_divisor.cuh"
+
 namespace hattn {
 
 struct WorkItem {
@@ -59,6 +61,33 @@ struct TileScheduler {
       pair = w / m_blocks;
     }
     return {m_block, pair % heads_q, pair / heads_q};
+  }
+};
+
+// A scheduler's item(w), its divisions done by FastDivisor: for a kernel that works out an
+// item on its producer's critical path (the final kernel's first item). Built from the
+// scheduler as launched.
+struct FastItemOrder {
+  FastDivisor m_blocks, pairs, heads_q;
+  bool by_rank = false;
+
+  FastItemOrder() = default;
+  explicit FastItemOrder(const TileScheduler& s)
+      : m_blocks(s.m_blocks), pairs(s.pairs), heads_q(s.heads_q), by_rank(s.by_rank) {}
+
+  // The same item as TileScheduler::item(w), for 0 <= w < 2^31.
+  __host__ __device__ WorkItem item(int w) const {
+    int m_block, pair;
+    if (by_rank) {
+      const int rank = pairs.div(w);
+      m_block = m_blocks.divisor - 1 - rank;
+      pair = w - rank * pairs.divisor;
+    } else {
+      pair = m_blocks.div(w);
+      m_block = w - pair * m_blocks.divisor;
+    }
+    const int batch = heads_q.div(pair);
+    return {m_block, pair - batch * heads_q.divisor, batch};
   }
 };
 
