@@ -217,16 +217,18 @@ struct WorkList {
 #ifdef __CUDACC__
   __device__ int position(int round) const { return sched.position(round); }
 #endif
+  // kFast: the FastDivisors' divisions, else the GPU's (the same item).
+  template <bool kFast = true>
   __host__ __device__ PartItem item(int w) const {
     PartItem it;
     if (tail_parts == 1 || w < tail_start) {
-      static_cast<WorkItem&>(it) = order.item(w);
+      static_cast<WorkItem&>(it) = kFast ? order.item(w) : sched.item(w);
       return it;
     }
-    it.tail = tail.div(w - tail_start);
+    it.tail = kFast ? tail.div(w - tail_start) : (w - tail_start) / tail_parts;
     it.part = w - tail_start - it.tail * tail_parts;
     it.parts = tail_parts;
-    static_cast<WorkItem&>(it) = order.item(tail_start + it.tail);
+    static_cast<WorkItem&>(it) = kFast ? order.item(tail_start + it.tail) : sched.item(tail_start + it.tail);
     return it;
   }
 };
@@ -307,15 +309,22 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // kernels take it; without it p.splits is 1 and these are the block and kv_tiles. A cut
   // tail item carries its part in the item (never in the window's kernels, which run no tail
   // split and spill more with its code).
-  auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? sched.splits.div(item.m_block) : item.m_block; };
+  //
+  // The divisions by p.splits, a cut item's parts and p.heads_per_kv go through WorkList's
+  // FastDivisors, except in the window's kernels, where their registers spilled (D = 128: 16
+  // bytes, budget 12); those divide as before.
+  constexpr bool kFastDivide = !kWindow;
+  auto split_div = [&](int n) { return kFastDivide ? sched.splits.div(n) : n / p.splits; };
+  auto kv_head_of = [&](int head_q) { return kFastDivide ? sched.group.div(head_q) : head_q / p.heads_per_kv; };
+  auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? split_div(item.m_block) : item.m_block; };
   auto item_tiles = [&](const PartItem& item, const Sequence& seq) -> KvTileRange {
     const KvTileRange all = kv_tiles(block_of(item), seq);
     const bool split = kRuntimeBounds && p.splits > 1;
     const int parts = split ? p.splits : kWindow ? 1 : item.parts;
     if (parts == 1) return all;
-    const FastDivisor& by_parts = split ? sched.splits : sched.tail;
-    const int part = split ? sched.splits.mod(item.m_block) : item.part, n = all.last - all.first;
-    return {all.first + by_parts.div(n * part), all.first + by_parts.div(n * (part + 1))};
+    const int part = split ? item.m_block - split_div(item.m_block) * p.splits : item.part, n = all.last - all.first;
+    auto share = [&](int x) { return split ? split_div(x) : sched.tail.div(x); };  // x / parts
+    return {all.first + share(n * part), all.first + share(n * (part + 1))};
   };
 
   if (threadIdx.x == 0) {
@@ -354,13 +363,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       int uses = 0;    // items loaded so far: Q's phase
       int landed = 0;  // V tiles whose tail was zeroed so far: v_landed's phase
       for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
-        const PartItem item = sched.item(w);
+        const PartItem item = sched.item<kFastDivide>(w);
         const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
         const KvTileRange range = item_tiles(item, seq);
         const int n_tiles = range.last - range.first;
         if (n_tiles == 0) continue;
         const int block_row = block_of(item) * kBlockM;  // the block's first row
-        const int head_kv = pack_shift > 0 ? item.head_q : sched.group.div(item.head_q);  // packed: a K/V head's item
+        const int head_kv = pack_shift > 0 ? item.head_q : kv_head_of(item.head_q);  // packed: a K/V head's item
         // Q in two halves, one per consumer, each loaded as soon as its consumer is done with
         // it. WAR: consumer c's last S of the previous item has finished reading its rows.
 #pragma unroll
@@ -406,7 +415,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
             // PV and epilogue do.
             const int next = tile + 1 == n_tiles ? sched.position(round + 1) : sched.total();
             if (next < sched.total()) {
-              const PartItem after = sched.item(next);
+              const PartItem after = sched.item<kFastDivide>(next);
 #pragma unroll
               for (int c = 0; c < Cfg::kConsumers; ++c)
 #pragma unroll
@@ -462,7 +471,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // FP8: scores are in units of q's and k's e4m3 codes, so each item folds its heads' descales
   // into scale_log2 too, and the epilogue scales O by v's (read there: registers are short).
   auto descales_at = [&](const WorkItem& item) {
-    return int64_t(item.batch) * p.heads_kv + sched.group.div(item.head_q);  // [B][Hkv]
+    return int64_t(item.batch) * p.heads_kv + kv_head_of(item.head_q);  // [B][Hkv]
   };
   // The turn goes round the consumers: 0 -> 1 (-> 2) -> 0.
   const int my_turn = kTurnConsumer0 + warpgroup;
@@ -557,7 +566,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   };
 
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
-    const PartItem item = sched.item(w);
+    const PartItem item = sched.item<kFastDivide>(w);
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = block_of(item) * kBlockM;
@@ -812,7 +821,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // Split-KV: partials at [part][batch][head][row].
       const bool packed = p.cu_seqlens_q != nullptr;
       const int rows = packed ? p.total_q : p.seqlen_q;
-      const int part = sched.splits.mod(item.m_block);
+      const int part = item.m_block - split_div(item.m_block) * p.splits;
       const int64_t part_heads0 = (int64_t(part) * (packed ? 1 : p.batch) + (packed ? 0 : item.batch)) * p.heads_q;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
