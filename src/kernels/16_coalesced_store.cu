@@ -315,6 +315,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // bytes, budget 12); those divide as before.
   constexpr bool kFastDivide = !kWindow;
   auto split_div = [&](int n) { return kFastDivide ? sched.splits.div(n) : n / p.splits; };
+  auto split_mod = [&](int n) { return kFastDivide ? sched.splits.mod(n) : n % p.splits; };
   auto kv_head_of = [&](int head_q) { return kFastDivide ? sched.group.div(head_q) : head_q / p.heads_per_kv; };
   auto block_of = [&](const WorkItem& item) { return kRuntimeBounds ? split_div(item.m_block) : item.m_block; };
   auto item_tiles = [&](const PartItem& item, const Sequence& seq) -> KvTileRange {
@@ -322,8 +323,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     const bool split = kRuntimeBounds && p.splits > 1;
     const int parts = split ? p.splits : kWindow ? 1 : item.parts;
     if (parts == 1) return all;
-    const int part = split ? item.m_block - split_div(item.m_block) * p.splits : item.part, n = all.last - all.first;
-    auto share = [&](int x) { return split ? split_div(x) : sched.tail.div(x); };  // x / parts
+    const int part = split ? split_mod(item.m_block) : item.part, n = all.last - all.first;
+    auto share = [&](int x) { return !kFastDivide ? x / parts : split ? sched.splits.div(x) : sched.tail.div(x); };
     return {all.first + share(n * part), all.first + share(n * (part + 1))};
   };
 
@@ -821,7 +822,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       // Split-KV: partials at [part][batch][head][row].
       const bool packed = p.cu_seqlens_q != nullptr;
       const int rows = packed ? p.total_q : p.seqlen_q;
-      const int part = item.m_block - split_div(item.m_block) * p.splits;
+      const int part = split_mod(item.m_block);
       const int64_t part_heads0 = (int64_t(part) * (packed ? 1 : p.batch) + (packed ? 0 : item.batch)) * p.heads_q;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
