@@ -793,12 +793,15 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // The epilogue reads its sequence again instead of using the loop's copy: with the copy,
     // ptxas spilled 72 bytes in the varlen + window kernel at D = 128, and 0 with the re-read.
     const Sequence out_seq = sequence_of<kRuntimeBounds>(p, item.batch);
+    // A row that saw a key has row_sum >= 1 (its max adds 2^0), so the hardware reciprocal and
+    // logarithm (__fdividef, __logf: MUFU, within a few ulp there) replace the IEEE division and
+    // logf, whose range checks and polynomial lengthen the serial chain at each item's end.
     float inv_sum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
       row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-      inv_sum[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+      inv_sum[r] = row_sum[r] > 0.f ? __fdividef(1.f, row_sum[r]) : 0.f;
     }
     if constexpr (kFp8) {
       if (p.v_descale != nullptr) {
@@ -811,7 +814,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // sum, and its LSE, in fp32 at `index` of the partial layout for the combine step; -inf and
     // zeros where the part saw no key. A quad writes 32 contiguous bytes per n8 tile.
     auto store_partial_row = [&](int r, int64_t index) {
-      if (tig == 0) p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
+      if (tig == 0) p.lse_partial[index] = row_sum[r] > 0.f ? row_max[r] * p.scale + __logf(row_sum[r]) : -INFINITY;
       float* o_row = p.o_partial + index * D;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt)
@@ -857,8 +860,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
                                      : (int64_t(item.batch) * p.heads_q + head) * p.seqlen_q + (row >> pack_shift);
         if (row < out_seq.seqlen_q << pack_shift)
           p.lse[index] = row_sum[r] > 0.f
-                             ? kFp8 ? row_max[r] * (scale_log2 / kLog2e) + logf(row_sum[r]) - kFp8PLog2 / kLog2e
-                                    : row_max[r] * p.scale + logf(row_sum[r])
+                             ? kFp8 ? row_max[r] * (scale_log2 / kLog2e) + __logf(row_sum[r]) - kFp8PLog2 / kLog2e
+                                    : row_max[r] * p.scale + __logf(row_sum[r])
                              : -INFINITY;
       }
     }
