@@ -794,8 +794,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // ptxas spilled 72 bytes in the varlen + window kernel at D = 128, and 0 with the re-read.
     const Sequence out_seq = sequence_of<kRuntimeBounds>(p, item.batch);
     // A row that saw a key has row_sum >= 1 (its max adds 2^0), so the hardware reciprocal and
-    // logarithm (__fdividef, __logf: MUFU, within a few ulp there) replace the IEEE division and
-    // logf, whose range checks and polynomial lengthen the serial chain at each item's end.
+    // logarithm (__fdividef, __logf: MUFU; a few ulp there, the log within 4e-7 near 1) replace
+    // the IEEE division and logf, whose range checks and polynomial lengthen the serial chain at
+    // each item's end.
     float inv_sum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
