@@ -86,3 +86,28 @@ def test_ab_table_names_the_kv_heads_of_a_gqa_shape(tmp_path, monkeypatch):
         "abc,NVIDIA H200,1980,0,k_new,bf16,64,0,4,4096,4096,32,32,20,1.0,300.0,0,0,1,PASS,0"])
     assert "| D=64 full S=1024 B=16 H=32:8 | 200.0 | 220.0 | 1.100 | PASS |" in table
     assert "| D=64 full S=4096 B=4 H=32 | 300.0 | 300.0 | 1.000 | PASS |" in table
+
+
+def test_anchors_table_shows_the_chosen_steps_and_rates_all():
+    import csv
+    import json
+
+    folder = ROOT / "build" / "test_gen_docs"  # git-ignored; the table names its path relative to ROOT
+    folder.mkdir(parents=True, exist_ok=True)
+    fields = ["tag", "head_dim", "causal", "seqlen_q", "batch", "heads_q", "name", "status", "tflops"]
+    shape = ["grid", 128, False, 4096, 4, 16]
+    rows = [shape + [name, "ok", t] for name, t in
+            (("sdpa_cudnn", 500.0), ("03_mma_sync", 50.0), ("08_warp_specialization", 400.0),
+             ("16_coalesced_store", 550.0), ("99_probe", 600.0))]
+    with open(folder / "pybench.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(fields)
+        w.writerows(rows)
+    meta = {"gpu": "NVIDIA H200", "commit": "abc", "torch": "2.11", "cudnn": "91900"}
+    (folder / "pybench.json").write_text(json.dumps({"meta": meta, "results": []}))
+    table = gen_docs.anchors_table(folder / "pybench.csv")
+    header = next(line for line in table.splitlines() if line.startswith("| shape"))
+    assert header == "| shape | cuDNN | 08_warp_specialization | 16_coalesced_store | ours / best anchor |"
+    assert "Steps 03, 99 are in the CSV only." in table
+    assert "| grid D=128 full S=4096 B=4 H=16 |" not in table  # grid rows carry no tag
+    assert "| D=128 full S=4096 B=4 H=16 | 500 | 400 | 550 | 1.20 |" in table  # 99's 600 / 500
