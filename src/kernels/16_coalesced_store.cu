@@ -1018,9 +1018,8 @@ __device__ __forceinline__ void combine_row(const float* lse_parts, const float*
 // B = 1 for a varlen batch), which is also the layout of lse.
 template <typename T, int D>
 __global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionParams p, int64_t rows_all) {
-  // Launched as the attention kernel's programmatic dependent: its partials are complete and
-  // visible only once this wait returns.
-  ptx::griddepcontrol_wait();
+  // The row's coordinates (64-bit divisions) do not depend on the attention kernel: worked
+  // out while it still runs.
   const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   if (r >= rows_all) return;  // warp-uniform
   const bool packed = p.cu_seqlens_q != nullptr;
@@ -1029,6 +1028,9 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionPara
   const int head = int(r / rows % p.heads_q), batch = int(r / rows / p.heads_q);  // batch 0 when packed
   T* out = static_cast<T*>(p.out) + int64_t(batch) * p.out_batch_stride + int64_t(row) * p.out_seq_stride +
            int64_t(head) * p.out_head_stride;
+  // Launched as the attention kernel's programmatic dependent: its partials are complete and
+  // visible only once this wait returns.
+  ptx::griddepcontrol_wait();
   combine_row<T, D>(p.lse_partial + r, p.o_partial + r * D, rows_all, p.splits, out,
                     p.lse != nullptr ? p.lse + r : nullptr);
 }
