@@ -205,6 +205,8 @@ struct WorkList {
   FastDivisor tail;     // tail_parts
   FastDivisor splits;   // split-KV's parts per query block (AttentionParams::splits)
   FastDivisor group;    // query heads per K/V head (AttentionParams::heads_per_kv)
+  // Each consumer sweeps only the tiles its own rows see (kOwnSweeps in the kernel).
+  bool own_sweeps = false;
 
   WorkList() = default;
   WorkList(const TileScheduler& s, int first_tail_item, int parts, int kv_splits, int heads_per_kv)
@@ -314,6 +316,14 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // FastDivisors, except in the window's kernels, where their registers spilled (D = 128: 16
   // bytes, budget 12); those divide as before.
   constexpr bool kFastDivide = !kWindow;
+  // Own sweeps: under the causal mask a consumer's 64 rows end before its block's last row.
+  // With three consumers on 192-row blocks and 128-key tiles, one or two of them see none of
+  // the last tile's keys on most items (a tenth of the work at S = 2k); each then computes
+  // only the tiles its rows see and passes the rest on. Only where the host sets
+  // sched.own_sweeps: short causal sweeps (kOwnSweepMaxKeys). With two consumers the 128-row
+  // blocks and 128-key tiles line up, nothing is skipped, and the code alone cost 1-3.5%; the
+  // window's kernels keep their sweep (their registers are short). results/evidence/wg_sweep/.
+  constexpr bool kOwnSweeps = !kWindow && Cfg::kConsumers == 3;
   auto split_div = [&](int n) { return kFastDivide ? sched.splits.div(n) : n / p.splits; };
   auto split_mod = [&](int n) { return kFastDivide ? sched.splits.mod(n) : n % p.splits; };
   auto kv_head_of = [&](int head_q) { return kFastDivide ? sched.group.div(head_q) : head_q / p.heads_per_kv; };
@@ -574,6 +584,20 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     if (kRuntimeBounds && m_block >= seq.seqlen_q << pack_shift) continue;  // past a short sequence of a varlen batch
     const KvTileRange range = item_tiles(item, seq);
     const int n_tiles = range.last - range.first;
+    // This warpgroup's own sweep: the item's first wg_tiles tiles (kOwnSweeps, below).
+    int wg_tiles = n_tiles;
+    if constexpr (kOwnSweeps) {
+      if (sched.own_sweeps) {
+        const int rows_end = seq.seqlen_q << pack_shift;  // packed rows
+        const int wg_row0 = m_block + warpgroup * 64, wg_row_end = min(wg_row0 + 64, rows_end);
+        if (wg_row0 >= rows_end) {
+          wg_tiles = 0;
+        } else if (p.causal) {
+          const int key_end = min(seq.seqlen_k, ((wg_row_end - 1) >> pack_shift) + 1 + causal_offset);
+          wg_tiles = min(n_tiles, max(0, (key_end + kBlockN - 1) / kBlockN - range.first));
+        }
+      }
+    }
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8 (packed rows)
     // The query head of a (packed) row: the item's head, or with GQA packing its group's head
     // row % 2^pack_shift. The row's query position is row >> pack_shift.
@@ -630,7 +654,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
       if (lane == 0) {
         ptx::mbarrier_arrive(&smem.k_empty[stage]);                 // S(t) has read K(t)
-        if (tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);  // the item's last S has read our Q rows
+        if (tile + 1 == wg_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);  // our last S has read our Q rows
       }
 
       if constexpr (kRuntimeBounds) {
@@ -731,37 +755,58 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       }
     };
 
+    // Computes tiles [0, tiles) of the item: S(0), then each tile's S with the PV before it,
+    // then the last PV.
+    auto sweep = [&](int tiles) {
+      step(0, std::false_type{});
+      for (int tile = 1; tile < tiles; ++tile) step(tile, std::true_type{});
+      issue_pv(kv + tiles - 1);  // the last tile's PV
+      ptx::wgmma_wait_group<0>();
+      finish_pv(kv + tiles - 1);
+      if constexpr (Cfg::kSumsPvTiles) {
+        if (tiles % Cfg::kPvTilesPerSum != 0) {  // the last tiles
+#pragma unroll
+          for (int i = 0; i < kDTiles * 4; ++i) o[i] += o_tile[i];
+        }
+      }
+    };
+
+    // Passes tiles [from, n_tiles) of the item on without computing them: the warpgroup keeps
+    // its part of the barrier protocol, each arrival after the wait that opens the phase it
+    // belongs to: k_empty after k_full, v_empty after v_full, q_empty after q_full (the
+    // producer's wait for the previous phase has then completed, so an arrival never counts
+    // toward a phase the busy warpgroups are still in). q_empty only if no S of ours read Q.
+    auto pass_tiles = [&](int from) {
+      for (int tile = from; tile < n_tiles; ++tile) {
+        const int ring = kv + tile, stage = ring % Cfg::kStages;
+        const uint32_t parity = (ring / Cfg::kStages) % 2;
+        ptx::mbarrier_wait(&smem.k_full[stage], parity);
+        ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
+        ptx::bar_arrive(next_turn, kTurnThreads);
+        ptx::mbarrier_wait(&smem.v_full[stage], parity);
+        if (lane == 0) {
+          ptx::mbarrier_arrive(&smem.k_empty[stage]);
+          ptx::mbarrier_arrive(&smem.v_empty[stage]);
+          if (from == 0 && tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);
+        }
+      }
+    };
+
     // A warpgroup whose 64 rows all lie past the sequence's queries computes nothing. Decoding
     // (one query per sequence, or a few packed GQA heads) leaves every consumer but the first
     // without rows, and their GEMMs and exponentials took the tensor cores and MUFU from it. It
-    // keeps its part of the barrier protocol, each arrival after the wait that opens the phase
-    // it belongs to: k_empty after k_full, v_empty after v_full, q_empty after q_full (the
-    // producer's wait for the previous phase has then completed, so an arrival never counts
-    // toward a phase the busy warpgroups are still in), and skips the epilogue, which would
-    // store nothing. The branch wraps the whole item: a wgmma under a run-time branch inside
-    // the pipeline would make ptxas serialize them all (C7518). Only in the run-time-bounds
-    // kernels without a window, which decoding from a KV cache takes (sequence lengths,
-    // split-KV, GQA packing): in the window's kernels the path made ptxas spill 24 bytes at
-    // D = 128 (budget 12), and in the dense ones it cost prefill 2.7% at D = 64, causal, 16k on
-    // the H200 (results/evidence/idle_consumers/run2/). Elsewhere it is not instantiated.
+    // passes the item's tiles on and skips the epilogue, which would store nothing. Only in the
+    // run-time-bounds kernels without a window, which decoding from a KV cache takes (sequence
+    // lengths, split-KV, GQA packing): in the window's kernels the path made ptxas spill 24
+    // bytes at D = 128 (budget 12), and in the dense ones it cost prefill 2.7% at D = 64,
+    // causal, 16k on the H200 (results/evidence/idle_consumers/run2/). Elsewhere it sweeps
+    // the item like the others, or with own sweeps (below) passes it on with wg_tiles = 0.
     constexpr bool kSkipsIdleConsumers = kRuntimeBounds && !kWindow;
     if constexpr (kSkipsIdleConsumers) {
       if (n_tiles > 0 && m_block + warpgroup * 64 >= seq.seqlen_q << pack_shift) {
         ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);
         if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
-        for (int tile = 0; tile < n_tiles; ++tile) {
-          const int ring = kv + tile, stage = ring % Cfg::kStages;
-          const uint32_t parity = (ring / Cfg::kStages) % 2;
-          ptx::mbarrier_wait(&smem.k_full[stage], parity);
-          ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
-          ptx::bar_arrive(next_turn, kTurnThreads);
-          ptx::mbarrier_wait(&smem.v_full[stage], parity);
-          if (lane == 0) {
-            ptx::mbarrier_arrive(&smem.k_empty[stage]);
-            ptx::mbarrier_arrive(&smem.v_empty[stage]);
-            if (tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);
-          }
-        }
+        pass_tiles(0);
         kv += n_tiles;
         ++uses;
         continue;
@@ -769,21 +814,18 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     }
 
     // An item whose rows see no key (causal with Sq > Sk, or a window) skips the GEMMs and loads nothing:
-    // O = 0, LSE = -inf below.
+    // O = 0, LSE = -inf below. With kOwnSweeps a warpgroup computes its own wg_tiles and passes
+    // the rest on; a wgmma under a run-time branch inside the pipeline would make ptxas
+    // serialize them all (C7518), so the branch wraps its whole sweep.
     if (n_tiles > 0) {
       ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);  // this item's Q rows have landed
       // Consumer 0 goes first; after the first item the turn comes from the tiles before.
       if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
-      step(0, std::false_type{});
-      for (int tile = 1; tile < n_tiles; ++tile) step(tile, std::true_type{});
-      issue_pv(kv + n_tiles - 1);  // the last tile's PV
-      ptx::wgmma_wait_group<0>();
-      finish_pv(kv + n_tiles - 1);
-      if constexpr (Cfg::kSumsPvTiles) {
-        if (n_tiles % Cfg::kPvTilesPerSum != 0) {  // the item's last tiles
-#pragma unroll
-          for (int i = 0; i < kDTiles * 4; ++i) o[i] += o_tile[i];
-        }
+      if constexpr (kOwnSweeps) {
+        if (wg_tiles > 0) sweep(wg_tiles);
+        pass_tiles(wg_tiles);
+      } else {
+        sweep(n_tiles);
       }
       kv += n_tiles;
       ++uses;
@@ -1130,6 +1172,11 @@ struct SplitPlan {
   size_t bytes = 0;      // workspace: fp32 partial outputs, then fp32 partial LSEs
 };
 
+// Three consumers on causal sweeps shorter than this (mean keys per block) each sweep only
+// the tiles their own rows see (kOwnSweeps in the kernel). On the H200 at D = 64 that ran
+// 1.048x at S = 2k and 1.022x at 4k, and 0.983x at 8k and 16k (results/evidence/wg_sweep/).
+constexpr double kOwnSweepMaxKeys = 4096;
+
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
 // split.splits > 1 (run-time bounds kernels only): split-KV with that many parts; or
 // split.tail_parts > 1 (not the window's kernels): the tail split. Either in the caller's
@@ -1231,8 +1278,11 @@ Status launch_typed(const AttentionProblem& problem, const AttentionParams& para
       plan.ctas = int(std::min<int64_t>(int64_t(plan.sched.total()), sms));
     }
   }
-  const WorkList list(plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
-                      kernel_params.heads_per_kv);
+  WorkList list(plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
+                kernel_params.heads_per_kv);
+  list.own_sweeps = Cfg::kConsumers == 3 && !kWindow && problem.causal &&
+                    mean_keys_per_block(Cfg::kBlockM >> params.pack_shift, problem.seqlen_q, problem.seqlen_k, true) <
+                        kOwnSweepMaxKeys;
   const dim3 grid(unsigned(plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, list);
   s = launch_status(kName);
