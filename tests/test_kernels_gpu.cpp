@@ -95,6 +95,10 @@ std::vector<Shape> test_shapes() {
   // At D = 64, 15's three consumers on a causal sweep across items: 144 items of 192 rows, and
   // consumers 1 and 2 of every second block wholly past Sq.
   shapes.push_back(make(1, 200, 1300, 72, 8, 64, true, fp, Layout::contiguous));
+  // Short causal sweeps with three consumers, where each sweeps only the tiles its own rows
+  // see (16): the last tile whole, half or not at all, with the diagonal on and off the tiles' grid.
+  shapes.push_back(make(1, 2000, 2000, 4, 4, 64, true, bf, Layout::contiguous));
+  shapes.push_back(make(1, 1500, 1900, 4, 2, 64, true, fp, Layout::padded));
   // Sliding windows (the final kernel only; the lineage kernels refuse them): both edges, one
   // edge, a window narrower than a tile, windows with causal, Sq != Sk with rows that see no
   // key, and sweeps long enough for the wide tiles (D = 128, 256) and three consumers (D = 64).
