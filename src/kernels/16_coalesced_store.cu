@@ -319,10 +319,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // Own sweeps: under the causal mask a consumer's 64 rows end before its block's last row.
   // With three consumers on 192-row blocks and 128-key tiles, one or two of them see none of
   // the last tile's keys on most items (a tenth of the work at S = 2k); each then computes
-  // only the tiles its rows see and passes the rest on. Only where the host sets
-  // sched.own_sweeps: short causal sweeps (kOwnSweepMaxKeys). With two consumers the 128-row
-  // blocks and 128-key tiles line up, nothing is skipped, and the code alone cost 1-3.5%; the
-  // window's kernels keep their sweep (their registers are short). results/evidence/wg_sweep/.
+  // only the tiles its rows see and passes the rest on, where the host sets sched.own_sweeps
+  // (short causal sweeps, kOwnSweepMaxKeys). Rows wholly past the sequence pass their item
+  // on without a mask, or with own sweeps; on long causal sweeps with own sweeps off, that
+  // alone ran 2.5% slower at D = 64, S = 8k (as the idle-consumer path below did at 16k).
+  // With two consumers the 128-row blocks and 128-key tiles line up, nothing is skipped, and
+  // the code alone cost 1-3.5%; the window's kernels keep their sweep (their registers are
+  // short). Measured on the H200: results/evidence/wg_sweep/.
   constexpr bool kOwnSweeps = !kWindow && Cfg::kConsumers == 3;
   auto split_div = [&](int n) { return kFastDivide ? sched.splits.div(n) : n / p.splits; };
   auto split_mod = [&](int n) { return kFastDivide ? sched.splits.mod(n) : n % p.splits; };
@@ -587,15 +590,16 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // This warpgroup's own sweep: the item's first wg_tiles tiles (kOwnSweeps, below).
     int wg_tiles = n_tiles;
     if constexpr (kOwnSweeps) {
-      if (sched.own_sweeps) {
-        const int rows_end = seq.seqlen_q << pack_shift;  // packed rows
-        const int wg_row0 = m_block + warpgroup * 64, wg_row_end = min(wg_row0 + 64, rows_end);
-        if (wg_row0 >= rows_end) {
-          wg_tiles = 0;
-        } else if (p.causal) {
-          const int key_end = min(seq.seqlen_k, ((wg_row_end - 1) >> pack_shift) + 1 + causal_offset);
-          wg_tiles = min(n_tiles, max(0, (key_end + kBlockN - 1) / kBlockN - range.first));
-        }
+      const int rows_end = seq.seqlen_q << pack_shift;  // packed rows
+      const int wg_row0 = m_block + warpgroup * 64;
+      // Without own sweeps, the causal mask's last key is the block's (its last row's).
+      const bool own = sched.own_sweeps;
+      const int wg_row_end = min(m_block + (own ? (warpgroup + 1) * 64 : kBlockM), rows_end);
+      if (wg_row0 >= rows_end && (own || !p.causal)) {
+        wg_tiles = 0;  // rows past the sequence see no key
+      } else if (p.causal) {
+        const int key_end = min(seq.seqlen_k, ((wg_row_end - 1) >> pack_shift) + 1 + causal_offset);
+        wg_tiles = min(n_tiles, max(0, (key_end + kBlockN - 1) / kBlockN - range.first));
       }
     }
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8 (packed rows)
@@ -1173,8 +1177,9 @@ struct SplitPlan {
 };
 
 // Three consumers on causal sweeps shorter than this (mean keys per block) each sweep only
-// the tiles their own rows see (kOwnSweeps in the kernel). On the H200 at D = 64 that ran
-// 1.048x at S = 2k and 1.022x at 4k, and 0.983x at 8k and 16k (results/evidence/wg_sweep/).
+// the tiles their own rows see (kOwnSweeps in the kernel). On the H200 at D = 64, on every
+// causal sweep, that ran 1.048x at S = 2k and 1.022x at 4k, and 0.983x at 8k and 16k; below
+// this, 1.04x at 2k and 1.01x at 4k, level elsewhere (results/evidence/wg_sweep/).
 constexpr double kOwnSweepMaxKeys = 4096;
 
 // `params` is make_params(problem), made once by launch(), which chose the kernel by its edges.
