@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Third device call: the form that computes each warpgroup's sweep in every three-consumer
+# kernel, own sweeps by a select (.prebuilt/own_c.tar.xz), beside main 2776cdc and the second
+# call's form (own_b): kernel 16's GPU tests and sanitizers, then A/B at D = 64.
+set -uo pipefail
+o=${1:-$OUT}
+k16='TileScheduler.*:FastDivisor.*:Validation.*:Dispatch.*:SplitKv.*:Varlen.*:AllKernels/KernelTest.*16_coalesced*:Cases/AppendKvGpu.*:*Decod*:*Paged*'
+san='*MatchesFp64Reference/16_coalesced_store_*_D64_Sq2000_Sk2000_causal*:*MatchesFp64Reference/16_coalesced_store_*_D64_Sq1500_Sk1900_causal*:*MatchesFp64Reference/16_coalesced_store_*_D64_Sq1000_Sk2000_fp16*'
+PREBUILT=.prebuilt/own_c.tar.xz GTEST_FILTER="$k16" SANITIZE=1 SANITIZE_FILTER="$san" SKIP_BENCH=1 SKIP_SASS=1 \
+  scripts/gpu_run.sh "$o/tests" >"$o/tests.txt" 2>&1
+tail -5 "$o/tests.txt"
+RUNS='grid64 causal64' results/evidence/fast_divisor/ab.sh .prebuilt/main_2776cdc.tar.xz .prebuilt/own_c.tar.xz "$o/ac" >"$o/ac.txt" 2>&1
+RUNS='grid64' results/evidence/fast_divisor/ab.sh .prebuilt/own_b.tar.xz .prebuilt/own_c.tar.xz "$o/bc" >"$o/bc.txt" 2>&1
+cat "$o/ac.txt" "$o/bc.txt"
+tar czf "$o/logs.tgz" -C "$o" tests ac bc 2>/dev/null && rm -rf "$o/tests" "$o/ac" "$o/bc"
