@@ -26,6 +26,7 @@ runs=(
   "varlen|--dims 64,128 --seqlens 1024,4096 --varlen mixed"
   "window|--dims 64,128 --seqlens 1024,4096 --window 256,0"
   "grid64|--dims 64 --seqlens 512,1024,2048,4096,8192,16384"
+  "causalgrid|--dims 64,128,256 --seqlens 512,1024,2048,4096,8192,16384 --causal yes"
   "rankflip|--dims 64,128,256 --seqlens 2048,4096,8192 --causal yes"
   "causal64|--dims 64 --seqlens 512,1024,2048,4096,8192 --causal yes"
   "gqacausal|--dims 128 --gqa 4 --seqlens 512,2048,8192 --causal yes"
