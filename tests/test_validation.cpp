@@ -439,8 +439,13 @@ TEST(Dispatch, NonPositiveScaleSkipsTheFoldedMaxKernel) {
   EXPECT_EQ(resolve_kernel(p, "14_seamless_items", &resolved).code(), StatusCode::not_supported);
   EXPECT_EQ(resolve_kernel(p, "15_three_consumers", &resolved).code(), StatusCode::not_supported);
   EXPECT_EQ(resolve_kernel(p, "16_coalesced_store", &resolved).code(), StatusCode::not_supported);
+  for (const char* name : {"07_wgmma", "08_warp_specialization", "09_pingpong", "10_intra_warpgroup_overlap",
+                           "11_persistent"})
+    EXPECT_EQ(resolve_kernel(p, name, &resolved).code(), StatusCode::not_supported) << name;
   ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
-  EXPECT_EQ(resolved, "11_persistent");
+  EXPECT_EQ(resolved, "06_tma_mbarrier");
+  p.softmax_scale = 0.f;
+  EXPECT_EQ(resolve_kernel(p, "07_wgmma", &resolved).code(), StatusCode::not_supported);
   p.softmax_scale = 0.3f;
   ASSERT_TRUE(resolve_kernel(p, "12_epilogue_hot_loop", &resolved).ok());
 }

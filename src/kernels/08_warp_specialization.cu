@@ -73,7 +73,6 @@ struct Config {
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kSwizzleBytes = 128;  // one row of a 64-column block
 constexpr int kAtomBytes = 1024;    // 8 rows x 128 bytes: the swizzle pattern's period
 
@@ -179,8 +178,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   const int row0 = m_block + warp_row + group;
   float o[kDTiles * 4] = {};  // O: n8 tile dt holds columns 8 dt + 2 t + {0, 1}
   float s[kNTiles * 4];       // S / P of the current tile
-  float row_max[2] = {-INFINITY, -INFINITY};  // running max of x = s * scale * log2(e)
-  float row_sum[2] = {0.f, 0.f};              // running sum of 2^(x - max) over this thread's columns
+  float row_max[2] = {-INFINITY, -INFINITY};  // running max of the raw scores s
+  float row_sum[2] = {0.f, 0.f};              // running sum of 2^(c s - c max) over this thread's columns
   const float scale_log2 = p.scale * kLog2e;
 
   ptx::mbarrier_wait(&smem.q_full, 0);  // Q has landed (also before exit: no copy outlives the CTA)
@@ -208,9 +207,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
 
-    // Scores to log2 units; masked entries to -inf (only tiles crossing Sk or the diagonal).
-#pragma unroll
-    for (int i = 0; i < kNTiles * 4; ++i) s[i] *= scale_log2;
+    // Masked entries to -inf (only tiles crossing Sk or the diagonal).
     const bool need_mask = n_start + kBlockN > p.seqlen_k ||
                            (p.causal && n_start + kBlockN - 1 > m_block + warp_row + p.causal_offset);
     if (need_mask) {
@@ -233,15 +230,18 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
       for (int nt = 0; nt < kNTiles; ++nt) m = fmaxf(m, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      const float m_safe = m == -INFINITY ? 0.f : m;  // a row with no visible key yet: weights 0, not NaN
-      alpha[r] = ptx::ex2_approx_ftz_f32(row_max[r] - m_safe);
+      // c = scale_log2 > 0 (supports()), so max(c s) = c max(s): the max is taken on raw scores
+      // and c goes into the exponent, one FFMA per score. A row with no visible key yet
+      // subtracts 0: weights 0, not NaN.
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      alpha[r] = ptx::ex2_approx_ftz_f32(row_max[r] * scale_log2 - m_scaled);
       row_max[r] = m;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[nt * 4 + e] = ptx::ex2_approx_ftz_f32(s[nt * 4 + e] - m_safe);
+          s[nt * 4 + e] = ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -m_scaled));
           sum += s[nt * 4 + e];
         }
       row_sum[r] = row_sum[r] * alpha[r] + sum;
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
           frag::pack2<T>(o[dt * 4 + 2 * r] * inv_sum[r], o[dt * 4 + 2 * r + 1] * inv_sum[r]);
     if (p.lse != nullptr && tig == 0)
       p.lse[(int64_t(batch) * p.heads_q + head_q) * p.seqlen_q + row] =
-          row_sum[r] > 0.f ? row_max[r] * kLn2 + logf(row_sum[r]) : -INFINITY;
+          row_sum[r] > 0.f ? row_max[r] * p.scale + logf(row_sum[r]) : -INFINITY;
   }
 }
 
@@ -331,7 +331,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   return launch_status(kName);
 }
 
-Status supports(const AttentionProblem&) { return Status::Ok(); }
+Status supports(const AttentionProblem& problem) { return require_positive_scale(problem, kName); }
 
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   return dispatch_dtype_headdim(problem,

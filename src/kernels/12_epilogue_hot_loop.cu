@@ -1,13 +1,11 @@
-// Lineage step 12: the epilogue and the hot loop (TMA store of O, folded scale, rescale on demand).
+// Lineage step 12: the epilogue and the hot loop (TMA store of O, rescale on demand).
 //
 // Kernel 12 focus (what changed from 11_persistent):
 //   1. The epilogue stages O in shared memory (128B-swizzled, as TMA wants it) and one thread
 //      per warpgroup stores it with a TMA bulk copy, so the consumers go on to the next item
 //      while the copy drains. Rows past Sq are clipped by the copy. This needs an O tile beside
 //      the ring: at D = 256 it does not fit in 227 KB, and O is stored from registers as in 11.
-//   2. exp2 with the scale folded in: the running max is kept in raw score units and each
-//      weight is 2^(s * scale * log2 e - max * scale * log2 e), one FFMA and one MUFU per score
-//      (11 spent an FMUL per score on the scaling first).
+//   2. (The scale has been folded into the exponent since 07: one FFMA and one MUFU per score.)
 //   3. O is rescaled only when some row of the warp raised its max (alpha != 1). The longer
 //      the rows, the rarer that gets; each skip takes 4 * D / 8 FMULs out of the turn, where
 //      they delayed the issue of PV.
@@ -23,7 +21,7 @@
 // instruction count in the softmax (the critical path between the GEMMs) and the time the
 // consumers spend storing O instead of starting the next item.
 // Known limits: D = 256 keeps the register-store epilogue; the tile shape is the same for
-// every D; the folded max needs scale > 0 (supports() refuses others, "auto" then takes 11).
+// every D; the folded max needs scale > 0 (supports() refuses others, "auto" then takes 06).
 #include <cuda.h>
 
 #include <algorithm>
@@ -467,9 +465,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
 // The whole contract with a positive scale, as long as the work list fits an int
 // (B * Hq * ceil(Sq / 128) < 2^31).
 Status supports(const AttentionProblem& problem) {
-  if (!(problem.scale() > 0.f))
-    return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
-                                       "on unscaled scores); got " + std::to_string(problem.scale())};
+  if (Status s = require_positive_scale(problem, kName); !s.ok()) return s;
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64>::kBlockM);
   if (items > kMaxWorkItems)
     return {StatusCode::not_supported, std::string(kName) + ": batch * heads_q * ceil(seqlen_q / 128) = " +

@@ -20,7 +20,7 @@
 // Why: FlashAttention-3 picks 176-key tiles at D = 128 without a mask for the same reason.
 // Known limits: the thresholds are measured crossovers on the H200 (results/evidence,
 // chapter 13), not a model; as in 12, the folded max needs scale > 0 (supports() refuses
-// others, "auto" then takes 11).
+// others, "auto" then takes 06).
 #include <cuda.h>
 
 #include <algorithm>
@@ -468,9 +468,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
 // The whole contract with a positive scale, as long as the work list fits an int
 // (B * Hq * ceil(Sq / 128) < 2^31).
 Status supports(const AttentionProblem& problem) {
-  if (!(problem.scale() > 0.f))
-    return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
-                                       "on unscaled scores); got " + std::to_string(problem.scale())};
+  if (Status s = require_positive_scale(problem, kName); !s.ok()) return s;
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64, false>::kBlockM);
   if (items > kMaxWorkItems)
     return {StatusCode::not_supported, std::string(kName) + ": batch * heads_q * ceil(seqlen_q / 128) = " +

@@ -17,7 +17,7 @@
 // Known limits: ptxas spills the three-consumer shape's epilogue addresses (hoisted out of
 // the item loop, reloaded once per item; the tile loop has no local memory); as in 13, the
 // wide-tile thresholds are measured crossovers and the folded max needs scale > 0
-// (supports() refuses others, "auto" then takes 11).
+// (supports() refuses others, "auto" then takes 06).
 #include <cuda.h>
 
 #include <algorithm>
@@ -480,9 +480,7 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
 // The whole contract with a positive scale, as long as the work list fits an int
 // (B * Hq * ceil(Sq / 128) < 2^31).
 Status supports(const AttentionProblem& problem) {
-  if (!(problem.scale() > 0.f))
-    return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
-                                       "on unscaled scores); got " + std::to_string(problem.scale())};
+  if (Status s = require_positive_scale(problem, kName); !s.ok()) return s;
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64, false, 2>::kBlockM);
   if (items > kMaxWorkItems)
     return {StatusCode::not_supported, std::string(kName) + ": batch * heads_q * ceil(seqlen_q / 128) = " +

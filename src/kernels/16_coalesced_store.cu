@@ -1347,9 +1347,7 @@ Status supports(const AttentionProblem& problem) {
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs take seqlen_k up to 2^30; got " +
                                              std::to_string(problem.seqlen_k)};
   }
-  if (!(problem.scale() > 0.f))
-    return {StatusCode::not_supported, std::string(kName) + ": softmax_scale must be > 0 (the running max is taken "
-                                       "on unscaled scores); got " + std::to_string(problem.scale())};
+  if (Status s = require_positive_scale(problem, kName); !s.ok()) return s;
   if (problem.is_paged() && problem.page_size % kPageMultiple != 0)
     return {StatusCode::not_supported, std::string(kName) + ": page_size must be a multiple of " +
                                            std::to_string(kPageMultiple) + " (a K/V tile never spans two pages); got " +

@@ -32,6 +32,15 @@ inline Status launch_status(const char* kernel) {
   return {StatusCode::cuda_error, std::string(kernel) + ": launch failed: " + cudaGetErrorString(err)};
 }
 
+// Kernels from 07 on take the running max on raw scores and fold the scale into the exponent,
+// which needs scale > 0 (max(c s) = c max(s) only for c > 0; with c = 0 a masked score gives
+// -inf * 0 = NaN). "auto" then falls back to 06, which scales before the max.
+inline Status require_positive_scale(const AttentionProblem& problem, const char* kernel) {
+  if (problem.scale() > 0.f) return Status::Ok();
+  return {StatusCode::not_supported, std::string(kernel) + ": softmax_scale must be > 0 (the running max is taken "
+                                     "on unscaled scores); got " + std::to_string(problem.scale())};
+}
+
 inline Status cuda_status(cudaError_t err, const std::string& what) {
   if (err == cudaSuccess) return Status::Ok();
   cudaGetLastError();
