@@ -330,7 +330,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const KernelEntry& kernel_07_wgmma() {
-  static const KernelEntry entry{kName, "warpgroup MMA: S = QK^T from shared memory, O += PV with P from registers",
+  static const KernelEntry entry{kName, "warpgroup MMA: S = QK^T from shared memory, O += PV with P from registers; the scale folded into exp2",
                                  supports, launch};
   return entry;
 }

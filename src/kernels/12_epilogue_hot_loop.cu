@@ -17,9 +17,9 @@
 //
 // Barriers: as in 11, plus a named barrier per consumer warpgroup for the epilogue.
 //
-// Why: with the ring, the turn and the persistent loop in place, what remains is
-// instruction count in the softmax (the critical path between the GEMMs) and the time the
-// consumers spend storing O instead of starting the next item.
+// Why: with the ring, the turn and the persistent loop in place, what remains is the rescale
+// inside the turn (it delays the issue of PV) and the time the consumers spend storing O
+// instead of starting the next item.
 // Known limits: D = 256 keeps the register-store epilogue; the tile shape is the same for
 // every D; the folded max needs scale > 0 (supports() refuses others, "auto" then takes 06).
 #include <cuda.h>
@@ -481,7 +481,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const KernelEntry& kernel_12_epilogue_hot_loop() {
-  static const KernelEntry entry{kName, "TMA store of O from shared memory, exp2 with the scale folded in, O rescaled only when a max changes",
+  static const KernelEntry entry{kName, "TMA store of O from shared memory, O rescaled only when a max changes",
                                  supports, launch};
   return entry;
 }
