@@ -414,8 +414,8 @@ Status launch_typed(const AttentionProblem& problem, cudaStream_t stream) {
   return launch_status(kName);
 }
 
-// The whole contract, as long as the work list fits an int with room for the snake order's
-// overshoot (B * Hq * ceil(Sq / 128) <= 2^30).
+// The whole contract with a positive scale, as long as the work list fits an int with room
+// for the snake order's overshoot (B * Hq * ceil(Sq / 128) <= 2^30).
 Status supports(const AttentionProblem& problem) {
   if (Status s = require_positive_scale(problem, kName); !s.ok()) return s;
   const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64>::kBlockM);
