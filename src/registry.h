@@ -1,4 +1,4 @@
-// The dispatch table: every lineage kernel registers one entry here.
+// The dispatch table: every lineage kernel and the production forward register one entry here.
 #pragma once
 
 #include "hattn/hattn.h"
@@ -46,8 +46,10 @@ const KernelEntry& kernel_13_wide_tiles();
 const KernelEntry& kernel_14_seamless_items();
 const KernelEntry& kernel_15_three_consumers();
 const KernelEntry& kernel_16_coalesced_store();
+// The production forward (src/attention/forward.cu), which "auto" runs.
+const KernelEntry& kernel_fwd_sm90();
 
-// All entries in lineage order.
+// All entries: the lineage in order, then the production forward.
 const std::vector<const KernelEntry*>& registry();
 
 }  // namespace hattn

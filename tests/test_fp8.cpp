@@ -104,7 +104,7 @@ TEST(Fp8Validation, ValidProblemPassesAndGoesToTheFinalKernel) {
   EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
   std::string name;
   ASSERT_TRUE(resolve_kernel(p, "auto", &name).ok());
-  EXPECT_EQ(name, "16_coalesced_store");
+  EXPECT_EQ(name, "fwd_sm90");
   expect_status(resolve_kernel(p, "15_three_consumers", &name), StatusCode::not_supported, "e4m3");
 }
 

@@ -138,12 +138,14 @@ TEST(Dispatch, UnknownKernelNamesTheArgument) {
   EXPECT_NE(s.message().find("01_naive"), std::string::npos) << "should list the known kernels: " << s.message();
 }
 
-TEST(Dispatch, RegistryListsTheLineageInOrder) {
+TEST(Dispatch, RegistryListsTheLineageInOrderThenTheProductionForward) {
   const auto list = kernels();
-  ASSERT_GE(list.size(), 2u);
+  ASSERT_GE(list.size(), 3u);
   EXPECT_EQ(list[0].name, "01_naive");
   EXPECT_EQ(list[1].name, "02_fused_online_softmax");
-  for (size_t i = 1; i < list.size(); ++i) EXPECT_LT(list[i - 1].name, list[i].name) << "numbered in lineage order";
+  EXPECT_EQ(list.back().name, "fwd_sm90");
+  for (size_t i = 1; i + 1 < list.size(); ++i)
+    EXPECT_LT(list[i - 1].name, list[i].name) << "numbered in lineage order";
   for (const auto& k : list) EXPECT_FALSE(k.description.empty()) << k.name;
 }
 
@@ -437,7 +439,7 @@ TEST(Dispatch, NonPositiveScaleSkipsTheFoldedMaxKernel) {
   EXPECT_NE(s.message().find("softmax_scale"), std::string::npos) << s.message();
   for (const char* name : {"07_wgmma", "08_warp_specialization", "09_pingpong", "10_intra_warpgroup_overlap",
                            "11_persistent", "13_wide_tiles", "14_seamless_items", "15_three_consumers",
-                           "16_coalesced_store"})
+                           "16_coalesced_store", "fwd_sm90"})
     EXPECT_EQ(resolve_kernel(p, name, &resolved).code(), StatusCode::not_supported) << name;
   ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
   EXPECT_EQ(resolved, "06_tma_mbarrier");

@@ -2,11 +2,14 @@
 # Kernel 16 with an item's divisions done by FastDivisor (B) beside the build before it (A):
 # decoding (dense at D = 64, 128, 256; GQA 4 packed; a paged cache) and a few prefill shapes,
 # hattn-bench in the order A B B A, each run's GPU times in its own CSV.
-# Usage: [RUNS='dec1x4k grid ...'] ab.sh A.tar.xz B.tar.xz OUT_DIR   (RUNS: names below; default:
-# the first five)
+# Usage: [RUNS='dec1x4k grid ...'] [KERNEL_A=name] [KERNEL_B=name] ab.sh A.tar.xz B.tar.xz OUT_DIR
+# (RUNS: names below; default: the first five. KERNEL_A, KERNEL_B: the kernel each build runs;
+# default 16_coalesced_store)
 set -uo pipefail
 out=$3
-declare -A dir commit
+declare -A dir commit kernel
+kernel[a]=${KERNEL_A:-16_coalesced_store}
+kernel[b]=${KERNEL_B:-16_coalesced_store}
 for x in a b; do
   case $x in a) f=$1 ;; b) f=$2 ;; esac
   dir[$x]=/tmp/ab_$x
@@ -42,7 +45,7 @@ for order in a1 b1 b2 a2; do
   for r in "${runs[@]}"; do
     name=${r%%|*}
     # shellcheck disable=SC2086  # the flags split into words
-    HATTN_COMMIT=${commit[$x]} "${dir[$x]}/hattn-bench" --kernels 16_coalesced_store --no-gemm ${r#*|} \
+    HATTN_COMMIT=${commit[$x]} "${dir[$x]}/hattn-bench" --kernels "${kernel[$x]}" --no-gemm ${r#*|} \
       --csv "$out/${name}_$order.csv" >"$out/${name}_$order.log" 2>&1
   done
 done

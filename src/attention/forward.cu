@@ -1,0 +1,245 @@
+// The production forward's launch: the host side of kernel.cuh. plan.h decides, this file
+// makes the tensor maps and the workspace and launches the kernels the plan names (the FP8 V
+// transpose, the attention kernel, the combine of split items).
+#include <cuda.h>
+
+#include <algorithm>
+#include <string>
+
+#include "../kernels/common.cuh"
+#include "../kernels/tile_scheduler.cuh"
+#include "../registry.h"
+#include "../tensor_map.h"
+#include "combine.cuh"
+#include "fp8_transpose.cuh"
+#include "kernel.cuh"
+#include "plan.h"
+
+namespace hattn::fwd {
+namespace {
+
+constexpr const char* kName = "fwd_sm90";
+
+// `fp` is make_plan(problem): split.splits > 1 (run-time bounds kernels only): split-KV with
+// that many parts; or split.tail_parts > 1 (not the window's kernels): the tail split. Either
+// in the caller's workspace or, without one, in memory taken here when it can be had.
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
+Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cudaStream_t stream) {
+  const AttentionParams& params = fp.params;
+  const SplitPlan& split = fp.split;
+  const int sms = fp.sms;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
+  constexpr int kSmem = smem_bytes<T, Cfg>();
+  static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
+  QkvTensorMaps maps;
+  Status s = make_qkv_tensor_maps(problem, 64, Cfg::kBlockN, kName, &maps);  // Q: one consumer's rows per box
+  if (!s.ok()) return s;
+  // The run-time bounds kernels take Q and O in 5-D boxes of head groups (one head each
+  // unless GQA packing puts a K/V head's query heads into the rows).
+  const int group = 1 << params.pack_shift;
+  if constexpr (kRuntimeBounds) {
+    s = make_grouped_bshd_tensor_map(&maps.q, problem.q, problem.dtype, problem.tensor_batch(), problem.tensor_rows_q(),
+                                     problem.heads_q, D, problem.q_strides, group, 64, 64);
+    if (!s.ok()) return {s.code(), std::string(kName) + ": q: " + s.message()};
+  }
+  CUtensorMap o_map{};  // only read when O leaves by TMA
+  if constexpr (Cfg::kStoreByTma) {
+    if constexpr (kRuntimeBounds)
+      s = make_grouped_bshd_tensor_map(&o_map, problem.out, output_dtype(problem.dtype), problem.tensor_batch(),
+                                       problem.tensor_rows_q(), problem.heads_q, D, problem.out_strides, group, 64, 64);
+    else
+      s = make_bshd_tensor_map(&o_map, problem.out, output_dtype(problem.dtype), problem.tensor_batch(),
+                               problem.tensor_rows_q(), problem.heads_q, D, problem.out_strides, 64,
+                               64);  // one consumer warpgroup's rows per box
+    if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
+  }
+  const auto kernel = forward_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow>;
+  s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                  std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (!s.ok()) return s;
+  // FP8: V is read through its transposed copy (8-bit wgmma operands are K-major only), made
+  // first in the caller's workspace or in memory taken here on the stream (after every step
+  // that can fail without freeing it).
+  uint8_t* vt = nullptr;
+  bool vt_owned = false;
+  if constexpr (kIsFp8<T>) {
+    const int keys = vt_keys(problem.seqlen_k);
+    if (problem.workspace != nullptr) {  // forward() checked its size
+      vt = static_cast<uint8_t*>(problem.workspace);
+    } else {
+      const size_t bytes = vt_bytes(problem);
+      s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&vt), bytes, stream),
+                      std::string(kName) + ": cudaMallocAsync(V^T, " + std::to_string(bytes) + " bytes)");
+      if (!s.ok()) return s;
+      vt_owned = true;
+    }
+    transpose_v_kernel<D><<<dim3(unsigned(keys / kVtTileKeys), unsigned(problem.heads_kv), unsigned(problem.batch)), 256,
+                            0, stream>>>(params, vt, keys);
+    s = launch_status(kName);
+    if (s.ok()) s = make_transposed_tensor_map(&maps.v, vt, problem.batch, problem.heads_kv, D, keys, kVtTileKeys);
+    if (!s.ok()) {
+      if (vt_owned) cudaFreeAsync(vt, stream);
+      return {s.code(), std::string(kName) + ": V^T: " + s.message()};
+    }
+  }
+  // Packed items are per K/V head, and their blocks hold kBlockM / group query positions.
+  PersistentLaunch grid_plan =
+      plan_persistent_launch(problem.batch, params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
+                             problem.seqlen_q, problem.seqlen_k, problem.causal, Cfg::kBlockM >> params.pack_shift,
+                             Cfg::kBlockN, sms, params.window_left, params.window_right);
+  AttentionParams kernel_params = params;
+  const int splits = split.splits;
+  const int64_t rows_all = split.rows_all;
+  bool tail = false;  // the tail split runs: its parts are in the work list
+  float* workspace = nullptr;
+  bool owned = false;  // taken here, freed here
+  if ((kRuntimeBounds && splits > 1) || (!kWindow && split.tail_parts > 1)) {
+    if (problem.workspace != nullptr) {  // forward() checked its size
+      workspace = static_cast<float*>(problem.workspace);
+    } else if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), split.bytes, stream) == cudaSuccess) {
+      // Stream-ordered, so the pool hands the memory back to the next call on the stream, and a
+      // CUDA graph capture records it. Without it the problem runs unsplit.
+      owned = true;
+    } else {
+      cudaGetLastError();  // clear it: the unsplit launch below does not depend on it
+      workspace = nullptr;
+    }
+    if (workspace != nullptr && split.tail_parts > 1) {
+      // The tail split: the parts of the cut items, [tail item][part][row of the block].
+      tail = true;
+      const int64_t parts_all = int64_t(grid_plan.sched.total() - split.tail_start) * split.tail_parts;
+      kernel_params.o_partial = workspace;
+      kernel_params.lse_partial = workspace + size_t(parts_all) * Cfg::kBlockM * D;  // after all parts' rows
+    } else if (workspace != nullptr) {
+      kernel_params.splits = splits;
+      kernel_params.o_partial = workspace;
+      kernel_params.lse_partial = workspace + size_t(splits) * size_t(rows_all) * D;
+      // The parts of a block are adjacent items (m_block = block * splits + part) in the order
+      // by pair: each part's cost is a share of its block's.
+      grid_plan.sched.m_blocks *= splits;
+      grid_plan.sched.by_rank = false;
+      grid_plan.ctas = int(std::min<int64_t>(int64_t(grid_plan.sched.total()), sms));
+    }
+  }
+  WorkList list(grid_plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
+                kernel_params.heads_per_kv);
+  list.own_sweeps = fp.own_sweeps;
+  const dim3 grid(unsigned(grid_plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, list);
+  s = launch_status(kName);
+  if (workspace != nullptr) {
+    if (s.ok() && tail) {
+      const int64_t tail_rows = int64_t(list.tail_items()) * Cfg::kBlockM;
+      combine_tail_kernel<OutType<T>, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list,
+                                                                                             Cfg::kBlockM);
+      s = launch_status(kName);
+    } else if (s.ok()) {
+      // A programmatic dependent launch: the attention kernel lets it start while it still runs
+      // (griddepcontrol.launch_dependents), and the combine waits for it (griddepcontrol.wait).
+      cudaLaunchAttribute dependent{};
+      dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      dependent.val.programmaticStreamSerializationAllowed = 1;
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(unsigned((rows_all + 3) / 4));
+      config.blockDim = dim3(128);
+      config.stream = stream;
+      config.attrs = &dependent;
+      config.numAttrs = 1;
+      // cudaLaunchKernelEx returns the launch's own error (cuda_status then clears it).
+      s = cuda_status(cudaLaunchKernelEx(&config, combine_splits_kernel<OutType<T>, D>, kernel_params, rows_all),
+                      std::string(kName) + ": launching the split-KV combine");
+    }
+    if (owned) {
+      const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
+      if (s.ok()) s = freed;
+    }
+  }
+  if (vt_owned) {
+    const Status freed = cuda_status(cudaFreeAsync(vt, stream), std::string(kName) + ": cudaFreeAsync(V^T)");
+    if (s.ok()) s = freed;
+  }
+  return s;
+}
+
+static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultiple % Config<128, false, 2>::kBlockN == 0 &&
+                  kPageMultiple % Config<256, false, 2>::kBlockN == 0 && kPageMultiple % Config<64, false, 2>::kBlockN == 0,
+              "a page holds whole K/V tiles of the narrow shapes");
+
+// The whole contract with a positive scale, as long as the work list fits an int
+// (B * Hq * ceil(Sq / 128) < 2^31); a paged cache's pages must hold whole K/V tiles.
+Status supports(const AttentionProblem& problem) {
+  if (problem.dtype == DType::e4m3) {
+    if (problem.head_dim != 64 && problem.head_dim != 128)
+      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run at head_dim 64 and 128; got " +
+                                             std::to_string(problem.head_dim)};
+    if (problem.has_window() || problem.has_sequence_bounds() || problem.softcap > 0.f)
+      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run dense batches only: no sliding "
+                                                              "window, cu_seqlens, seqlens_k, block_table, "
+                                                              "kv_batch_idx, leftpad_k or softcap"};
+    if (problem.seqlen_k > (1 << 30))  // V^T's copy pads the keys to a multiple of 128 in an int
+      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs take seqlen_k up to 2^30; got " +
+                                             std::to_string(problem.seqlen_k)};
+  }
+  if (Status s = require_positive_scale(problem, kName); !s.ok()) return s;
+  if (problem.is_paged() && problem.page_size % kPageMultiple != 0)
+    return {StatusCode::not_supported, std::string(kName) + ": page_size must be a multiple of " +
+                                           std::to_string(kPageMultiple) + " (a K/V tile never spans two pages); got " +
+                                           std::to_string(problem.page_size)};
+  const int64_t items = work_items(problem.batch, problem.heads_q, problem.seqlen_q, Config<64, false, 2>::kBlockM);
+  if (items > kMaxWorkItems)
+    return {StatusCode::not_supported, std::string(kName) + ": batch * heads_q * ceil(seqlen_q / 128) = " +
+                                           std::to_string(items) + " work items exceeds 2^30"};
+  return Status::Ok();
+}
+
+// The kernel variant the plan names: run-time bounds (varlen, caches, split-KV, packing,
+// softcap, decoding at D = 64), a window, or neither.
+template <typename T, int D, bool kWide, int kConsumers>
+Status launch_variant(const AttentionProblem& problem, const ForwardPlan& fp, cudaStream_t stream) {
+  if (fp.window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, fp, stream);
+  if (!fp.dense) return launch_typed<T, D, kWide, kConsumers, true, false>(problem, fp, stream);
+  return launch_typed<T, D, kWide, kConsumers, false, false>(problem, fp, stream);
+}
+
+Status launch(const AttentionProblem& problem, cudaStream_t stream) {
+  ForwardPlan fp;
+  if (Status s = make_plan(problem, sm_count(), &fp); !s.ok()) return s;
+  if (fp.fp8) {  // one shape per head dim (64, 128): supports() refused the rest
+    if (problem.head_dim == 64) return launch_typed<__nv_fp8_e4m3, 64, false, 2, false, false>(problem, fp, stream);
+    return launch_typed<__nv_fp8_e4m3, 128, false, 2, false, false>(problem, fp, stream);
+  }
+  return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
+    if constexpr (D == 64) {  // D = 64 never takes the wide tiles
+      if (fp.consumers == 3) return launch_variant<T, 64, false, 3>(problem, fp, stream);
+      return launch_variant<T, 64, false, 2>(problem, fp, stream);
+    } else {
+      if (fp.wide) return launch_variant<T, D, true, 2>(problem, fp, stream);
+      return launch_variant<T, D, false, 2>(problem, fp, stream);
+    }
+  });
+}
+
+// The workspace launch() will use: the same plan, no launch.
+Status workspace_bytes(const AttentionProblem& problem, size_t* bytes) {
+  ForwardPlan fp;
+  if (Status s = make_plan(problem, sm_count(), &fp); !s.ok()) return s;
+  *bytes = fp.workspace_bytes;
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace hattn::fwd
+
+namespace hattn {
+
+const KernelEntry& kernel_fwd_sm90() {
+  static const KernelEntry entry{fwd::kName,
+                                 "the production forward: every feature (windows, varlen, KV caches, split-KV, "
+                                 "softcap, FP8, GQA packing), split by role in src/attention/",
+                                 fwd::supports, fwd::launch, /*supports_window=*/true, /*supports_varlen=*/true,
+                                 /*supports_paged=*/true, /*supports_fp8=*/true, fwd::workspace_bytes,
+                                 /*supports_softcap=*/true};
+  return entry;
+}
+
+}  // namespace hattn

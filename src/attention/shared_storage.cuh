@@ -1,0 +1,53 @@
+// The production forward's element types and its shared memory, as a struct of named tiles.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "config.h"
+
+namespace hattn::fwd {
+
+// FP8 inputs: e4m3 q, k and v, out in bf16.
+template <typename T>
+constexpr bool kIsFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
+template <typename T>
+using OutType = std::conditional_t<kIsFp8<T>, __nv_bfloat16, T>;
+template <typename T, int D, bool kWide, int kNumConsumers>
+using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>>;
+
+// Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
+// 128B-swizzled.
+template <typename T, typename Cfg>
+struct SharedStorage {
+  alignas(kAtomBytes) T q[Cfg::kColBlocks][Cfg::kBlockM * Cfg::kAtomCols];
+  alignas(kAtomBytes) T k[Cfg::kStages][Cfg::kColBlocks][Cfg::kBlockN * Cfg::kAtomCols];
+  alignas(kAtomBytes) T v[Cfg::kStages][Cfg::kVBlocks][Cfg::kVBlockElems];
+  // O's staging tile, [D / 64][kBlockM][64] (a placeholder when O is stored from registers).
+  alignas(kAtomBytes) OutType<T> o[Cfg::kStoreByTma ? Cfg::kOutColBlocks : 1]
+                                  [Cfg::kStoreByTma ? Cfg::kBlockM * 64 : 64];
+  uint64_t q_full[Cfg::kConsumers];   // one per consumer warpgroup: its 64 rows of Q
+  uint64_t q_empty[Cfg::kConsumers];
+  uint64_t k_full[Cfg::kStages];
+  uint64_t v_full[Cfg::kStages];
+  uint64_t k_empty[Cfg::kStages];
+  uint64_t v_empty[Cfg::kStages];
+  uint64_t v_landed;  // a V tile that ends past its sequence: landed, its tail not yet zeroed
+};
+
+template <typename T, typename Cfg>
+constexpr int smem_bytes() {
+  return int(sizeof(SharedStorage<T, Cfg>)) + kAtomBytes;  // + slack to align the base to 1024
+}
+
+// A stage's K tile (or V's, when not FP8), and its V tile, as SharedStorage lays them out.
+template <typename T, typename Cfg>
+using KTile = T[Cfg::kColBlocks][Cfg::kBlockN * Cfg::kAtomCols];
+template <typename T, typename Cfg>
+using VTile = T[Cfg::kVBlocks][Cfg::kVBlockElems];
+
+}  // namespace hattn::fwd

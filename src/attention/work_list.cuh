@@ -1,0 +1,103 @@
+// The work scheduler: the persistent CTAs' list of work items (query blocks of a head), in the
+// order of tile_scheduler.cuh, with the last round cut along the keys (the tail split) and
+// split-KV's parts numbered inside the blocks; and where an item lies (block, K/V head, tiles).
+#pragma once
+
+#include "../kernels/fast_divisor.cuh"
+#include "../kernels/params.h"
+#include "../kernels/sequence.cuh"
+#include "../kernels/tile_scheduler.cuh"
+#include "mask.cuh"
+
+namespace hattn::fwd {
+
+// The work list with its last round cut (the tail split). Without a mask every item costs the
+// same, so when the items are not a whole number of rounds, the last round keeps a few CTAs
+// busy for a whole item while the others idle. Items from tail_start on are each cut into
+// tail_parts parts along the keys (part i sweeps its share of the item's tiles), written as
+// fp32 partial results that a second kernel combines (combine.cuh); the parts fill that round.
+struct PartItem : WorkItem {
+  int part = 0, parts = 1;  // parts > 1: this item is part `part` of a cut tail item
+  int tail = 0;             // which tail item (its partial results' slot)
+};
+struct WorkList {
+  TileScheduler sched;
+  int tail_start = 0;  // items [0, tail_start) run whole; with tail_parts == 1 all do
+  int tail_parts = 1;
+  // The divisions an item's coordinates take, as FastDivisor: the producer works out its first
+  // item before its first load, and with the GPU's division that took 1.0-1.5 us of a decoding
+  // call's ~15 us kernel (results/evidence/decode_timeline/).
+  FastItemOrder order;  // sched's order
+  FastDivisor tail;     // tail_parts
+  FastDivisor splits;   // split-KV's parts per query block (AttentionParams::splits)
+  FastDivisor group;    // query heads per K/V head (AttentionParams::heads_per_kv)
+  // Each consumer sweeps only the tiles its own rows see (Consumer::kOwnSweeps).
+  bool own_sweeps = false;
+
+  WorkList() = default;
+  WorkList(const TileScheduler& s, int first_tail_item, int parts, int kv_splits, int heads_per_kv)
+      : sched(s), tail_start(first_tail_item), tail_parts(parts), order(s), tail(parts), splits(kv_splits),
+        group(heads_per_kv) {}
+
+  // The items from tail_start on, each cut into tail_parts parts (or run whole when it is 1).
+  __host__ __device__ int tail_items() const { return sched.total() - tail_start; }
+  __host__ __device__ int total() const { return tail_start + tail_items() * tail_parts; }
+#ifdef __CUDACC__
+  __device__ int position(int round) const { return sched.position(round); }
+#endif
+  // kFast: the FastDivisors' divisions, else the GPU's (the same item).
+  template <bool kFast = true>
+  __host__ __device__ PartItem item(int w) const {
+    PartItem it;
+    if (tail_parts == 1 || w < tail_start) {
+      static_cast<WorkItem&>(it) = kFast ? order.item(w) : sched.item(w);
+      return it;
+    }
+    it.tail = kFast ? tail.div(w - tail_start) : (w - tail_start) / tail_parts;
+    it.part = w - tail_start - it.tail * tail_parts;
+    it.parts = tail_parts;
+    static_cast<WorkItem&>(it) = kFast ? order.item(tail_start + it.tail) : sched.item(tail_start + it.tail);
+    return it;
+  }
+};
+
+#ifdef __CUDACC__
+// Where an item lies: its query block, its K/V head, and the K/V tiles it sweeps. Split-KV
+// numbers the parts of a query block inside the item's m_block (block * splits + part), and
+// each part sweeps its share of the block's tiles. Only the run-time bounds kernels take it;
+// without it p.splits is 1 and these are the block and the mask's tiles. A cut tail item
+// carries its part in the item (never in the window's kernels, which run no tail split and
+// spill more with its code).
+//
+// The divisions by p.splits, a cut item's parts and p.heads_per_kv go through WorkList's
+// FastDivisors, except in the window's kernels, where their registers spilled (D = 128: 16
+// bytes, budget 12); those divide as before.
+template <int kBlockM, int kBlockN, bool kRuntimeBounds, bool kWindow>
+struct ItemSweep {
+  static constexpr bool kFastDivide = !kWindow;
+  const AttentionParams& p;
+  const WorkList& list;
+  Mask<kBlockM, kBlockN, kRuntimeBounds, kWindow> mask;
+
+  __device__ __forceinline__ int split_div(int n) const { return kFastDivide ? list.splits.div(n) : n / p.splits; }
+  __device__ __forceinline__ int split_mod(int n) const { return kFastDivide ? list.splits.mod(n) : n % p.splits; }
+  __device__ __forceinline__ int kv_head_of(int head_q) const {
+    return kFastDivide ? list.group.div(head_q) : head_q / p.heads_per_kv;
+  }
+  __device__ __forceinline__ int block_of(const WorkItem& item) const {
+    return kRuntimeBounds ? split_div(item.m_block) : item.m_block;
+  }
+  // The K/V tiles the item sweeps: its block's, or its part's share of them.
+  __device__ __forceinline__ KvTileRange tiles(const PartItem& item, const Sequence& seq) const {
+    const KvTileRange all = mask.kv_tiles(block_of(item), seq);
+    const bool split = kRuntimeBounds && p.splits > 1;
+    const int parts = split ? p.splits : kWindow ? 1 : item.parts;
+    if (parts == 1) return all;
+    const int part = split ? split_mod(item.m_block) : item.part, n = all.last - all.first;
+    auto share = [&](int x) { return !kFastDivide ? x / parts : split ? list.splits.div(x) : list.tail.div(x); };
+    return {all.first + share(n * part), all.first + share(n * (part + 1))};
+  }
+};
+#endif
+
+}  // namespace hattn::fwd
