@@ -39,16 +39,23 @@ struct ItemRows {
   int row0;                 // this thread's rows: row0 and row0 + 8 (packed rows)
 };
 
+// The consumer warpgroup's whole life: every item of the CTA's share of the work list. The
+// loop's state (O, S, the softmax's rows, P, the ring position) lives in registers; the tile
+// step, the sweep and the PV issue are lambdas over it, in the order ptxas schedules best (the
+// same code as a struct's methods ran 2-4% slower on short causal sweeps at D = 64).
 template <typename T, int D, typename Cfg, bool kRuntimeBounds, bool kWindow>
-struct Consumer {
-  static constexpr bool kFp8 = kIsFp8<T>;  // e4m3 q, k, v (V as its transposed copy), bf16 out
-  static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
-  static constexpr int kNTiles = kBlockN / 8;  // n8 column tiles of S in the accumulator
-  static constexpr int kDTiles = D / 8;        // n8 column tiles of O
+__device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUtensorMap& o_map, const AttentionParams& p,
+                                        const WorkList& sched,
+                                        const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items,
+                                        const ConsumerThread& t) {
+  constexpr bool kFp8 = kIsFp8<T>;  // e4m3 q, k, v (V as its transposed copy), bf16 out
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  constexpr int kNTiles = kBlockN / 8;  // n8 column tiles of S in the accumulator
+  constexpr int kDTiles = D / 8;        // n8 column tiles of O
   // wgmma k steps, 32 bytes of a row each (k16 for 16-bit types, k32 for e4m3): over D for S,
   // over the tile's keys for PV (P's A fragments).
-  static constexpr int kSSteps = D * int(sizeof(T)) / 32, kPSteps = kBlockN * int(sizeof(T)) / 32;
-  static constexpr bool kFastDivide = !kWindow;
+  constexpr int kSSteps = D * int(sizeof(T)) / 32, kPSteps = kBlockN * int(sizeof(T)) / 32;
+  constexpr bool kFastDivide = !kWindow;
   // Own sweeps: under the causal mask a consumer's 64 rows end before its block's last row.
   // With three consumers on 192-row blocks and 128-key tiles, one or two of them see none of
   // the last tile's keys on most items (a tenth of the work at S = 2k); each then computes
@@ -59,7 +66,7 @@ struct Consumer {
   // blocks and 128-key tiles line up, nothing is skipped, and the code alone cost 1-3.5%; the
   // window's kernels keep their sweep (their registers are short). Measured on the H200:
   // results/evidence/wg_sweep/.
-  static constexpr bool kOwnSweeps = !kWindow && Cfg::kConsumers == 3;
+  constexpr bool kOwnSweeps = !kWindow && Cfg::kConsumers == 3;
   // A warpgroup whose 64 rows all lie past the sequence's queries computes nothing. Decoding
   // (one query per sequence, or a few packed GQA heads) leaves every consumer but the first
   // without rows, and their GEMMs and exponentials took the tensor cores and MUFU from it. It
@@ -69,22 +76,30 @@ struct Consumer {
   // bytes at D = 128 (budget 12), and in the dense ones it cost prefill 2.7% at D = 64,
   // causal, 16k on the H200 (results/evidence/idle_consumers/run2/). Elsewhere it sweeps
   // the item like the others, or with own sweeps passes it on with wg_tiles = 0.
-  static constexpr bool kSkipsIdleConsumers = kRuntimeBounds && !kWindow;
-  using Sweep = ItemSweep<kBlockM, kBlockN, kRuntimeBounds, kWindow>;
-  using Softmax = OnlineSoftmax<kNTiles, Cfg::kFmaExp2Tiles, kFp8>;
+  constexpr bool kSkipsIdleConsumers = kRuntimeBounds && !kWindow;
+  const int warpgroup = t.warpgroup, lane = t.lane, group = t.group, tig = t.tig, warp_row = t.warp_row;
+  const int pack_shift = items.mask.shift();
 
-  SharedStorage<T, Cfg>& smem;
-  const AttentionParams& p;
-  const WorkList& sched;
-  const Sweep& items;
-  const ConsumerThread& t;
-  Epilogue<T, D, Cfg, kRuntimeBounds, kWindow> epilogue;
+  // Descriptors built once: this consumer's Q rows, and the first stage's K and V (column block
+  // 0). A tile's K and V descriptors add the stage's byte offset before the tile's waits, and
+  // each k16 step a constant (advance_smem_desc), instead of building each from its address.
+  // Q and K K-major: 128-byte swizzle, or 64-byte (8-row atoms of 512 bytes) for FP8 at D = 64.
+  const auto qk_desc = [](const void* tile) {
+    return Cfg::kRowBytes == 128 ? ptx::make_smem_desc_sw128(tile, 16, kAtomBytes)
+                                 : ptx::make_smem_desc_sw64(tile, 16, 8 * Cfg::kRowBytes);
+  };
+  const uint64_t q_desc = qk_desc(smem.q[0] + warpgroup * 64 * Cfg::kAtomCols);
+  const uint64_t k_desc = qk_desc(smem.k[0][0]);
+  // V N-major (LBO: the step between 64-column blocks), or FP8's V^T K-major (LBO unused).
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0][0], kFp8 ? 16 : kBlockN * kSwizzleBytes, kAtomBytes);
+  constexpr uint32_t kKStageBytes = sizeof(smem.k[0]), kVStageBytes = sizeof(smem.v[0]);
 
-  uint64_t q_desc, k_desc, v_desc;  // this consumer's Q rows; the first stage's K and V
-  int my_turn, next_turn;           // the turn goes round the consumers: 0 -> 1 (-> 2) -> 0
-  float scale_log2;                 // c: 2^(s c) = e^(scale s)
+  float scale_log2 = p.scale * kLog2e;  // c: 2^(s c) = e^(scale s)
+  // The turn goes round the consumers: 0 -> 1 (-> 2) -> 0.
+  const int my_turn = kTurnConsumer0 + warpgroup;
+  const int next_turn = kTurnConsumer0 + (warpgroup + 1) % Cfg::kConsumers;
 
-  float o[kDTiles * 4];  // O: n8 tile dt holds columns 8 dt + 2 t + {0, 1}
+  float o[kDTiles * 4];              // O: n8 tile dt holds columns 8 dt + 2 t + {0, 1}
   // FP8: one tile's P V, added to O by the CUDA cores. Hopper's FP8 wgmma adds into its
   // accumulators with about 14 bits kept (DeepSeek-V3's report), so O summed over a long
   // sweep inside the wgmmas drifted (python -m hattn.bench_fp8 at 16k keys: 0.086 off cuDNN's
@@ -93,39 +108,17 @@ struct Consumer {
   // index is a multiple of kPvTilesPerSum. The index is ring - kv: a counter, or even a
   // constexpr local here, changed ptxas's code for the bf16 kernels.
   float o_tile[kFp8 ? kDTiles * 4 : 1];
-  float s[kNTiles * 4];          // S / P of the current tile
-  Softmax softmax;
-  uint32_t p_frag[kPSteps][4];   // P of the previous tile, as wgmma A fragments
-  int kv = 0;                    // K/V tiles consumed so far: the ring position
-  int uses = 0;                  // items with keys so far: Q's phase
-
-  static constexpr uint32_t kKStageBytes = sizeof(SharedStorage<T, Cfg>::k[0]);
-  static constexpr uint32_t kVStageBytes = sizeof(SharedStorage<T, Cfg>::v[0]);
-
-  // Descriptors built once: this consumer's Q rows, and the first stage's K and V (column block
-  // 0). A tile's K and V descriptors add the stage's byte offset before the tile's waits, and
-  // each k16 step a constant (advance_smem_desc), instead of building each from its address.
-  // Q and K K-major: 128-byte swizzle, or 64-byte (8-row atoms of 512 bytes) for FP8 at D = 64.
-  __device__ __forceinline__ static uint64_t qk_desc(const void* tile) {
-    return Cfg::kRowBytes == 128 ? ptx::make_smem_desc_sw128(tile, 16, kAtomBytes)
-                                 : ptx::make_smem_desc_sw64(tile, 16, 8 * Cfg::kRowBytes);
-  }
-  __device__ __forceinline__ Consumer(SharedStorage<T, Cfg>& smem_, const CUtensorMap& o_map, const AttentionParams& p_,
-                                      const WorkList& sched_, const Sweep& items_, const ConsumerThread& t_)
-      : smem(smem_), p(p_), sched(sched_), items(items_), t(t_), epilogue{smem_, o_map, p_, items_, t_} {
-    q_desc = qk_desc(smem.q[0] + t.warpgroup * 64 * Cfg::kAtomCols);
-    k_desc = qk_desc(smem.k[0][0]);
-    // V N-major (LBO: the step between 64-column blocks), or FP8's V^T K-major (LBO unused).
-    v_desc = ptx::make_smem_desc_sw128(smem.v[0][0], kFp8 ? 16 : kBlockN * kSwizzleBytes, kAtomBytes);
-    scale_log2 = p.scale * kLog2e;
-    my_turn = kTurnConsumer0 + t.warpgroup;
-    next_turn = kTurnConsumer0 + (t.warpgroup + 1) % Cfg::kConsumers;
-  }
+  float s[kNTiles * 4];              // S / P of the current tile
+  OnlineSoftmax<kNTiles, Cfg::kFmaExp2Tiles, kFp8> softmax;  // the rows' max and sum, O's rescale
+  uint32_t p_frag[kPSteps][4];       // P of the previous tile, as wgmma A fragments
+  int kv = 0;                        // K/V tiles consumed so far: the ring position
+  int uses = 0;                      // items with keys so far: Q's phase
+  const Epilogue<T, D, Cfg, kRuntimeBounds, kWindow> epilogue{smem, o_map, p, items, t};
 
   // O *= alpha, then O += P V(tile) issued (not waited for). PV of the tile before has
   // completed, so O is not being written; P and the rescaled O are fenced in before the wgmmas
   // read them. `ring` is the tile's position in the K/V ring.
-  __device__ __forceinline__ void issue_pv(int ring) {
+  auto issue_pv = [&](int ring) {
     if (softmax.rescale) {  // warp-uniform
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
@@ -171,18 +164,17 @@ struct Consumer {
       }
     }
     ptx::wgmma_commit_group();
-  }
-
+  };
   // After wait_group<0>: PV has read V and P; release V's stage (FP8: and add o_tile's P V to
-  // O every kPvTilesPerSum tiles; sweep() adds what an item's last tiles leave).
-  __device__ __forceinline__ void finish_pv(int ring) {
+  // O every kPvTilesPerSum tiles; flush_o_tile adds what an item's last tiles leave).
+  auto finish_pv = [&](int ring) {
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) ptx::fence_operand(p_frag[kk][i]);
-    if (t.lane == 0) ptx::mbarrier_arrive(&smem.v_empty[ring % Cfg::kStages]);
+    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[ring % Cfg::kStages]);
     if constexpr (kFp8) {
 #pragma unroll
       for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o_tile[i]);
@@ -191,208 +183,200 @@ struct Consumer {
         for (int i = 0; i < kDTiles * 4; ++i) o[i] += o_tile[i];
       }
     }
-  }
+  };
 
-  // P(t) from the softmax's weights in s, as wgmma A fragments.
-  __device__ __forceinline__ void pack_p() {
+  for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
+    const PartItem item = sched.item<kFastDivide>(w);
+    const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
+    const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
+    const int m_block = items.block_of(item) * kBlockM;
+    if (kRuntimeBounds && m_block >= seq.seqlen_q << pack_shift) continue;  // past a short sequence of a varlen batch
+    const KvTileRange range = items.tiles(item, seq);
+    const int n_tiles = range.last - range.first;
+    // This warpgroup's own sweep: the item's first wg_tiles tiles (kOwnSweeps, below).
+    int wg_tiles = n_tiles;
+    if constexpr (kOwnSweeps) {
+      const int rows_end = seq.seqlen_q << pack_shift;  // packed rows
+      const int wg_row0 = m_block + warpgroup * 64;
+      // Without own sweeps, the causal mask's last key is the block's (its last row's).
+      const bool own = sched.own_sweeps;
+      const int wg_row_end = min(m_block + (own ? (warpgroup + 1) * 64 : kBlockM), rows_end);
+      if (wg_row0 >= rows_end && (own || !p.causal)) {
+        wg_tiles = 0;  // rows past the sequence see no key
+      } else if (p.causal) {
+        const int key_end = min(seq.seqlen_k, ((wg_row_end - 1) >> pack_shift) + 1 + causal_offset);
+        wg_tiles = min(n_tiles, max(0, (key_end + kBlockN - 1) / kBlockN - range.first));
+      }
+    }
+    const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8 (packed rows)
     if constexpr (kFp8) {
-      // e4m3, one fragment per 32 keys (S tiles 4kk .. 4kk+3). A fragment holds k 4t .. 4t+3
-      // (registers 0, 1: rows g, g+8) and 16 + 4t .. 16 + 4t+3 (2, 3), where the accumulator
-      // gives a thread columns 2t, 2t+1 of each tile: k 4t + j takes tile 4kk + j / 2's column
-      // 2t + j % 2 (then tiles 4kk+2, 4kk+3). The sum over keys does not care, as long as V^T's
-      // copy holds its keys in the same order (kVtKeyOrder, fp8_transpose.cuh).
+      // Scores are in units of q's and k's e4m3 codes: the item's heads' descales fold into
+      // scale_log2 (the epilogue scales O by v's).
+      const int64_t at = int64_t(item.batch) * p.heads_kv + items.kv_head_of(item.head_q);  // [B][Hkv]
+      scale_log2 = p.scale * (p.q_descale != nullptr ? __ldg(p.q_descale + at) : 1.f) *
+                   (p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f) * kLog2e;
+    }
+
 #pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-        const float* x = s + 16 * kk;
-        p_frag[kk][0] = frag::pack4_e4m3(x[0], x[1], x[4], x[5]);
-        p_frag[kk][1] = frag::pack4_e4m3(x[2], x[3], x[6], x[7]);
-        p_frag[kk][2] = frag::pack4_e4m3(x[8], x[9], x[12], x[13]);
-        p_frag[kk][3] = frag::pack4_e4m3(x[10], x[11], x[14], x[15]);
+    for (int i = 0; i < kDTiles * 4; ++i) o[i] = 0.f;
+    softmax.reset();
+
+    // One K/V tile of this item: S(t) and, after the first tile, PV(t - 1) issued in the turn,
+    // then the softmax of t beside PV(t - 1). kHasPrevious is a compile-time flag: a wgmma
+    // under a run-time branch makes ptxas serialize every wgmma of the kernel (C7518), so the
+    // first tile is peeled off instead.
+    auto step = [&](int tile, auto has_previous) {
+      constexpr bool kHasPrevious = decltype(has_previous)::value;
+      const int ring = kv + tile;
+      const int stage = ring % Cfg::kStages;
+      const int n_start = (range.first + tile) * kBlockN;
+
+      // The stage's K descriptor, before the waits: in the turn, each wgmma adds only a constant.
+      uint64_t k_stage_desc = ptx::advance_smem_desc(k_desc, stage * kKStageBytes);
+      ptx::fence_operand(k_stage_desc);
+      // In the turn: S(t) = Q K(t)^T, then PV(t - 1) right behind it.
+      ptx::mbarrier_wait(&smem.k_full[stage], (ring / Cfg::kStages) % 2);
+      ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the previous warpgroup has issued its GEMMs
+#pragma unroll
+      for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kSSteps; ++kk) {
+        // Q's block kk / 4 and K's, k step kk % 4 inside it (32 bytes per step).
+        const uint32_t q_bytes = kk / 4 * sizeof(smem.q[0]) + kk % 4 * 32;
+        const uint32_t k_bytes = kk / 4 * sizeof(smem.k[0][0]) + kk % 4 * 32;
+        if constexpr (kFp8)
+          ptx::WgmmaM64K32<T, kBlockN>::ss(s, ptx::advance_smem_desc(q_desc, q_bytes),
+                                           ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
+        else
+          ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, q_bytes),
+                                                       ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
       }
-    } else {
-      // One fragment per 16 keys: S tiles 2kk and 2kk+1, rows g and g+8.
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-        p_frag[kk][0] = frag::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-        p_frag[kk][1] = frag::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-        p_frag[kk][2] = frag::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-        p_frag[kk][3] = frag::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
-    }
-  }
-
-  // One K/V tile of the item: S(t) and, after the first tile, PV(t - 1) issued in the turn,
-  // then the softmax of t beside PV(t - 1). kHasPrevious is a compile-time flag: a wgmma
-  // under a run-time branch makes ptxas serialize every wgmma of the kernel (C7518), so the
-  // first tile is peeled off instead.
-  template <bool kHasPrevious>
-  __device__ __forceinline__ void step(int tile, const ItemRows& it) {
-    const int ring = kv + tile;
-    const int stage = ring % Cfg::kStages;
-    const int n_start = (it.first_tile + tile) * kBlockN;
-
-    // The stage's K descriptor, before the waits: in the turn, each wgmma adds only a constant.
-    uint64_t k_stage_desc = ptx::advance_smem_desc(k_desc, stage * kKStageBytes);
-    ptx::fence_operand(k_stage_desc);
-    // In the turn: S(t) = Q K(t)^T, then PV(t - 1) right behind it.
-    ptx::mbarrier_wait(&smem.k_full[stage], (ring / Cfg::kStages) % 2);
-    ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the previous warpgroup has issued its GEMMs
-#pragma unroll
-    for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kSSteps; ++kk) {
-      // Q's block kk / 4 and K's, k step kk % 4 inside it (32 bytes per step).
-      const uint32_t q_bytes = kk / 4 * sizeof(smem.q[0]) + kk % 4 * 32;
-      const uint32_t k_bytes = kk / 4 * sizeof(smem.k[0][0]) + kk % 4 * 32;
-      if constexpr (kFp8)
-        ptx::WgmmaM64K32<T, kBlockN>::ss(s, ptx::advance_smem_desc(q_desc, q_bytes),
-                                         ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
-      else
-        ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, q_bytes),
-                                                     ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
-    }
-    ptx::wgmma_commit_group();
-    if constexpr (kHasPrevious) issue_pv(ring - 1);
-    // Pass the turn on, also after an item's last tile: the turn runs across items.
-    ptx::bar_arrive(next_turn, kTurnThreads);
-    ptx::wgmma_wait_group<kHasPrevious ? 1 : 0>();  // S(t) has completed; PV(t - 1) may still run
-#pragma unroll
-    for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
-    if (t.lane == 0) {
-      ptx::mbarrier_arrive(&smem.k_empty[stage]);                                  // S(t) has read K(t)
-      if (tile + 1 == it.wg_tiles) ptx::mbarrier_arrive(&smem.q_empty[t.warpgroup]);  // our last S has read our Q rows
-    }
-
-    items.mask.softcap(s);
-    items.mask.template apply<kNTiles>(s, n_start, it.m_block + t.warp_row, it.row0, t.tig, it.causal_offset, it.seq);
-    // Online softmax (a row lives in the 4 threads of a quad), beside PV(t - 1).
-    softmax.update(s, scale_log2);
-
-    if constexpr (kHasPrevious) {
-      ptx::wgmma_wait_group<0>();  // PV(t - 1) has completed: P(t - 1)'s registers are free
-      finish_pv(ring - 1);
-    }
-    pack_p();
-  }
-
-  // Computes tiles [0, tiles) of the item: S(0), then each tile's S with the PV before it,
-  // then the last PV.
-  __device__ __forceinline__ void sweep(int tiles, const ItemRows& it) {
-    step<false>(0, it);
-    for (int tile = 1; tile < tiles; ++tile) step<true>(tile, it);
-    issue_pv(kv + tiles - 1);  // the last tile's PV
-    ptx::wgmma_wait_group<0>();
-    finish_pv(kv + tiles - 1);
-    if constexpr (Cfg::kSumsPvTiles) {
-      if (tiles % Cfg::kPvTilesPerSum != 0) {  // the last tiles
-#pragma unroll
-        for (int i = 0; i < kDTiles * 4; ++i) o[i] += o_tile[i];
-      }
-    }
-  }
-
-  // Passes tiles [from, n_tiles) of the item on without computing them: the warpgroup keeps
-  // its part of the barrier protocol, each arrival after the wait that opens the phase it
-  // belongs to: k_empty after k_full, v_empty after v_full, q_empty after q_full (the
-  // producer's wait for the previous phase has then completed, so an arrival never counts
-  // toward a phase the busy warpgroups are still in). q_empty only if no S of ours read Q.
-  __device__ __forceinline__ void pass_tiles(int from, int n_tiles) {
-    for (int tile = from; tile < n_tiles; ++tile) {
-      const int ring = kv + tile, stage = ring % Cfg::kStages;
-      const uint32_t parity = (ring / Cfg::kStages) % 2;
-      ptx::mbarrier_wait(&smem.k_full[stage], parity);
-      ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
+      ptx::wgmma_commit_group();
+      if constexpr (kHasPrevious) issue_pv(ring - 1);
+      // Pass the turn on, also after an item's last tile: the turn runs across items.
       ptx::bar_arrive(next_turn, kTurnThreads);
-      ptx::mbarrier_wait(&smem.v_full[stage], parity);
-      if (t.lane == 0) {
-        ptx::mbarrier_arrive(&smem.k_empty[stage]);
-        ptx::mbarrier_arrive(&smem.v_empty[stage]);
-        if (from == 0 && tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[t.warpgroup]);
-      }
-    }
-  }
-
-  // The consumer warpgroup's whole life: every item of the CTA's share of the work list.
-  __device__ __forceinline__ void consume() {
-    const int pack_shift = items.mask.shift();
-    for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
-      const PartItem item = sched.item<kFastDivide>(w);
-      ItemRows it;
-      it.seq = sequence_of<kRuntimeBounds>(p, item.batch);
-      it.causal_offset = kRuntimeBounds ? it.seq.seqlen_k - it.seq.seqlen_q : p.causal_offset;
-      it.m_block = items.block_of(item) * kBlockM;
-      if (kRuntimeBounds && it.m_block >= it.seq.seqlen_q << pack_shift) continue;  // past a short sequence of a varlen batch
-      const KvTileRange range = items.tiles(item, it.seq);
-      it.first_tile = range.first;
-      it.n_tiles = range.last - range.first;
-      const int n_tiles = it.n_tiles;
-      it.wg_tiles = n_tiles;
-      if constexpr (kOwnSweeps) {
-        const int rows_end = it.seq.seqlen_q << pack_shift;  // packed rows
-        const int wg_row0 = it.m_block + t.warpgroup * 64;
-        // Without own sweeps, the causal mask's last key is the block's (its last row's).
-        const bool own = sched.own_sweeps;
-        const int wg_row_end = min(it.m_block + (own ? (t.warpgroup + 1) * 64 : kBlockM), rows_end);
-        if (wg_row0 >= rows_end && (own || !p.causal)) {
-          it.wg_tiles = 0;  // rows past the sequence see no key
-        } else if (p.causal) {
-          const int key_end = min(it.seq.seqlen_k, ((wg_row_end - 1) >> pack_shift) + 1 + it.causal_offset);
-          it.wg_tiles = min(n_tiles, max(0, (key_end + kBlockN - 1) / kBlockN - range.first));
-        }
-      }
-      it.row0 = it.m_block + t.warp_row + t.group;
-      if constexpr (kFp8) {
-        // Scores are in units of q's and k's e4m3 codes: the item's heads' descales fold into
-        // scale_log2 (the epilogue scales O by v's).
-        const int64_t at = int64_t(item.batch) * p.heads_kv + items.kv_head_of(item.head_q);  // [B][Hkv]
-        scale_log2 = p.scale * (p.q_descale != nullptr ? __ldg(p.q_descale + at) : 1.f) *
-                     (p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f) * kLog2e;
-      }
-
+      ptx::wgmma_wait_group<kHasPrevious ? 1 : 0>();  // S(t) has completed; PV(t - 1) may still run
 #pragma unroll
-      for (int i = 0; i < kDTiles * 4; ++i) o[i] = 0.f;
-      softmax.reset();
-
-      if constexpr (kSkipsIdleConsumers) {
-        if (n_tiles > 0 && it.m_block + t.warpgroup * 64 >= it.seq.seqlen_q << pack_shift) {
-          ptx::mbarrier_wait(&smem.q_full[t.warpgroup], uses % 2);
-          if (t.warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
-          pass_tiles(0, n_tiles);
-          kv += n_tiles;
-          ++uses;
-          continue;
-        }
+      for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
+      if (lane == 0) {
+        ptx::mbarrier_arrive(&smem.k_empty[stage]);                 // S(t) has read K(t)
+        if (tile + 1 == wg_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);  // our last S has read our Q rows
       }
 
-      // An item whose rows see no key (causal with Sq > Sk, or a window) skips the GEMMs and
-      // loads nothing: O = 0, LSE = -inf below. With kOwnSweeps a warpgroup computes its own
-      // wg_tiles and passes the rest on; a wgmma under a run-time branch inside the pipeline
-      // would make ptxas serialize them all (C7518), so the branch wraps its whole sweep.
-      if (n_tiles > 0) {
-        ptx::mbarrier_wait(&smem.q_full[t.warpgroup], uses % 2);  // this item's Q rows have landed
-        // Consumer 0 goes first; after the first item the turn comes from the tiles before.
-        if (t.warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
-        if constexpr (kOwnSweeps) {
-          if (it.wg_tiles > 0) sweep(it.wg_tiles, it);
-          pass_tiles(it.wg_tiles, n_tiles);
-        } else {
-          sweep(n_tiles, it);
+      items.mask.softcap(s);
+      items.mask.template apply<kNTiles>(s, n_start, m_block + warp_row, row0, tig, causal_offset, seq);
+      // Online softmax (a row lives in the 4 threads of a quad), beside PV(t - 1).
+      softmax.update(s, scale_log2);
+
+      if constexpr (kHasPrevious) {
+        ptx::wgmma_wait_group<0>();  // PV(t - 1) has completed: P(t - 1)'s registers are free
+        finish_pv(ring - 1);
+      }
+      if constexpr (kFp8) {
+        // P(t) as e4m3 A fragments, one per 32 keys (S tiles 4kk .. 4kk+3). A fragment holds k
+        // 4t .. 4t+3 (registers 0, 1: rows g, g+8) and 16 + 4t .. 16 + 4t+3 (2, 3), where the
+        // accumulator gives a thread columns 2t, 2t+1 of each tile: k 4t + j takes tile 4kk + j / 2's
+        // column 2t + j % 2 (then tiles 4kk+2, 4kk+3). The sum over keys does not care, as long as
+        // V^T's copy holds its keys in the same order (kVtKeyOrder, fp8_transpose.cuh).
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          const float* x = s + 16 * kk;
+          p_frag[kk][0] = frag::pack4_e4m3(x[0], x[1], x[4], x[5]);
+          p_frag[kk][1] = frag::pack4_e4m3(x[2], x[3], x[6], x[7]);
+          p_frag[kk][2] = frag::pack4_e4m3(x[8], x[9], x[12], x[13]);
+          p_frag[kk][3] = frag::pack4_e4m3(x[10], x[11], x[14], x[15]);
         }
+      } else {
+        // P(t) as wgmma A fragments, one per 16 keys: S tiles 2kk and 2kk+1, rows g and g+8.
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) {
+          p_frag[kk][0] = frag::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+          p_frag[kk][1] = frag::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+          p_frag[kk][2] = frag::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+          p_frag[kk][3] = frag::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+      }
+    };
+
+    // Computes tiles [0, tiles) of the item: S(0), then each tile's S with the PV before it,
+    // then the last PV.
+    auto sweep = [&](int tiles) {
+      step(0, std::false_type{});
+      for (int tile = 1; tile < tiles; ++tile) step(tile, std::true_type{});
+      issue_pv(kv + tiles - 1);  // the last tile's PV
+      ptx::wgmma_wait_group<0>();
+      finish_pv(kv + tiles - 1);
+      if constexpr (Cfg::kSumsPvTiles) {
+        if (tiles % Cfg::kPvTilesPerSum != 0) {  // the last tiles
+#pragma unroll
+          for (int i = 0; i < kDTiles * 4; ++i) o[i] += o_tile[i];
+        }
+      }
+    };
+
+    // Passes tiles [from, n_tiles) of the item on without computing them: the warpgroup keeps
+    // its part of the barrier protocol, each arrival after the wait that opens the phase it
+    // belongs to: k_empty after k_full, v_empty after v_full, q_empty after q_full (the
+    // producer's wait for the previous phase has then completed, so an arrival never counts
+    // toward a phase the busy warpgroups are still in). q_empty only if no S of ours read Q.
+    auto pass_tiles = [&](int from) {
+      for (int tile = from; tile < n_tiles; ++tile) {
+        const int ring = kv + tile, stage = ring % Cfg::kStages;
+        const uint32_t parity = (ring / Cfg::kStages) % 2;
+        ptx::mbarrier_wait(&smem.k_full[stage], parity);
+        ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
+        ptx::bar_arrive(next_turn, kTurnThreads);
+        ptx::mbarrier_wait(&smem.v_full[stage], parity);
+        if (lane == 0) {
+          ptx::mbarrier_arrive(&smem.k_empty[stage]);
+          ptx::mbarrier_arrive(&smem.v_empty[stage]);
+          if (from == 0 && tile + 1 == n_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);
+        }
+      }
+    };
+
+    // Consumers without rows (kSkipsIdleConsumers) pass the item's tiles on.
+    if constexpr (kSkipsIdleConsumers) {
+      if (n_tiles > 0 && m_block + warpgroup * 64 >= seq.seqlen_q << pack_shift) {
+        ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);
+        if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
+        pass_tiles(0);
         kv += n_tiles;
         ++uses;
+        continue;
       }
-      epilogue.store(item, o, softmax, scale_log2, it.m_block, it.row0);
     }
-    // The last consumer's hand-off after the last tile has no next tile to open: take it, so
-    // that no named barrier is left half-arrived when the CTA exits.
-    if (t.warpgroup == 0 && uses > 0) ptx::bar_sync(kTurnConsumer0, kTurnThreads);
-    // The shared-memory source of the last store must stay allocated until the copy has read it.
-    if constexpr (Cfg::kStoreByTma) {
-      if (t.warp_in_wg == 0 && t.lane == 0) ptx::cp_async_bulk_wait_group<0>();
+
+    // An item whose rows see no key (causal with Sq > Sk, or a window) skips the GEMMs and loads nothing:
+    // O = 0, LSE = -inf below. With kOwnSweeps a warpgroup computes its own wg_tiles and passes
+    // the rest on; a wgmma under a run-time branch inside the pipeline would make ptxas
+    // serialize them all (C7518), so the branch wraps its whole sweep.
+    if (n_tiles > 0) {
+      ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);  // this item's Q rows have landed
+      // Consumer 0 goes first; after the first item the turn comes from the tiles before.
+      if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
+      if constexpr (kOwnSweeps) {
+        if (wg_tiles > 0) sweep(wg_tiles);
+        pass_tiles(wg_tiles);
+      } else {
+        sweep(n_tiles);
+      }
+      kv += n_tiles;
+      ++uses;
     }
+
+    // Epilogue: rows that saw no key output 0, LSE -inf.
+    epilogue.store(item, o, softmax, scale_log2, m_block, row0);
   }
-};
+  // The last consumer's hand-off after the last tile has no next tile to open: take it, so
+  // that no named barrier is left half-arrived when the CTA exits.
+  if (warpgroup == 0 && uses > 0) ptx::bar_sync(kTurnConsumer0, kTurnThreads);
+  // The shared-memory source of the last store must stay allocated until the copy has read it.
+  if constexpr (Cfg::kStoreByTma) {
+    if (t.warp_in_wg == 0 && lane == 0) ptx::cp_async_bulk_wait_group<0>();
+  }
+}
 #endif
 
 }  // namespace hattn::fwd

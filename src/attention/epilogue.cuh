@@ -102,18 +102,21 @@ struct Epilogue {
       }
       return;  // the combine step writes out and lse
     }
-    // LSE: [B, Hq, Sq], or [Hq, total_q] in a variable-length batch. FP8: scale_log2 holds the
-    // item's q and k descales, and the sums carry P's 2^8.
+    // LSE: [B, Hq, Sq], or [Hq, total_q] in a variable-length batch: the item's rows start at
+    // lse_rows, a head's rows head_stride apart. FP8: scale_log2 holds the item's q and k
+    // descales, and the sums carry P's 2^8.
     if (p.lse != nullptr && t.tig == 0) {
       const bool packed = kRuntimeBounds && p.cu_seqlens_q != nullptr;
+      const int64_t head_stride = packed ? p.total_q : p.seqlen_q;
+      float* const lse_rows =
+          p.lse + (packed ? int64_t(out_seq.q_start) : int64_t(item.batch) * p.heads_q * p.seqlen_q);
+      const int rows_end = out_seq.seqlen_q << pack_shift;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + r * 8;
-        const int head = head_of(row);
-        const int64_t index = packed ? int64_t(head) * p.total_q + out_seq.q_start + (row >> pack_shift)
-                                     : (int64_t(item.batch) * p.heads_q + head) * p.seqlen_q + (row >> pack_shift);
-        if (row < out_seq.seqlen_q << pack_shift)
-          p.lse[index] = kFp8 ? softmax.lse(r, scale_log2 / kLog2e) - kFp8PLog2 / kLog2e : softmax.lse(r, p.scale);
+        if (row < rows_end)
+          lse_rows[head_of(row) * head_stride + (row >> pack_shift)] =
+              kFp8 ? softmax.lse(r, scale_log2 / kLog2e) - kFp8PLog2 / kLog2e : softmax.lse(r, p.scale);
       }
     }
     if constexpr (Cfg::kStoreByTma)

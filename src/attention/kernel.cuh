@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
                    const __grid_constant__ CUtensorMap k_map,  // K [B, Sk, Hkv, D], boxes of kBlockN keys
                    const __grid_constant__ CUtensorMap v_map,  // V (FP8: V^T [B][Hkv][D][keys])
                    const __grid_constant__ CUtensorMap o_map,  // O [B, Sq, Hq, D] (when stored by TMA)
-                   const AttentionParams p, const WorkList sched) {
+                   const __grid_constant__ AttentionParams p, const __grid_constant__ WorkList sched) {
   using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
   static_assert(!kIsFp8<T> || !kRuntimeBounds, "the FP8 forward runs dense batches");
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
@@ -54,9 +54,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   // smem_base_ab/). D = 256 has no generic access either way and measured 0.4-0.9% slower with
   // it, so it keeps the rounded integer.
   unsigned char* smem_base;
-  if constexpr (D <= 128)
-    smem_base = ptx::align_shared<kAtomBytes>(smem_raw);
-  else
+  if constexpr (D <= 128) {
+    // The padding made opaque: computed once here, where ptxas otherwise rebuilt it from the
+    // block's shared window at every item's epilogue (S2UR and four more instructions).
+    uint32_t pad = (kAtomBytes - ptx::cvta_to_shared_u32(smem_raw) % kAtomBytes) % kAtomBytes;
+    ptx::fence_operand(pad);
+    smem_base = smem_raw + pad;
+  } else
     smem_base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) /
                                                  kAtomBytes * kAtomBytes);
   auto& smem = *reinterpret_cast<SharedStorage<T, Cfg>*>(smem_base);
@@ -107,8 +111,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegisters>();
   const ConsumerThread thread{warpgroup, warp_in_wg, lane, lane / 4, lane % 4, warpgroup * 64 + warp_in_wg * 16};
-  Consumer<T, D, Cfg, kRuntimeBounds, kWindow> consumer(smem, o_map, p, sched, items, thread);
-  consumer.consume();
+  consume<T, D, Cfg, kRuntimeBounds, kWindow>(smem, o_map, p, sched, items, thread);
 }
 #endif
 

@@ -33,6 +33,9 @@ runs=(
   "rankflip|--dims 64,128,256 --seqlens 2048,4096,8192 --causal yes"
   "causal64|--dims 64 --seqlens 512,1024,2048,4096,8192 --causal yes"
   "gqacausal|--dims 128 --gqa 4 --seqlens 512,2048,8192 --causal yes"
+  "short|--dims 64,128 --seqlens 512,1024 --causal yes"
+  "window128|--dims 128 --seqlens 1024,4096 --window 256,0"
+  "window64wide|--dims 64 --seqlens 4096,8192 --window 2048,0"
 )
 wanted=${RUNS:-"dec1x4k dec16k gqa4 paged prefill"}
 selected=()
