@@ -75,12 +75,23 @@ std::vector<Shape> test_shapes() {
       make(5, 1, 1100, 32, 32, 64, false, bf, Layout::padded),
       make(5, 40, 3000, 28, 28, 64, false, fp, Layout::contiguous),
   };
-  // Softmax scales other than 1/sqrt(D): a larger positive one, and a negative one, which a
-  // kernel that takes the max on unscaled scores must refuse (12 does; "auto" falls back).
+  // Softmax scales other than 1/sqrt(D): a larger positive one, a negative one and 0, which
+  // the lineage kernels that take the max on unscaled scores refuse (07 on) and the production
+  // forward runs (a sign-flipped copy of q; every weight 1), also strided and softcapped.
   shapes.push_back(make(1, 150, 170, 4, 2, 128, true, bf, Layout::contiguous));
   shapes.back().scale = 0.3f;
   shapes.push_back(make(1, 150, 170, 4, 2, 64, true, fp, Layout::contiguous));
   shapes.back().scale = -0.05f;
+  shapes.push_back(make(2, 130, 300, 8, 2, 256, false, bf, Layout::padded));
+  shapes.back().scale = -0.2f;
+  shapes.push_back(make(1, 200, 200, 4, 4, 128, true, fp, Layout::packed_qkv));
+  shapes.back().scale = 0.f;
+  shapes.push_back(make(2, 90, 260, 4, 1, 64, false, bf, Layout::padded));
+  shapes.back().scale = -0.1f;
+  shapes.back().softcap = 2.f;
+  shapes.push_back(make(1, 70, 140, 2, 2, 128, true, bf, Layout::contiguous));
+  shapes.back().scale = 0.f;
+  shapes.back().softcap = 5.f;
   // Long key sweeps, where 13 and 14 take their wide tiles (176 keys at D = 128, 160 at
   // D = 64, 80 at D = 256; the tails are not multiples of any): without a mask, and causal
   // with Sq < Sk.

@@ -430,7 +430,9 @@ TEST(Dispatch, AutoPicksTheLastKernelThatSupportsTheProblem) {
   EXPECT_EQ(resolved, kernels().back().name);
 }
 
-TEST(Dispatch, NonPositiveScaleSkipsTheFoldedMaxKernel) {
+// The lineage kernels from 07 on take the max on raw scores and refuse a scale <= 0; the
+// production forward takes every scale (a sign-flipped q for scale < 0), and "auto" runs it.
+TEST(Dispatch, NonPositiveScaleGoesToTheProductionForward) {
   auto p = valid_problem();
   p.softmax_scale = -0.125f;
   std::string resolved;
@@ -439,12 +441,15 @@ TEST(Dispatch, NonPositiveScaleSkipsTheFoldedMaxKernel) {
   EXPECT_NE(s.message().find("softmax_scale"), std::string::npos) << s.message();
   for (const char* name : {"07_wgmma", "08_warp_specialization", "09_pingpong", "10_intra_warpgroup_overlap",
                            "11_persistent", "13_wide_tiles", "14_seamless_items", "15_three_consumers",
-                           "16_coalesced_store", "fwd_sm90"})
+                           "16_coalesced_store"})
     EXPECT_EQ(resolve_kernel(p, name, &resolved).code(), StatusCode::not_supported) << name;
   ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
-  EXPECT_EQ(resolved, "06_tma_mbarrier");
+  EXPECT_EQ(resolved, "fwd_sm90");
   p.softmax_scale = 0.f;
   EXPECT_EQ(resolve_kernel(p, "07_wgmma", &resolved).code(), StatusCode::not_supported);
+  ASSERT_TRUE(resolve_kernel(p, "auto", &resolved).ok());
+  EXPECT_EQ(resolved, "fwd_sm90");
+  EXPECT_TRUE(resolve_kernel(p, "06_tma_mbarrier", &resolved).ok());
   p.softmax_scale = 0.3f;
   ASSERT_TRUE(resolve_kernel(p, "12_epilogue_hot_loop", &resolved).ok());
 }

@@ -13,6 +13,7 @@
 #include "combine.cuh"
 #include "fp8_transpose.cuh"
 #include "kernel.cuh"
+#include "negated_q.cuh"
 #include "plan.h"
 
 namespace hattn::fwd {
@@ -165,7 +166,7 @@ static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultipl
                   kPageMultiple % Config<256, false, 2>::kBlockN == 0 && kPageMultiple % Config<64, false, 2>::kBlockN == 0,
               "a page holds whole K/V tiles of the narrow shapes");
 
-// The whole contract with a positive scale, as long as the work list fits an int
+// The whole contract, any finite scale, as long as the work list fits an int
 // (B * Hq * ceil(Sq / 128) < 2^31); a paged cache's pages must hold whole K/V tiles.
 Status supports(const AttentionProblem& problem) {
   if (problem.dtype == DType::e4m3) {
@@ -180,7 +181,6 @@ Status supports(const AttentionProblem& problem) {
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs take seqlen_k up to 2^30; got " +
                                              std::to_string(problem.seqlen_k)};
   }
-  if (Status s = require_positive_scale(problem, kName); !s.ok()) return s;
   if (problem.is_paged() && problem.page_size % kPageMultiple != 0)
     return {StatusCode::not_supported, std::string(kName) + ": page_size must be a multiple of " +
                                            std::to_string(kPageMultiple) + " (a K/V tile never spans two pages); got " +
@@ -201,7 +201,37 @@ Status launch_variant(const AttentionProblem& problem, const ForwardPlan& fp, cu
   return launch_typed<T, D, kWide, kConsumers, false, false>(problem, fp, stream);
 }
 
+Status launch(const AttentionProblem& problem, cudaStream_t stream);
+
+// scale < 0: the same problem on a sign-flipped copy of q with |scale| (negated_q.cuh). The
+// copy comes from the stream's pool (cudaMallocAsync) and goes back to it after the call.
+Status launch_with_negated_q(const AttentionProblem& problem, cudaStream_t stream) {
+  const int elem_bytes = problem.dtype == DType::e4m3 ? 1 : 2;
+  const int64_t rows = int64_t(problem.tensor_batch()) * problem.tensor_rows_q() * problem.heads_q;
+  const size_t bytes = size_t(rows) * problem.head_dim * elem_bytes;
+  void* copy = nullptr;
+  Status s = cuda_status(cudaMallocAsync(&copy, bytes, stream),
+                         std::string(kName) + ": cudaMallocAsync(q with its signs flipped, " + std::to_string(bytes) +
+                             " bytes, for softmax_scale < 0)");
+  if (!s.ok()) return s;
+  const int64_t chunks = rows * problem.head_dim * elem_bytes / 16;
+  const unsigned blocks = unsigned(std::min<int64_t>((chunks + 255) / 256, 65535));
+  negate_q_kernel<<<blocks, 256, 0, stream>>>(make_params(problem), problem.tensor_batch(), problem.tensor_rows_q(),
+                                              elem_bytes, static_cast<uint4*>(copy));
+  s = launch_status(kName);
+  if (s.ok()) {
+    AttentionProblem flipped = problem;
+    flipped.q = copy;
+    flipped.q_strides = contiguous_bshd(problem.tensor_rows_q(), problem.heads_q, problem.head_dim);
+    flipped.softmax_scale = -problem.scale();
+    s = launch(flipped, stream);
+  }
+  const Status freed = cuda_status(cudaFreeAsync(copy, stream), std::string(kName) + ": cudaFreeAsync(q copy)");
+  return s.ok() ? freed : s;
+}
+
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
+  if (problem.scale() < 0.f) return launch_with_negated_q(problem, stream);
   ForwardPlan fp;
   if (Status s = make_plan(problem, sm_count(), &fp); !s.ok()) return s;
   if (fp.fp8) {  // one shape per head dim (64, 128): supports() refused the rest
