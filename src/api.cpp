@@ -204,21 +204,21 @@ const KernelEntry* find_kernel(const std::string& name) {
 Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
   if (problem.has_window() && !entry.supports_window)
     return {StatusCode::not_supported, std::string(entry.name) +
-                                           ": no sliding window (window_left / window_right); the final kernel has it"};
+                                           ": no sliding window (window_left / window_right); the production forward fwd_sm90 has it"};
   if (problem.is_varlen() && !entry.supports_varlen)
     return {StatusCode::not_supported,
-            std::string(entry.name) + ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the final kernel has it"};
+            std::string(entry.name) + ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the production forward fwd_sm90 has it"};
   if ((problem.seqlens_k != nullptr || problem.is_paged()) && !entry.supports_paged)
     return {StatusCode::not_supported, std::string(entry.name) +
-                                           ": no seqlens_k or paged KV cache (block_table); the final kernel has them"};
+                                           ": no seqlens_k or paged KV cache (block_table); the production forward fwd_sm90 has them"};
   if ((problem.kv_batch_idx != nullptr || problem.leftpad_k != nullptr) && !entry.supports_paged)
     return {StatusCode::not_supported,
-            std::string(entry.name) + ": no kv_batch_idx or leftpad_k (KV cache entries, left padding); the final "
-                                      "kernel has them"};
+            std::string(entry.name) + ": no kv_batch_idx or leftpad_k (KV cache entries, left padding); the "
+                                      "production forward fwd_sm90 has them"};
   if (problem.softcap > 0.f && !entry.supports_softcap)
-    return {StatusCode::not_supported, std::string(entry.name) + ": no softcap; the final kernel has it"};
+    return {StatusCode::not_supported, std::string(entry.name) + ": no softcap; the production forward fwd_sm90 has it"};
   if (problem.dtype == DType::e4m3 && !entry.supports_fp8)
-    return {StatusCode::not_supported, std::string(entry.name) + ": no e4m3 (FP8) inputs; the final kernel has them"};
+    return {StatusCode::not_supported, std::string(entry.name) + ": no e4m3 (FP8) inputs; the production forward fwd_sm90 has them"};
   return entry.supports(problem);
 }
 

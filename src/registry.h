@@ -14,18 +14,19 @@ struct KernelEntry {
   // Launches on `stream`; returns the launch status (no synchronization).
   Status (*launch)(const AttentionProblem& problem, cudaStream_t stream);
   // Runs problems with a sliding window (window_left / window_right); the lineage kernels
-  // leave it false and are refused such problems before their supports() is asked.
+  // leave it false and are refused such problems before their supports() is asked. Only the
+  // production forward (fwd_sm90) sets this and the flags below.
   bool supports_window = false;
-  // Runs variable-length batches (cu_seqlens_q / cu_seqlens_k); likewise only the final kernel.
+  // Runs variable-length batches (cu_seqlens_q / cu_seqlens_k); likewise.
   bool supports_varlen = false;
   // Runs seqlens_k (keys in use per sequence) and paged KV caches (block_table); likewise.
   bool supports_paged = false;
-  // Runs e4m3 (FP8) inputs; likewise only the final kernel.
+  // Runs e4m3 (FP8) inputs; likewise.
   bool supports_fp8 = false;
   // Bytes of workspace the launch needs for `problem` (AttentionProblem::workspace); null for
   // kernels that never need any.
   Status (*workspace_bytes)(const AttentionProblem& problem, size_t* bytes) = nullptr;
-  // Runs softcapping (softcap > 0); likewise only the final kernel.
+  // Runs softcapping (softcap > 0); likewise.
   bool supports_softcap = false;
 };
 

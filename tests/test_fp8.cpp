@@ -1,6 +1,6 @@
 // The FP8 forward: e4m3 q, k and v with per-(batch, K/V head) dequantization scales, bf16 out.
 // CPU tests (the e4m3 conversions, validation, dispatch) always run; the GPU cases check the
-// final kernel against the fp64 reference on the dequantized inputs.
+// production forward against the fp64 reference on the dequantized inputs.
 #include <gtest/gtest.h>
 #include <cuda_runtime_api.h>
 

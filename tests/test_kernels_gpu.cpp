@@ -64,7 +64,7 @@ std::vector<Shape> test_shapes() {
       make(2, 130, 130, 80, 20, 64, false, bf, Layout::contiguous),    // 320 items, GQA 4
       make(2, 300, 100, 48, 8, 128, true, fp, Layout::padded),         // 288 items, a third without keys
       make(2, 140, 140, 64, 64, 256, true, bf, Layout::contiguous),    // 256 items
-      // Without a mask, a few items past whole rounds of 132 CTAs: the final kernel cuts the
+      // Without a mask, a few items past whole rounds of 132 CTAs: the production forward cuts the
       // last round's items into parts along the keys (its tail split) and combines them.
       make(1, 1000, 3000, 17, 17, 128, false, bf, Layout::contiguous),  // 136 items, 6 parts each
       make(1, 1000, 2000, 23, 23, 64, false, fp, Layout::padded),       // 138 items of 192 rows
@@ -110,7 +110,7 @@ std::vector<Shape> test_shapes() {
   // see (16): the last tile whole, half or not at all, with the diagonal on and off the tiles' grid.
   shapes.push_back(make(1, 2000, 2000, 4, 4, 64, true, bf, Layout::contiguous));
   shapes.push_back(make(1, 1500, 1900, 4, 2, 64, true, fp, Layout::padded));
-  // Sliding windows (the final kernel only; the lineage kernels refuse them): both edges, one
+  // Sliding windows (the production forward only; the lineage kernels refuse them): both edges, one
   // edge, a window narrower than a tile, windows with causal, Sq != Sk with rows that see no
   // key, and sweeps long enough for the wide tiles (D = 128, 256) and three consumers (D = 64).
   auto windowed = [&](Shape s, int left, int right) {
@@ -127,7 +127,7 @@ std::vector<Shape> test_shapes() {
   windowed(make(1, 200, 4000, 2, 2, 256, true, fp, Layout::contiguous), 1500, 0);
   windowed(make(1, 1500, 1500, 2, 2, 64, false, bf, Layout::contiguous), 800, 800);
   windowed(make(1, 90, 500, 2, 1, 128, false, bf, Layout::contiguous), 20, 0);  // Sq < Sk: no row sees key 0..389
-  // Variable-length batches (the final kernel only): sequences of unequal lengths packed along
+  // Variable-length batches (the production forward only): sequences of unequal lengths packed along
   // the rows, empty sequences (no queries, or no keys), lengths that are not tile multiples,
   // a last K/V tile that runs into the next sequence's keys, causal and windowed masks at each
   // sequence's own corner, many short sequences (most query blocks empty), sweeps long
@@ -161,7 +161,7 @@ std::vector<Shape> test_shapes() {
     varlen(make(1, 1, 1, 8, 8, 64, false, bf, Layout::contiguous), lens_q, lens_k);
     varlen(make(1, 1, 1, 4, 1, 128, true, fp, Layout::padded), lens_q, lens_k);
   }
-  // Split-KV (the final kernel; the lineage kernels ignore num_splits): decoding shapes with
+  // Split-KV (the production forward; the lineage kernels ignore num_splits): decoding shapes with
   // few queries and long sweeps, where it splits by itself, and forced part counts on other
   // masks: causal with a window, rows that see no key, more parts than K/V tiles, a varlen
   // batch, the wide tiles.
@@ -186,7 +186,7 @@ std::vector<Shape> test_shapes() {
   varlen(make(1, 1, 1, 4, 1, 128, true, bf, Layout::contiguous), {1, 1, 3}, {4000, 100, 2500});
   varlen(make(1, 1, 1, 2, 2, 64, false, fp, Layout::padded), {130, 0, 70}, {900, 40, 1200});
   shapes.back().num_splits = 5;
-  // Keys in use per sequence (seqlens_k) on a dense cache, and paged caches (the final kernel
+  // Keys in use per sequence (seqlens_k) on a dense cache, and paged caches (the production forward
   // only): decoding and short prefill shapes, lengths 0, 1 and not tile multiples, pages of 128
   // and 384 keys in a shuffled order, causal and windowed masks at each sequence's own length,
   // GQA, forced split-KV parts.
@@ -206,7 +206,7 @@ std::vector<Shape> test_shapes() {
   used(make(4, 1, 2000, 16, 2, 64, false, bf, Layout::contiguous), {2000, 1999, 129, 128}, 256);
   // Cache entries (kv_batch_idx: a shuffle of batch + 1 dense entries or block table rows) and
   // left padding (leftpad_k: keys from an offset, with or without seqlens_k; an offset at the
-  // sequence's end leaves no key), the final kernel only.
+  // sequence's end leaves no key), the production forward only.
   auto cache = [&](Shape s, std::vector<int> lengths, int page_size, std::vector<int> leftpad, bool indexed) {
     s.seqlens_k_used = std::move(lengths);
     s.page_size = page_size;
@@ -223,7 +223,7 @@ std::vector<Shape> test_shapes() {
   shapes.back().window_left = 300;
   varlen(make(1, 1, 1, 2, 2, 64, true, bf, Layout::contiguous), {3, 100}, {900, 400});
   shapes.back().leftpad_k = {500, 0};
-  // Softcapping (the final kernel, in its run-time-bounds kernels): caps well inside and near
+  // Softcapping (the production forward, in its run-time-bounds kernels): caps well inside and near
   // the scores' range, each head dim, causal, a window, varlen, a paged decode with split-KV.
   auto capped = [&](Shape s, float softcap) {
     s.softcap = softcap;
@@ -241,7 +241,7 @@ std::vector<Shape> test_shapes() {
   cache(make(3, 1, 1000, 8, 2, 128, false, bf, Layout::contiguous), {1000, 1, 513}, 128, {}, false);
   shapes.back().softcap = 2.5f;
   shapes.back().num_splits = 3;
-  // GQA packing (the final kernel; the lineage kernels ignore pack_gqa): a K/V head's query
+  // GQA packing (the production forward; the lineage kernels ignore pack_gqa): a K/V head's query
   // heads as rows of one item. Decoding shapes that pack by themselves (groups of 4 and 8, a
   // paged cache, split parts), and packing forced on other masks: causal with Sq not a multiple
   // of anything, Sq > Sk (rows without keys), a varlen batch with a partial last box (stored by
@@ -476,7 +476,7 @@ TEST(SplitKv, UsesTheCallersWorkspace) {
 }
 
 // Without a mask, when the items overshoot whole rounds of the persistent grid by a few, the
-// final kernel cuts each item of the last round into parts along the keys: workspace_size()
+// production forward cuts each item of the last round into parts along the keys: workspace_size()
 // counts their partial results, the parts write them into the caller's buffer, and the
 // combined output matches the reference. num_splits = 1 turns it off, and so does the causal
 // mask (items of unequal cost).

@@ -165,7 +165,7 @@ TEST(Validation, BadWindow) {
   EXPECT_TRUE(validate_arguments(p).ok());
 }
 
-// Only the final kernel has the sliding window: "auto" picks it, a lineage kernel says no.
+// Only the production forward has the sliding window: "auto" picks it, a lineage kernel says no.
 TEST(Dispatch, WindowGoesToTheFinalKernelOnly) {
   AttentionProblem p = valid_problem();
   p.window_left = 32;
@@ -267,7 +267,7 @@ TEST(Validation, BadPagedCache) {
   expect_invalid(p, "page_size, num_pages, max_pages_per_seq");
 }
 
-// Only the final kernel has seqlens_k and paged caches, and only with pages of whole K/V tiles.
+// Only the production forward has seqlens_k and paged caches, and only with pages of whole K/V tiles.
 TEST(Dispatch, PagedGoesToTheFinalKernelOnly) {
   AttentionProblem p = paged_problem();
   std::string resolved;
@@ -325,7 +325,7 @@ TEST(Validation, BadCacheEntriesAndLeftPadding) {
   expect_invalid(p, "leftpad_k");
 }
 
-// Only the final kernel has cache entries and left padding, and not with e4m3 inputs.
+// Only the production forward has cache entries and left padding, and not with e4m3 inputs.
 TEST(Dispatch, CacheEntriesAndLeftPaddingGoToTheFinalKernelOnly) {
   for (bool entries : {true, false}) {
     SCOPED_TRACE(entries ? "kv_batch_idx" : "leftpad_k");
@@ -360,7 +360,7 @@ TEST(Validation, BadSoftcap) {
   EXPECT_TRUE(validate_arguments(p).ok());
 }
 
-// Only the final kernel caps scores, and not with e4m3 inputs; the backward refuses it.
+// Only the production forward caps scores, and not with e4m3 inputs; the backward refuses it.
 TEST(Dispatch, SoftcapGoesToTheFinalKernelOnly) {
   AttentionProblem p = valid_problem();
   p.softcap = 30.f;
@@ -408,7 +408,7 @@ TEST(Validation, BadWorkspace) {
   EXPECT_EQ(bytes, 0u);
 }
 
-// Only the final kernel has variable-length batches: "auto" picks it, a lineage kernel says no.
+// Only the production forward has variable-length batches: "auto" picks it, a lineage kernel says no.
 TEST(Dispatch, VarlenGoesToTheFinalKernelOnly) {
   AttentionProblem p = varlen_problem();
   std::string resolved;
