@@ -3,7 +3,7 @@
 # CPU tests (reference, validation, dispatch, scheduler) always run; GPU tests skip with the
 # reason when there is no Hopper GPU. Before them, the spill check (ptxas's reports against
 # tools/spill_budget.txt). Then the docs checks (tables and code excerpts up to
-# date), then the Python tests when scripts/test_python.sh exists.
+# date, the lineage diffs table current), then the Python tests when scripts/test_python.sh exists.
 #
 #   scripts/test.sh
 #
@@ -22,6 +22,7 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 # The docs: result tables match results/, code excerpts match src/.
 python3 tools/gen_docs.py --check
 python3 tools/check_excerpts.py
+python3 tools/lineage_diffs.py --check
 if [ -x scripts/test_python.sh ]; then
   scripts/test_python.sh
 fi

@@ -1,3 +1,4 @@
+// Parent: bwd_01_cuda_core.
 // Backward step 2: the five products of the backward on tensor cores (mma.sync m16n8k16).
 //
 // Step 1 walked one query row at a time on CUDA cores. Here a CTA owns a block of 64 keys (K,

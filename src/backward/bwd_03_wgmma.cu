@@ -1,3 +1,4 @@
+// Parent: bwd_02_mma_sync.
 // Backward step 3: the backward on Hopper's machinery (TMA, mbarriers, wgmma), D = 64 and 128.
 //
 // B02's algorithm (a CTA per block of keys walks the query blocks that see them), with the

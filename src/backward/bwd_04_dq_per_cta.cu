@@ -1,3 +1,4 @@
+// Parent: bwd_03_wgmma.
 // Backward step 4: B03 with one dQ sum per CTA instead of one per warpgroup.
 //
 // Timing B03 without its dQ atomics made it 1.6x as fast at D = 128 and 1.3x at D = 64

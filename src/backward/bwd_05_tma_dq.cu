@@ -1,3 +1,4 @@
+// Parent: bwd_04_dq_per_cta.
 // Backward step 5: B04 with dQ added from shared memory by TMA instead of by per-thread atomics.
 //
 // In B04 every thread adds its share of a block's dQ to the fp32 sum in global memory itself:

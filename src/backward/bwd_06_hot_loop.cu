@@ -1,3 +1,4 @@
+// Parent: bwd_05_tma_dq.
 // Backward step 6: the hot loop. B05's elementwise math between the GEMMs, made lean.
 //
 // A timeline of B04 (results/evidence/backward_timeline_612c757/) put 42-49% of a step at

@@ -1,3 +1,4 @@
+// Parent: bwd_06_hot_loop.
 // Backward step 7: dK and dV written once. B06, whose CTAs add their dK and dV into fp32 sums
 // that a conversion kernel then writes out, even where nothing else adds to them.
 //

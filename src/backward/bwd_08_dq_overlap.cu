@@ -1,3 +1,4 @@
+// Parent: bwd_07_dkdv_direct.
 // Backward step 8: a block's dQ leaves while the next block's S^T runs. In B07 each warpgroup
 // waits for its dQ wgmma, scales dQ, stores it to shared memory and hands it to the TMA unit,
 // and only after the CTA barrier at the top of the next step issues the next S^T and dP^T: the

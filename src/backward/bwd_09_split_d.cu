@@ -1,3 +1,4 @@
+// Parent: bwd_08_dq_overlap.
 // Backward step 9: D = 256 on the tensor cores, by splitting D between the warpgroups. B03-B08
 // give each warpgroup 64 keys and all of D: at D = 256 its dK and dV alone would be 256
 // registers a thread, so D = 256 has run in B02 (mma.sync). Here a CTA takes 64 keys, and

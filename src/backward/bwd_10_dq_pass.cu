@@ -1,3 +1,4 @@
+// Parent: bwd_09_split_d.
 // Backward step 10: dQ in a pass of its own, at D = 256. In B09 a CTA's 64 keys add a whole
 // dQ partial (64 queries x 256 columns, fp32) per query block by atomics, and those atomics
 // take about 40% of its time: the L2 does one reduction a 32-byte sector, so only fewer bytes

@@ -1,3 +1,4 @@
+// Parent: bwd_10_dq_pass.
 // Backward step 11: B10's dQ pass pipelined, at D = 256. B10's dq_kernel runs its 64 queries in
 // lock step: both warpgroups compute S and dP for half of a key block each, meet at a barrier
 // to share dS through shared memory, add dS K, wait for it, and meet again before the next

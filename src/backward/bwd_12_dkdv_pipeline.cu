@@ -1,3 +1,4 @@
+// Parent: bwd_11_dq_pipeline.
 // Backward step 12: B11 with its dK/dV pass warp-specialized, at D = 256. B11's dkdv_kernel
 // ran each block of 64 queries in lock step: S^T and dP^T, a wait, the elementwise math, both
 // warpgroups' halves of P^T and dS^T through shared tiles, dV and dK, a second wait, and a

@@ -1,3 +1,4 @@
+// Parent: bwd_08_dq_overlap.
 // Backward step 13: B08 with a producer warpgroup, at D = 64 and 128. In B08 thread 0 issued
 // every copy, and each block began with a __syncthreads: the WAR on the Q/dO stage the block
 // before had read, the RAW on the LSE and delta stored a step ahead, and the dQ tile's reuse

@@ -1,3 +1,4 @@
+// Parent: bwd_13_producer.
 // Backward step 14: B13 with dK and dV leaving through shared memory by TMA where the kernel
 // writes them (a dense batch without GQA), and the CTAs of a head staggered over the query blocks.
 //   The epilogue: once every consumer's last dQ wgmma has read K, each warpgroup writes its 64

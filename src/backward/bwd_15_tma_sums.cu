@@ -1,3 +1,4 @@
+// Parent: bwd_14_tma_dkdv.
 // Backward step 15: B14 with the fp32 sums of dK and dV (GQA, variable-length batches) added by
 // TMA reductions, as B05 did for dQ, instead of 64 float2 atomics a thread (at D = 128): after
 // the last block every tile of the CTA is free, so each warpgroup writes its 64 rows of scaled

@@ -1,4 +1,5 @@
 // Lineage step 2: fused attention with an online softmax, on CUDA cores.
+// Parent: 01_naive.
 //
 // What changed from 01_naive: one kernel, one pass over K and V. A block owns kBlockM query
 // rows and walks the keys in tiles of kBlockN, staged through shared memory. Each row keeps a

@@ -1,4 +1,5 @@
 // Lineage step 3: the two GEMMs on the tensor cores with mma.sync.
+// Parent: 02_fused_online_softmax.
 //
 // Kernel 3 focus (what changed from 02_fused_online_softmax):
 //   1. S = Q K^T and O += P V run as warp-level tensor-core MMAs,

@@ -1,4 +1,5 @@
 // Lineage step 4: XOR-swizzled shared memory, bank-conflict-free ldmatrix.
+// Parent: 03_mma_sync.
 //
 // Kernel 4 focus (what changed from 03_mma_sync): one function, tile_offset(). Every shared
 // tile (Q, K, V, the O staging) keeps its rows of D elements but stores 16-byte chunk c of

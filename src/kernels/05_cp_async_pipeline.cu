@@ -1,4 +1,5 @@
 // Lineage step 5: K/V tiles through a cp.async pipeline (FlashAttention-2 class).
+// Parent: 04_swizzle.
 //
 // Kernel 5 focus (what changed from 04_swizzle):
 //   1. Global -> shared copies use cp.async.cg (16 bytes per thread per instruction): the data

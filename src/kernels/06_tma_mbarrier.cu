@@ -1,4 +1,5 @@
 // Lineage step 6: tiles arrive by TMA (bulk tensor copies) and complete on mbarriers.
+// Parent: 05_cp_async_pipeline.
 //
 // Kernel 6 focus (what changed from 05_cp_async_pipeline):
 //   1. One thread issues cp.async.bulk.tensor copies: each copies a whole box of 64 columns x

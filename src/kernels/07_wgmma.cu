@@ -1,4 +1,5 @@
 // Lineage step 7: both products on Hopper's warpgroup MMA (wgmma.mma_async).
+// Parent: 06_tma_mbarrier.
 //
 // Kernel 7 focus (what changed from 06_tma_mbarrier):
 //   1. A warpgroup (4 warps, 128 threads) owns 64 query rows and issues wgmma.mma_async

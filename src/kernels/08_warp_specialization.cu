@@ -1,4 +1,5 @@
 // Lineage step 8: warp specialization: a producer warpgroup feeds consumer warpgroups.
+// Parent: 07_wgmma.
 //
 // Kernel 8 focus (what changed from 07_wgmma):
 //   1. Roles. Warpgroup 0 is the producer: one thread issues every TMA copy, the rest of the

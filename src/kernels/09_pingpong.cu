@@ -1,4 +1,5 @@
 // Lineage step 9: ping-pong: the two consumer warpgroups take turns on the tensor cores.
+// Parent: 08_warp_specialization.
 //
 // Kernel 9 focus (what changed from 08_warp_specialization):
 //   1. In 08 both consumer warpgroups issue their S = Q K^T at about the same moment, wait for

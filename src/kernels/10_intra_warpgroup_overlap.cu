@@ -1,4 +1,5 @@
 // Lineage step 10: intra-warpgroup overlap: the softmax of tile t runs beside PV of tile t-1.
+// Parent: 09_pingpong.
 //
 // Kernel 10 focus (what changed from 09_pingpong):
 //   1. A warpgroup issues S(t) = Q K(t)^T and, right behind it, O += P(t-1) V(t-1), then

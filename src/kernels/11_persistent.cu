@@ -1,4 +1,5 @@
 // Lineage step 11: persistent CTAs that walk a work list (snake order, longest first where it pays).
+// Parent: 10_intra_warpgroup_overlap.
 //
 // Kernel 11 focus (what changed from 10_intra_warpgroup_overlap):
 //   1. One CTA per SM, launched once, loops over work items (batch, head, query block) from

@@ -1,4 +1,5 @@
 // Lineage step 12: the epilogue and the hot loop (TMA store of O, rescale on demand).
+// Parent: 11_persistent.
 //
 // Kernel 12 focus (what changed from 11_persistent):
 //   1. The epilogue stages O in shared memory (128B-swizzled, as TMA wants it) and one thread

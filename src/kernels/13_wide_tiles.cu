@@ -1,4 +1,5 @@
 // Lineage step 13: wide K/V tiles for long key sweeps (176 keys at D = 128, 160 at D = 64, 80
+// Parent: 12_epilogue_hot_loop.
 // at D = 256).
 //
 // Kernel 13 focus (what changed from 12_epilogue_hot_loop):

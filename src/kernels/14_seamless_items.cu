@@ -1,4 +1,5 @@
 // Lineage step 14: seamless work items (the turn and the Q loads run across item boundaries).
+// Parent: 13_wide_tiles.
 //
 // Kernel 14 focus (what changed from 13_wide_tiles):
 //   1. The consumers' turn runs on across work items. In 13 consumer 1 skipped its last

@@ -1,4 +1,5 @@
 // Lineage step 15: three consumer warpgroups at D = 64 (192-row query blocks).
+// Parent: 14_seamless_items.
 //
 // Kernel 15 focus (what changed from 14_seamless_items):
 //   1. At D = 64 a CTA runs three consumer warpgroups on 192 query rows (14: two on 128), with
