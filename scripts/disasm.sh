@@ -4,7 +4,7 @@
 # PyPI (nvidia-cuda-nvdisasm, fetched once into .tools/, git-ignored) and prints the loops of
 # the kernels whose mangled names match REGEX, with their instruction mix (tools/sass_loops.py).
 #
-#   scripts/disasm.sh src/backward/bwd_13_producer.cu 'main_kernelI13__nv_bfloat16Li128ELb0E'
+#   scripts/disasm.sh src/lineage/bwd_13_producer.cu 'main_kernelI13__nv_bfloat16Li128ELb0E'
 #
 # The full disassembly of the matching kernels goes to OUT (default build/disasm/NAME.sass).
 set -euo pipefail
@@ -24,6 +24,6 @@ command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
 mkdir -p "$(dirname "$out")"
 cubin=$(dirname "$out")/$name.cubin
 nvcc -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -std=c++20 -Iinclude -Isrc \
-  -Isrc/kernels -Isrc/backward -cubin -o "$cubin" "$src"
+  -Isrc/common -Isrc/lineage -cubin -o "$cubin" "$src"
 "$nvdisasm" -c "$cubin" >"$out.all"
 python3 tools/sass_loops.py "$out.all" "$pattern" --out "$out"

@@ -30,7 +30,7 @@ struct KernelEntry {
   bool supports_softcap = false;
 };
 
-// One accessor per lineage kernel, defined in its own file under src/kernels/.
+// One accessor per lineage kernel, defined in its own file under src/lineage/.
 const KernelEntry& kernel_01_naive();
 const KernelEntry& kernel_02_fused_online_softmax();
 const KernelEntry& kernel_03_mma_sync();

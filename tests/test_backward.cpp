@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/backward/backward.h"
+#include "../src/lineage/backward.h"
 #include "../tools/harness.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"

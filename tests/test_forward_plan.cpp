@@ -6,7 +6,7 @@
 #include <string>
 
 #include "../src/attention/plan.h"
-#include "../src/kernels/tile_scheduler.cuh"
+#include "../src/common/tile_scheduler.cuh"
 #include "fake_problem.h"
 
 namespace hattn::fwd {

@@ -18,7 +18,7 @@
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 #include "hattn/reference.h"
-#include "kernels/exp2_fma.cuh"
+#include "common/exp2_fma.cuh"
 
 namespace hattn {
 namespace {

@@ -1,4 +1,4 @@
-// CPU tests of the persistent kernels' work order (src/kernels/tile_scheduler.cuh).
+// CPU tests of the persistent kernels' work order (src/common/tile_scheduler.cuh).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -6,7 +6,7 @@
 #include <tuple>
 #include <vector>
 
-#include "../src/kernels/tile_scheduler.cuh"
+#include "../src/common/tile_scheduler.cuh"
 #include "hattn/reference.h"
 
 namespace hattn {

@@ -302,7 +302,7 @@ def main():
     rows = load(path)
     kernels = list(dict.fromkeys(r["kernel"] for r in rows))
     descriptions = {}
-    for source in sorted((ROOT / "src" / "kernels").glob("*.cu")):
+    for source in sorted((ROOT / "src" / "lineage").glob("[0-9][0-9]_*.cu")):
         # The entry is `KernelEntry entry{NAME, "description" "maybe continued", ...}`, where
         # NAME is a literal or kName, defined as `kName = "..."`.
         text = source.read_text()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The guide's table of lineage diffs: each step against the parent its header names.
 
-Every lineage file (src/kernels/NN_*.cu, src/backward/bwd_NN_*.cu) but the first of each
+Every lineage file (src/lineage/NN_*.cu, src/lineage/bwd_NN_*.cu) but the first of each
 lineage names its parent on a `// Parent: NAME.` line near its top. This tool counts the lines
 each step adds and removes against that parent (Python's difflib, as `git diff --no-index`
 would show them, give or take the diff algorithm) and writes the table between the
@@ -20,8 +20,8 @@ BEGIN, END = "<!-- lineage:diffs -->", "<!-- /lineage:diffs -->"
 
 def steps():
     """[(path, parent path or None)] in lineage order, forward then backward."""
-    files = sorted((ROOT / "src" / "kernels").glob("[0-9][0-9]_*.cu")) + sorted(
-        (ROOT / "src" / "backward").glob("bwd_[0-9][0-9]_*.cu"))
+    files = sorted((ROOT / "src" / "lineage").glob("[0-9][0-9]_*.cu")) + sorted(
+        (ROOT / "src" / "lineage").glob("bwd_[0-9][0-9]_*.cu"))
     by_stem = {f.stem: f for f in files}
     out = []
     for f in files:

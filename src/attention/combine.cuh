@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "../kernels/fragment.cuh"
-#include "../kernels/params.h"
+#include "../common/fragment.cuh"
+#include "../common/params.h"
 #include "../ptx/griddepcontrol.cuh"
 #include "hattn/hattn.h"
 #include "work_list.cuh"

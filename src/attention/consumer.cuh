@@ -14,9 +14,9 @@
 
 #include <type_traits>
 
-#include "../kernels/fragment.cuh"
-#include "../kernels/params.h"
-#include "../kernels/sequence.cuh"
+#include "../common/fragment.cuh"
+#include "../common/params.h"
+#include "../common/sequence.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/named_barrier.cuh"
 #include "../ptx/tma.cuh"

@@ -10,9 +10,9 @@
 
 #include <cuda.h>
 
-#include "../kernels/fragment.cuh"
-#include "../kernels/params.h"
-#include "../kernels/sequence.cuh"
+#include "../common/fragment.cuh"
+#include "../common/params.h"
+#include "../common/sequence.cuh"
 #include "../ptx/named_barrier.cuh"
 #include "../ptx/smem.cuh"
 #include "../ptx/tma.cuh"

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <string>
 
-#include "../kernels/common.cuh"
-#include "../kernels/tile_scheduler.cuh"
+#include "../common/common.cuh"
+#include "../common/tile_scheduler.cuh"
 #include "../registry.h"
 #include "../tensor_map.h"
 #include "combine.cuh"

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../kernels/params.h"
+#include "../common/params.h"
 #include "config.h"
 
 namespace hattn::fwd {

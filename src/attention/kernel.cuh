@@ -12,7 +12,7 @@
 
 #include <cuda.h>
 
-#include "../kernels/params.h"
+#include "../common/params.h"
 #include "../ptx/griddepcontrol.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/setmaxnreg.cuh"

@@ -5,9 +5,9 @@
 
 #include <cmath>
 
-#include "../kernels/params.h"
-#include "../kernels/sequence.cuh"
-#include "../kernels/tile_scheduler.cuh"
+#include "../common/params.h"
+#include "../common/sequence.cuh"
+#include "../common/tile_scheduler.cuh"
 #include "../ptx/ex2.cuh"
 
 namespace hattn::fwd {

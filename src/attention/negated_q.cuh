@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "../kernels/params.h"
+#include "../common/params.h"
 
 namespace hattn::fwd {
 

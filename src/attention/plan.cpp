@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <string>
 
-#include "../kernels/tile_scheduler.cuh"
+#include "../common/tile_scheduler.cuh"
 #include "config.h"
 
 namespace hattn::fwd {

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../kernels/params.h"
+#include "../common/params.h"
 #include "hattn/hattn.h"
 
 namespace hattn::fwd {

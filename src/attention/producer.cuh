@@ -14,8 +14,8 @@
 
 #include <cuda.h>
 
-#include "../kernels/params.h"
-#include "../kernels/sequence.cuh"
+#include "../common/params.h"
+#include "../common/sequence.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/tma.cuh"
 #include "shared_storage.cuh"

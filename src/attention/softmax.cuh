@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "../kernels/exp2_fma.cuh"
+#include "../common/exp2_fma.cuh"
 #include "../ptx/ex2.cuh"
 #include "config.h"
 

@@ -3,10 +3,10 @@
 // split-KV's parts numbered inside the blocks; and where an item lies (block, K/V head, tiles).
 #pragma once
 
-#include "../kernels/fast_divisor.cuh"
-#include "../kernels/params.h"
-#include "../kernels/sequence.cuh"
-#include "../kernels/tile_scheduler.cuh"
+#include "../common/fast_divisor.cuh"
+#include "../common/params.h"
+#include "../common/sequence.cuh"
+#include "../common/tile_scheduler.cuh"
 #include "mask.cuh"
 
 namespace hattn::fwd {
