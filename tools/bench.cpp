@@ -66,16 +66,16 @@ void usage() {
       "  --dims 64,128,256   head dims\n"
       "  --seqlens 512,...   sequence lengths (default 512..16384)\n"
       "  --causal no|yes|both (default both)\n"
-      "  --window L,R        a sliding window on every shape (-1: that side open; final kernel only)\n"
-      "  --varlen equal|mixed every shape as a variable-length batch (final kernel only) of its B\n"
+      "  --window L,R        a sliding window on every shape (-1: that side open; production forward only)\n"
+      "  --varlen equal|mixed every shape as a variable-length batch (production forward only) of its B\n"
       "                      sequences: all of length S (compare with the dense run), or of lengths\n"
       "                      drawn from [S/4, 7S/4] (fixed seed; FLOPs count the real lengths)\n"
       "  --seqlen-q N        queries per sequence (default: S, as many as keys); e.g. 1 for decoding\n"
-      "  --num-splits N      split-KV parts: 0 automatic (default), 1 off, N (final kernel only)\n"
-      "  --page-size N       K and V in a paged cache of N-key pages, shuffled (final kernel only)\n"
+      "  --num-splits N      split-KV parts: 0 automatic (default), 1 off, N (production forward only)\n"
+      "  --page-size N       K and V in a paged cache of N-key pages, shuffled (production forward only)\n"
       "  --gqa R             R query heads per K/V head (default 1; must divide the heads)\n"
-      "  --pack-gqa on|off   force GQA packing (default: automatic; final kernel only)\n"
-      "  --softcap C         cap the scores at C * tanh(s / C) (final kernel; backward: bwd_15 to D = 128,\n"
+      "  --pack-gqa on|off   force GQA packing (default: automatic; production forward only)\n"
+      "  --softcap C         cap the scores at C * tanh(s / C) (production forward; backward: bwd_15 to D = 128,\n"
       "                      bwd_12 and bwd_10 at D = 256)\n"
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
       "                      sampled rows of dq are checked against the fp64 reference; --kernels\n"
@@ -417,7 +417,7 @@ bool time_kernel(const Config& cfg, harness::Workload& w, const std::string& ker
   return true;
 }
 
-// The backward on `w`: a forward (the final kernel) makes out and lse, then hattn::backward
+// The backward on `w`: a forward (the production forward) makes out and lse, then hattn::backward
 // with a random dout is checked on the sampled rows of dq (fp64 reference; a varlen batch's
 // sequence on its own, as check_outputs does) and timed like the forward: an L2 flush, then the
 // call between events. FLOPs: 2.5x the forward's (FlashAttention's convention: five matrix

@@ -90,7 +90,7 @@ struct AttentionProblem {
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   // Softcapping (FlashAttention's softcap, as in Gemma 2): with softcap > 0 each score
   // scale * q.k becomes softcap * tanh(scale * q.k / softcap) before the mask and the softmax,
-  // which bounds it to (-softcap, softcap); 0 turns it off. Only the final kernel; the backward
+  // which bounds it to (-softcap, softcap); 0 turns it off. Only the production forward; the backward
   // in bwd_15_tma_sums (head_dim <= 128), bwd_12_dkdv_pipeline and bwd_10_dq_pass (head_dim 256).
   float softcap = 0.f;
   // Causal mask aligned to the bottom-right corner: query i sees key j iff
@@ -100,7 +100,7 @@ struct AttentionProblem {
   // query i sees key j iff i + (seqlen_k - seqlen_q) - window_left <= j and
   // j <= i + (seqlen_k - seqlen_q) + window_right. -1 leaves that side open (the default, no
   // window). With causal, window_right must be -1 or 0: causal is the window's right edge at 0.
-  // Only the final kernel supports a window; the others refuse it.
+  // Only the production forward supports a window; the others refuse it.
   int window_left = -1;
   int window_right = -1;
 
@@ -114,7 +114,7 @@ struct AttentionProblem {
   // non-decreasing values from 0 to the totals, read only by the kernel: the host cannot check
   // them without a synchronization, so they are the caller's promise. The kernel clamps them
   // to [0, total] so that it never touches memory outside the tensors.
-  // Only the final kernel supports a variable-length batch in the forward; the others refuse it.
+  // Only the production forward supports a variable-length batch in the forward; the others refuse it.
   // In the backward, bwd_01, bwd_02, bwd_04, bwd_08 and bwd_10 support it (see backward()).
   const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
   const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]
@@ -131,7 +131,7 @@ struct AttentionProblem {
   // j / page_size], row j % page_size. seqlens_k must then be set too; seqlen_k is the
   // longest length, at most max_pages_per_seq * page_size. A device int32 array
   // [batch, max_pages_per_seq], read only by the kernel, which clamps page indices to the
-  // cache. Only the final kernel supports it, with page_size a multiple of 128 (one K/V tile
+  // cache. Only the production forward supports it, with page_size a multiple of 128 (one K/V tile
   // never spans two pages), and not with a variable-length batch.
   const int32_t* block_table = nullptr;
   int max_pages_per_seq = 0;
@@ -142,7 +142,7 @@ struct AttentionProblem {
   // sequence b reads the keys of cache entry kv_batch_idx[b] instead of entry b: batch entry
   // kv_batch_idx[b] of a dense k and v of kv_batch entries, or row kv_batch_idx[b] of a
   // block_table of kv_batch rows. A device int32 array [batch], read only by the kernel, which
-  // clamps it to [0, kv_batch). Not with a variable-length batch. Only the final kernel.
+  // clamps it to [0, kv_batch). Not with a variable-length batch. Only the production forward.
   const int32_t* kv_batch_idx = nullptr;
   int kv_batch = 0;  // entries kv_batch_idx indexes; only with kv_batch_idx
   // Left padding of the keys (FlashAttention's cache_leftpad / leftpad_k): when set, sequence
@@ -150,14 +150,14 @@ struct AttentionProblem {
   // seqlens_k[b] - 1 (or .. the last key it has, without seqlens_k), and the masks align to
   // that range as to a sequence of seqlens_k[b] - leftpad_k[b] keys. A device int32 array
   // [batch], read only by the kernel, which clamps it to [0, the sequence's keys]. Not with a
-  // paged cache (a K/V tile must start on a page). Only the final kernel.
+  // paged cache (a K/V tile must start on a page). Only the production forward.
   const int32_t* leftpad_k = nullptr;
 
   // Split-KV (flash-decoding): each query block's keys are cut into num_splits parts computed
   // by different CTAs, whose partial results a second kernel combines. It fills the GPU when
   // there are few query blocks and long key sweeps (decoding: a few queries per sequence).
-  // 0 lets the final kernel decide; 1 turns it off; n > 1 asks for n parts (at most 64;
-  // fewer when a block has fewer K/V tiles). With 0 the final kernel also cuts the last round
+  // 0 lets the production forward decide; 1 turns it off; n > 1 asks for n parts (at most 64;
+  // fewer when a block has fewer K/V tiles). With 0 the production forward also cuts the last round
   // of its persistent grid when it would leave most SMs idle (the tail split: dense batches
   // without a mask); 1 turns that off too. The partial results live in a workspace the
   // library takes with cudaMallocAsync on the call's stream, unless the caller gives one below.
@@ -166,7 +166,7 @@ struct AttentionProblem {
 
   // GQA packing: one work item takes all query heads of a K/V head as rows of its tile, so
   // that they share each K/V tile's load and sweep (FlashAttention-3's pack_gqa). Empty lets
-  // the final kernel decide (on when it at least halves the query blocks, as with few queries
+  // the production forward decide (on when it at least halves the query blocks, as with few queries
   // per sequence); true or false forces it, where the heads per K/V head are a power of two
   // up to 64 and there is no sliding window (otherwise it stays off). A hint: the result is
   // the same up to rounding, and the lineage kernels ignore it.
@@ -184,7 +184,7 @@ struct AttentionProblem {
   // computes with q * q_descale[b * heads_kv + h / (heads_q / heads_kv)], and its K/V head's k
   // and v likewise. Null means 1. Only with e4m3. The values must be positive (the kernel takes
   // the softmax's running max on unscaled scores); like varlen offsets they stay on the GPU and
-  // are the caller's promise. The final kernel runs e4m3 at head_dim 64 and 128,
+  // are the caller's promise. The production forward runs e4m3 at head_dim 64 and 128,
   // dense batches (no window, varlen, seqlens_k or paged cache); P enters the PV product in
   // e4m3 too, as in FlashAttention-3. Its V goes through a transposed copy in the workspace.
   const float* q_descale = nullptr;
@@ -194,7 +194,7 @@ struct AttentionProblem {
   float scale() const;
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
   bool is_paged() const { return block_table != nullptr; }
-  // Features only the final kernel has: a variable-length batch, keys in use, a paged cache,
+  // Features only the production forward has: a variable-length batch, keys in use, a paged cache,
   // cache entries per sequence, left padding.
   bool has_sequence_bounds() const {
     return is_varlen() || seqlens_k != nullptr || is_paged() || kv_batch_idx != nullptr || leftpad_k != nullptr;

@@ -29,7 +29,7 @@ and int32 cu_seqlens) of B sequences, all of length S or of lengths drawn from [
 aten ops (what torch.nn.attention.varlen.varlen_attn calls):
   varlen_cudnn     aten._cudnn_attention_forward with cum_seq_q/cum_seq_k (the reference)
   varlen_flash     aten._flash_attention_forward with cum_seq_q/cum_seq_k (FlashAttention-2)
-Only the final kernel runs varlen batches, so it is the default --kernels there. FLOPs sum the
+Only the production forward runs varlen batches, so it is the default --kernels there. FLOPs sum the
 sequences'. Output: pybench_varlen_<mode>.csv and .json, no plots.
 """
 
@@ -198,7 +198,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     anchors = VARLEN_ANCHORS if args.varlen else ANCHORS
     if args.varlen and args.anchors == ",".join(ANCHORS):  # the default list: the varlen anchors instead
         args.anchors = ",".join(VARLEN_ANCHORS)
-    default_kernels = kernel_names[-1:] if args.varlen else kernel_names  # only the final kernel has varlen
+    default_kernels = kernel_names[-1:] if args.varlen else kernel_names  # only the production forward has varlen
     args.kernel_list = [k for k in (args.kernels.split(",") if args.kernels else default_kernels) if k]
     unknown = [k for k in args.kernel_list if k != "auto" and kernel_names and k not in kernel_names]
     if unknown:
@@ -531,7 +531,7 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
         if why and why != "reference unavailable":
             record(name, "hattn", "FAIL", err=err, tol=tol, note=why)
             continue
-        resolved = hattn.kernels()[-1].name if shape.lengths else None  # varlen: only the final kernel
+        resolved = hattn.kernels()[-1].name if shape.lengths else None  # varlen: only the production forward
         label = name if name != "auto" else f"auto={resolved or hattn.resolve_kernel(q, k, v, shape.causal)}"
         to_time.append((label, "hattn", call, err, why or ""))
 

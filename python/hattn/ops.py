@@ -669,7 +669,7 @@ def attention(
         return_lse: also return the row log-sum-exp (natural log), fp32 [B, Hq, Sq].
         window_size: (left, right), FlashAttention's sliding window (local attention), aligned
             like the causal mask: query i sees key j iff i + Sk - Sq - left <= j <= i + Sk - Sq + right;
-            -1 leaves a side open. With causal, right must be -1 or 0. Only the final kernel
+            -1 leaves a side open. With causal, right must be -1 or 0. Only the production forward
             (what "auto" picks) has it; a lineage kernel raises NotImplementedError.
         seqlens_k: None (every key), or torch.int32 [B] on q's device: sequence b attends to its
             first seqlens_k[b] keys only (clamped to [0, Sk]; FlashAttention's cache_seqlens /
@@ -677,8 +677,8 @@ def attention(
             that length (Sk above becomes seqlens_k[b]). A sequence with no keys gives output 0
             and LSE -inf. The keys past seqlens_k[b] may hold anything (NaN included): the
             kernel zeroes their V rows in shared memory before they meet their zero weights.
-            Only the final kernel has it; a lineage kernel raises NotImplementedError.
-        num_splits: split-KV (flash-decoding) parts per query block: 0 lets the final kernel
+            Only the production forward has it; a lineage kernel raises NotImplementedError.
+        num_splits: split-KV (flash-decoding) parts per query block: 0 lets the production forward
             decide (it may also cut the items of its last round, the tail split), 1 turns both
             off, n <= 64 asks for n. A performance hint: the result is the same up to rounding,
             and the lineage kernels ignore it.
@@ -882,7 +882,7 @@ def attention_varlen(
         causal: bottom-right aligned within each sequence: its query i sees its key j iff
             j <= i + Sk_b - Sq_b. Rows that see no key give output 0 and LSE -inf.
         softmax_scale: default 1/sqrt(D).
-        kernel: "auto" or a name from hattn.kernels(); only the final kernel (what "auto"
+        kernel: "auto" or a name from hattn.kernels(); only the production forward (what "auto"
             picks) has a variable-length batch, a lineage kernel raises NotImplementedError.
         return_lse: also return the row log-sum-exp (natural log), fp32 [Hq, total_q].
         window_size: (left, right), the sliding window of attention(), aligned like the causal
@@ -1013,7 +1013,7 @@ def attention_paged(
         causal: bottom-right aligned to each sequence's length: query i sees key j iff
             j <= i + seqlens_k[b] - Sq. Rows that see no key give output 0 and LSE -inf.
         softmax_scale: default 1/sqrt(D).
-        kernel: "auto" or a name from hattn.kernels(); only the final kernel (what "auto"
+        kernel: "auto" or a name from hattn.kernels(); only the production forward (what "auto"
             picks) has a paged cache, a lineage kernel raises NotImplementedError.
         return_lse: also return the row log-sum-exp (natural log), fp32 [B, Hq, Sq].
         window_size: (left, right), the sliding window of attention(), aligned like the causal
@@ -1237,7 +1237,7 @@ def attention_fp8(
         softmax_scale: default 1/sqrt(D), applied to the dequantized scores.
         return_lse: also return the row log-sum-exp (natural log) of the dequantized, scaled
             scores, fp32 [B, Hq, Sq].
-        kernel: "auto" or a name from hattn.kernels(); only the final kernel (what "auto" picks)
+        kernel: "auto" or a name from hattn.kernels(); only the production forward (what "auto" picks)
             has FP8 inputs, a lineage kernel raises NotImplementedError.
 
     Returns:

@@ -267,7 +267,7 @@ NB_MODULE(_C, m) {
       "contiguous; lse is 0 or a contiguous fp32 [B, Hq, Sq] buffer; softmax_scale None means 1/sqrt(D).\n"
       "Variable-length batch: cu_seqlens_q/cu_seqlens_k are device int32 [batch + 1] offsets, total_q/total_k\n"
       "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).\n"
-      "softcap: scores s become softcap * tanh(s / softcap) (0: off; final kernel, forward).\n"
+      "softcap: scores s become softcap * tanh(s / softcap) (0: off; the production forward, forward).\n"
       "seqlens_k: device int32 [batch], keys in use per sequence. Paged KV: block_table device int32\n"
       "[batch, max_pages_per_seq], k/v [num_pages, page_size, Hkv, D]. num_splits: split-KV parts (0 auto).\n"
       "kv_batch_idx: device int32 [batch], each sequence's cache entry (a batch entry of k/v, or a block_table\n"

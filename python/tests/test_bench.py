@@ -150,7 +150,7 @@ def test_main_without_gpu_says_so(capsys):
 
 def test_varlen_flags_and_shapes():
     args = bench.parse_args(["--varlen", "equal", "--dims", "128", "--seqlens", "512,2k"], KERNELS)
-    assert args.kernel_list == KERNELS[-1:]  # only the final kernel runs varlen batches
+    assert args.kernel_list == KERNELS[-1:]  # only the production forward runs varlen batches
     assert args.anchor_list == list(bench.VARLEN_ANCHORS)
     assert not args.plots
     assert len(args.shapes) == 2 * 2  # no capstone shapes

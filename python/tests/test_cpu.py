@@ -90,7 +90,7 @@ def test_argument_errors_name_the_argument(mutate, error, pattern):
 def test_window_size_is_checked_and_routed():
     q, k, v = cpu_qkv()
     last = hattn.kernels()[-1].name
-    assert hattn.resolve_kernel(q, k, v, window_size=(16, 0)) == last  # only the final kernel has it
+    assert hattn.resolve_kernel(q, k, v, window_size=(16, 0)) == last  # only the production forward has it
     assert hattn.resolve_kernel(q, k, v, causal=True, window_size=(16, -1)) == last
     with pytest.raises(NotImplementedError, match=r"15_three_consumers: no sliding window"):
         hattn.resolve_kernel(q, k, v, kernel="15_three_consumers", window_size=(16, 0))

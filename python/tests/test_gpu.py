@@ -104,7 +104,7 @@ def test_sequence_lengths(kernel, seqlen_q, seqlen_k, causal):
     ],
 )
 def test_sliding_window(seqlen_q, seqlen_k, head_dim, causal, window):
-    """window_size on the final kernel ("auto"); the lineage kernels refuse it (test_cpu.py)."""
+    """window_size on the production forward ("auto"); the lineage kernels refuse it (test_cpu.py)."""
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, 4, 2, head_dim, torch.bfloat16)
     check(q, k, v, *run(q, k, v, "auto", causal, window=window), causal=causal, window=window)
 
@@ -121,7 +121,7 @@ def test_sliding_window(seqlen_q, seqlen_k, head_dim, causal, window):
 )
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 def test_softcap(dtype, seqlen_q, seqlen_k, head_dim, causal, window, softcap):
-    """softcap on the final kernel ("auto"), against the capped fp64 reference; the lineage
+    """softcap on the production forward ("auto"), against the capped fp64 reference; the lineage
     kernels refuse it (the backward: test_backward.py)."""
     q, k, v = make_qkv(2, seqlen_q, seqlen_k, 8, 2, head_dim, DTYPES[dtype])
     out, lse = hattn.attention(q, k, v, causal=causal, return_lse=True, window_size=window, softcap=softcap)

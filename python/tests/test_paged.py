@@ -2,7 +2,7 @@
 use per sequence of a dense cache) and num_splits (split-KV).
 
 The CPU tests run everywhere: argument errors, op schemas, shape inference on meta tensors,
-torch.compile tracing, the problem handed to the binding, and routing (only the final kernel
+torch.compile tracing, the problem handed to the binding, and routing (only the production forward
 has seqlens_k and paged caches, and only with page_size a multiple of 128). The GPU tests
 (Hopper only) gather each sequence's logical keys and values out of its pages and compare with
 the fp64 reference run on them alone, and run the op under torch.compile, CUDA graphs and opcheck.

@@ -1,7 +1,7 @@
 """hattn.attention_varlen, the variable-length batch (FlashAttention's cu_seqlens).
 
 The CPU tests run everywhere: argument errors, shape inference on meta tensors, torch.compile
-tracing, routing (only the final kernel has it) and the layout rules for packed tensors. The
+tracing, routing (only the production forward has it) and the layout rules for packed tensors. The
 GPU tests (Hopper only) compare each sequence of a packed batch with the fp64 reference run on
 that sequence alone, and run the op under torch.compile, CUDA graphs and opcheck.
 """
