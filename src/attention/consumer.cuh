@@ -212,7 +212,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     if constexpr (kFp8) {
       // Scores are in units of q's and k's e4m3 codes: the item's heads' descales fold into
       // scale_log2 (the epilogue scales O by v's).
-      const int64_t at = int64_t(item.batch) * p.heads_kv + items.kv_head_of(item.head_q);  // [B][Hkv]
+      const int64_t at = items.descale_index(item);
       scale_log2 = p.scale * (p.q_descale != nullptr ? __ldg(p.q_descale + at) : 1.f) *
                    (p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f) * kLog2e;
     }

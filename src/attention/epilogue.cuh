@@ -59,7 +59,7 @@ struct Epilogue {
     softmax.finish(inv_sum);
     if constexpr (kFp8) {  // O in units of v's e4m3 codes: its descale with the normalizer
       if (p.v_descale != nullptr) {
-        const float v_scale = __ldg(p.v_descale + int64_t(item.batch) * p.heads_kv + items.kv_head_of(item.head_q));
+        const float v_scale = __ldg(p.v_descale + items.descale_index(item));
         inv_sum[0] *= v_scale;
         inv_sum[1] *= v_scale;
       }

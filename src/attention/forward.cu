@@ -68,7 +68,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
     if (problem.workspace != nullptr) {  // forward() checked its size
       vt = static_cast<uint8_t*>(problem.workspace);
     } else {
-      const size_t bytes = vt_bytes(problem);
+      const size_t bytes = fp.workspace_bytes;  // V^T's copy
       s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&vt), bytes, stream),
                       std::string(kName) + ": cudaMallocAsync(V^T, " + std::to_string(bytes) + " bytes)");
       if (!s.ok()) return s;

@@ -6,6 +6,7 @@
 
 #include "../common/tile_scheduler.cuh"
 #include "config.h"
+#include "fp8_transpose.cuh"
 
 namespace hattn::fwd {
 
@@ -72,12 +73,6 @@ int block_n_of(int d, bool wide) {
   }
 }
 
-// FP8 V^T's copy: padded keys, a whole number of 128-key tiles.
-size_t vt_bytes_of(const AttentionProblem& problem) {
-  const int64_t keys = (int64_t(problem.seqlen_k) + kVtTileKeys - 1) / kVtTileKeys * kVtTileKeys;
-  return size_t(problem.batch) * problem.heads_kv * problem.head_dim * size_t(keys);
-}
-
 }  // namespace
 
 Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
@@ -104,7 +99,7 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   if (c.fp8) {  // one shape per head dim (64, 128): 128-key tiles, two consumers, the dense kernel
     c.dense_batch = c.dense = true;
     c.block_n = 128;
-    c.workspace_bytes = vt_bytes_of(problem);
+    c.workspace_bytes = vt_bytes(problem);  // V^T's copy
     return Status::Ok();
   }
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.

@@ -84,6 +84,10 @@ struct ItemSweep {
   __device__ __forceinline__ int kv_head_of(int head_q) const {
     return kFastDivide ? list.group.div(head_q) : head_q / p.heads_per_kv;
   }
+  // FP8: where the item's heads' descales sit in q_descale, k_descale and v_descale, [B][Hkv].
+  __device__ __forceinline__ int64_t descale_index(const WorkItem& item) const {
+    return int64_t(item.batch) * p.heads_kv + kv_head_of(item.head_q);
+  }
   __device__ __forceinline__ int block_of(const WorkItem& item) const {
     return kRuntimeBounds ? split_div(item.m_block) : item.m_block;
   }
