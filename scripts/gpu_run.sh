@@ -40,8 +40,11 @@
 #   PY_KERNEL_TIMES_ARGS
 #                    when set (may be empty): also python -m hattn.kernel_times with these flags
 #                    (each GPU kernel of one backward call: hattn's and SDPA's)
+#   HATTN_FA3_LIB    with PYTHON=1: a FlashAttention-3 library for the benchmarks' FA3 columns
+#                    (default: .anchors/flash_attn_3_sm90.so.xz unpacked, when present)
+#   PY_FP8_ARGS      when set (may be empty): also python -m hattn.bench_fp8 with these flags
 #   CAPSTONE=1       with PYTHON=1: also python -m hattn.capstone (Wan 2.1 1.3B at 480p, 14B at
-#                    720p). With PYTHON=1, diffusers is installed from .whl/ when that exists
+#                    720p; CAPSTONE_SPECS="MODEL SIZE REPS;..." for others). With PYTHON=1, diffusers is installed from .whl/ when that exists
 #                    (scripts/fetch_wheels.sh), before the Python tests.
 #   HATTN_COMMIT     commit recorded in the results (default: the PREBUILT archive's commit, else
 #                    git rev-parse HEAD; a copied working tree's .git may lag behind its files)
@@ -224,6 +227,13 @@ done
 if [ "${PYTHON:-0}" = 1 ]; then
   python3 -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1
   note "pip install: rc=$?"
+  # FlashAttention-3, timed beside hattn by the Python benchmarks when given: HATTN_FA3_LIB, else
+  # the library unpacked from .anchors/ (copied there from ../shared/anchors/fa3/, whose README
+  # says how; git-ignored). A measuring stick only: nothing builds or tests against it.
+  if [ -z "${HATTN_FA3_LIB:-}" ] && [ -f .anchors/flash_attn_3_sm90.so.xz ]; then
+    xz -dkf .anchors/flash_attn_3_sm90.so.xz && export HATTN_FA3_LIB=$PWD/.anchors/flash_attn_3_sm90.so
+  fi
+  note "FlashAttention-3 for the benchmarks: ${HATTN_FA3_LIB:-not given}"
   if [ -d .whl ]; then  # diffusers for the capstone and its tests, carried as wheels (scripts/fetch_wheels.sh)
     python3 -m pip install --no-index --find-links .whl -q 'diffusers==0.42.1' >"$out/pip_diffusers.log" 2>&1
     note "pip install diffusers from .whl: rc=$?"
@@ -250,6 +260,11 @@ if [ "${PYTHON:-0}" = 1 ]; then
       tee "$out/py_bench_backward$n.log"
     note "python backward bench${n:+ $n} (${!var}): rc=${PIPESTATUS[0]}"
   done
+  if [ -n "${PY_FP8_ARGS+x}" ]; then
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 python3 -m hattn.bench_fp8 --out "$out" ${PY_FP8_ARGS} 2>&1 | tee "$out/py_bench_fp8.log"
+    note "python FP8 bench: rc=${PIPESTATUS[0]}"
+  fi
   if [ -n "${PY_KERNEL_TIMES_ARGS+x}" ]; then
     # shellcheck disable=SC2086
     PYTHONUNBUFFERED=1 python3 -m hattn.kernel_times --out "$out" ${PY_KERNEL_TIMES_ARGS} 2>&1 |
@@ -257,12 +272,13 @@ if [ "${PYTHON:-0}" = 1 ]; then
     note "python kernel times: rc=${PIPESTATUS[0]}"
   fi
   if [ "${CAPSTONE:-0}" = 1 ]; then
-    for spec in "wan2.1-1.3b 480p 5" "wan2.1-14b 720p 3"; do
+    IFS=';' read -ra specs <<<"${CAPSTONE_SPECS:-wan2.1-1.3b 480p 5;wan2.1-14b 720p 3}"
+    for spec in "${specs[@]}"; do
       # shellcheck disable=SC2086  # the spec's words are the arguments
       set -- $spec
       python3 -m hattn.capstone --model "$1" --size "$2" --reps "$3" --out "$out/capstone_$1_$2" \
         >"$out/capstone_$1_$2.log" 2>&1
-      note "capstone $1 $2: rc=$?; hattn's speedup over $(grep -E '^torch_' "$out/capstone_$1_$2.log" |
+      note "capstone $1 $2: rc=$?; hattn's speedup over $(grep -E '^(torch_|fa3)' "$out/capstone_$1_$2.log" |
         awk '{printf "%s %s; ", $1, $3}')"
     done
   fi

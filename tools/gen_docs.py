@@ -133,12 +133,13 @@ def anchors_table(csv_path):
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
     names = list(dict.fromkeys(r["name"] for r in rows))
-    anchors = [n for n in names if n.startswith("sdpa_")]
-    ours = [n for n in names if not n.startswith("sdpa_")]
+    anchors = [n for n in names if n == "fa3" or n.startswith(("sdpa_", "varlen_"))]
+    ours = [n for n in names if n not in anchors]
     # The columns: the FlashAttention-2-class step and the Hopper steps from warp specialization
     # on; the CSV holds every kernel the run timed, and the ratio is over all of them.
     shown = [n for n in ours if n[:2] in ANCHOR_TABLE_STEPS] or ours
-    label = {"sdpa_cudnn": "cuDNN", "sdpa_cudnn_bshd": "cuDNN (BSHD views)", "sdpa_flash": "FA2 (SDPA FLASH)"}
+    label = {"fa3": "FA3", "sdpa_cudnn": "cuDNN", "sdpa_cudnn_bshd": "cuDNN (BSHD views)",
+             "sdpa_flash": "FA2 (SDPA FLASH)", "varlen_cudnn": "cuDNN varlen", "varlen_flash": "FA2 varlen"}
     shapes = list(dict.fromkeys((r["tag"], int(r["head_dim"]), r["causal"] == "True", int(r["seqlen_q"]),
                                  int(r["batch"]), int(r["heads_q"])) for r in rows))
     index = {(r["tag"], int(r["head_dim"]), r["causal"] == "True", int(r["seqlen_q"]), int(r["batch"]),
@@ -196,7 +197,8 @@ def pybench_table(csv_path, what, caption, label, ours, ratio_key, ratio_title, 
     for shape in shapes:
         d, causal, s, b, h, hkv = shape
         got = {n: index.get((*shape, n)) for n in names}
-        cells = [f"{float(r['tflops']):.0f}" if r and r["tflops"] else "–" for r in got.values()]
+        cells = [f"{float(r['tflops']):.0f}" if r and r["tflops"] else "not given" if r and r["status"] == "not given"
+                 else "–" for r in got.values()]  # fmt: skip
         mine = got.get(ours)
         ratio = mine[ratio_key] if mine else ""
         ratio = f"{float(ratio):.2f}" if ratio else "–"
@@ -219,7 +221,7 @@ def backward_table(csv_path):
         "against the reference anchor's gradients (the first that ran: cuDNN's; FA2's for a varlen run, whose S is "
         "its longest sequence).",
         {"hattn": "hattn (auto, autograd)", "sdpa_cudnn": "cuDNN", "sdpa_flash": "FA2 (SDPA FLASH)",
-         "varlen_cudnn": "cuDNN varlen", "varlen_flash": "FA2 varlen"},
+         "varlen_cudnn": "cuDNN varlen", "varlen_flash": "FA2 varlen", "fa3": "FA3"},
         "hattn", "ratio_to_best_anchor", "hattn / best anchor", "heads_q")
 
 
@@ -256,15 +258,22 @@ def ab_table(csv_path):
 
 def fp8_table(csv_path):
     """The FP8 forward beside bf16 attention on the same values (python -m hattn.bench_fp8)."""
+    with open(csv_path, newline="") if csv_path.exists() else open(__file__) as f:
+        header = f.readline()
+    # A run with FA3 has ratio_to_best_anchor (over every anchor, FA3's FP8 included); an
+    # earlier run's only ratio is over the bf16 anchors.
+    every = "ratio_to_best_anchor" in header.split(",")
     return pybench_table(
         csv_path, "FP8",
         "TFLOP/s of the forward (4 B H S^2 D, halved when causal, for every dtype), timed in one "
         "process on the same values (`python -m hattn.bench_fp8`: e4m3 codes with per-head descales for "
-        "hattn FP8, their dequantized bf16 values for the others); the last columns are hattn FP8 over the "
-        "best bf16 anchor (cuDNN, FA2), and its check against cuDNN's output.",
-        {"hattn_fp8": "hattn FP8", "hattn_bf16": "hattn bf16", "sdpa_cudnn": "cuDNN bf16",
-         "sdpa_flash": "FA2 bf16 (SDPA FLASH)"},
-        "hattn_fp8", "ratio_to_best_bf16_anchor", "FP8 / best bf16 anchor", "heads")
+        "the FP8 kernels, their dequantized bf16 values for the others); the last columns are hattn FP8 over the "
+        + ("best anchor (FA3 FP8 and bf16, cuDNN, FA2)" if every else "best bf16 anchor (cuDNN, FA2)")
+        + ", and its check against cuDNN's output.",
+        {"hattn_fp8": "hattn FP8", "hattn_bf16": "hattn bf16", "fa3_fp8": "FA3 FP8", "fa3_bf16": "FA3 bf16",
+         "sdpa_cudnn": "cuDNN bf16", "sdpa_flash": "FA2 bf16 (SDPA FLASH)"},
+        "hattn_fp8", "ratio_to_best_anchor" if every else "ratio_to_best_bf16_anchor",
+        "FP8 / best anchor" if every else "FP8 / best bf16 anchor", "heads")
 
 
 def capstone_table(directory):
@@ -273,17 +282,23 @@ def capstone_table(directory):
     if not runs:
         return "_No capstone results yet._\n"
     variants = list(dict.fromkeys(r["variant"] for run in runs for r in run["results"]))
-    out = ["Milliseconds for one transformer forward (one denoising step), bf16, median; the last "
-           "column is the fastest torch variant's time over hattn's.\n",
-           "| model | video tokens | " + " | ".join(variants) + " | speedup |",
-           "|---|---|" + "---|" * len(variants) + "---|"]
+    with_fa3 = "fa3" in variants or any(run["meta"].get("fa3") for run in runs)
+    out = ["Milliseconds for one transformer forward (one denoising step), bf16, median; "
+           + ("the last columns are the fastest torch variant's time over hattn's, and FlashAttention-3's "
+              "(`fa3`: SDPA replaced by FA3's forward) over hattn's" if with_fa3
+              else "the last column is the fastest torch variant's time over hattn's")
+           + ".\n",
+           "| model | video tokens | " + " | ".join(variants) + " | speedup over torch |"
+           + (" speedup over FA3 |" if with_fa3 else ""),
+           "|---|---|" + "---|" * len(variants) + "---|" + ("---|" if with_fa3 else "")]
     for run in runs:
         ms = {r["variant"]: r["ms"] for r in run["results"]}
-        best_torch = min(v for k, v in ms.items() if k != "hattn")
+        best_torch = min(v for k, v in ms.items() if k.startswith("torch_"))
         m = run["meta"]
+        fa3 = (f" {ms['fa3'] / ms['hattn']:.3f}x |" if "fa3" in ms else " not given |") if with_fa3 else ""
         out.append(f"| {m['model']} {m['size']} | {m['tokens']:,} | "
                    + " | ".join(f"{ms[v]:.0f}" if v in ms else "" for v in variants)
-                   + f" | {best_torch / ms['hattn']:.3f}x |")
+                   + f" | {best_torch / ms['hattn']:.3f}x |" + fa3)
     metas = [run["meta"] for run in runs]
     commits = ", ".join(sorted({f"`{m['commit']}`" for m in metas}))
     out += ["", f"_{metas[0]['gpu']}; commit {commits}; torch {metas[0]['torch']}, cuDNN {metas[0]['cudnn']}, "

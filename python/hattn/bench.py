@@ -11,6 +11,8 @@ temperature and none always follows the same neighbour. hattn kernels are timed
 through hattn.attention (the torch op, as users call it).
 
 Anchors (torch.nn.attention.sdpa_kernel picks the backend; SDPA takes BHSD):
+  fa3              FlashAttention-3's forward on the BSHD tensors, when its library is given
+                   (--fa3 PATH or HATTN_FA3_LIB; hattn.fa3 says how); else its rows say "not given"
   sdpa_cudnn       cuDNN on contiguous BHSD copies (its best layout; the reference output)
   sdpa_cudnn_bshd  cuDNN on q.transpose(1, 2) views of the BSHD tensors (what a BSHD caller gets)
   sdpa_flash       the FLASH backend (FlashAttention-2) on the same views
@@ -29,6 +31,7 @@ and int32 cu_seqlens) of B sequences, all of length S or of lengths drawn from [
 aten ops (what torch.nn.attention.varlen.varlen_attn calls):
   varlen_cudnn     aten._cudnn_attention_forward with cum_seq_q/cum_seq_k (the reference)
   varlen_flash     aten._flash_attention_forward with cum_seq_q/cum_seq_k (FlashAttention-2)
+  fa3              FlashAttention-3's varlen forward (cu_seqlens_q/k), when given
 Only the production forward runs varlen batches, so it is the default --kernels there. FLOPs sum the
 sequences'. Output: pybench_varlen_<mode>.csv and .json, no plots.
 """
@@ -49,7 +52,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import report
+from . import fa3, report
 
 GRID_TOKENS = 16384  # batch * seqlen
 GRID_WIDTH = 2048  # heads * head_dim
@@ -58,8 +61,8 @@ GRID_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 CAPSTONE_SEQLENS = (32760, 75600)
 CAPSTONE_HEADS = (12, 40)
 CAPSTONE_DIM = 128
-ANCHORS = ("sdpa_cudnn", "sdpa_cudnn_bshd", "sdpa_flash")
-VARLEN_ANCHORS = ("varlen_cudnn", "varlen_flash")
+ANCHORS = ("fa3", "sdpa_cudnn", "sdpa_cudnn_bshd", "sdpa_flash")
+VARLEN_ANCHORS = ("fa3", "varlen_cudnn", "varlen_flash")
 VARLEN_MODES = ("equal", "mixed")
 SLOW_PREFIXES = ("01_", "02_")  # the CUDA-core steps of the lineage
 INPUT_MEAN = 0.5
@@ -193,7 +196,10 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels "
                    "(no capstone, no plots)")  # fmt: skip
+    p.add_argument("--fa3", metavar="PATH", default=None, help=fa3.HELP)
     args = p.parse_args(argv)
+    if fa3.check_path(args.fa3):
+        p.error(fa3.check_path(args.fa3))
 
     anchors = VARLEN_ANCHORS if args.varlen else ANCHORS
     if args.varlen and args.anchors == ",".join(ANCHORS):  # the default list: the varlen anchors instead
@@ -394,7 +400,9 @@ def make_varlen_inputs(shape: Shape, dtype: torch.dtype, seed: int = 0, with_dou
 
 
 def varlen_anchor_fn(name: str, q, k, v, cu, longest: int, causal: bool) -> Callable[[], torch.Tensor]:
-    """A call of torch's varlen kernel `name` through its aten op, returning [total, Hq, D]."""
+    """A call of varlen anchor `name` (torch's through its aten op, or FA3), returning [total, Hq, D]."""
+    if name == "fa3":
+        return lambda: fa3.forward_varlen(q, k, v, cu, cu, longest, longest, causal)[0]
     if name == "varlen_flash":
         return lambda: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, longest, longest, 0.0, causal, False)[0]
     return lambda: torch.ops.aten._cudnn_attention_forward(
@@ -403,7 +411,10 @@ def varlen_anchor_fn(name: str, q, k, v, cu, longest: int, causal: bool) -> Call
 
 
 def anchor_fn(name: str, q, k, v, causal: bool, bhsd) -> Callable[[], torch.Tensor]:
-    """A call of torch SDPA returning BSHD output; `bhsd` holds contiguous BHSD copies of q, k, v."""
+    """A call of anchor `name` returning BSHD output: torch SDPA (`bhsd` holds contiguous BHSD
+    copies of q, k, v for sdpa_cudnn) or FA3 on the BSHD tensors."""
+    if name == "fa3":
+        return lambda: fa3.forward(q, k, v, causal)[0]
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -492,7 +503,11 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
     # Every implementation is checked first; those that pass are then timed together
     # (Timer.interleaved) and recorded in this order.
     to_time: List[Tuple[str, str, Callable[[], object], Optional[float], str]] = []
+    fa3_missing = fa3.load(args.fa3) if "fa3" in args.anchor_list else None
     for name in args.anchor_list:
+        if name == "fa3" and fa3_missing:  # no FA3 library: the column says why
+            record(name, "anchor", "not given", note=fa3_missing)
+            continue
         try:
             err, why = check(calls[name](), None if name == ref_name else tol)
             if why and why != "reference unavailable":
@@ -553,7 +568,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    fa3_missing = fa3.load(args.fa3) if "fa3" in args.anchor_list else fa3.NOT_GIVEN
+    if fa3_missing and fa3_missing != fa3.NOT_GIVEN:  # a library was named and did not load
+        print(f"hattn.bench: {fa3_missing}", file=sys.stderr)
+        return 2
     meta = environment()
+    meta["fa3_library"] = None if fa3_missing else fa3.library_path(args.fa3)
     meta["args"] = {k: v for k, v in vars(args).items() if k != "shapes"}
     meta.update(
         dtype=args.dtype, reps=args.reps, warmup=args.warmup, budget_s=args.budget_s, flush_mb=args.flush_mb,

@@ -11,6 +11,8 @@ events, with the L2 flushed before each call and the implementations interleaved
                    "-" where NAME refuses the shape (a line says why)
   sdpa_cudnn       torch SDPA, cuDNN backend, on contiguous BHSD copies (its best layout)
   sdpa_flash       torch SDPA, FLASH backend (FlashAttention-2), on the same BHSD copies
+  fa3              FlashAttention-3's backward op on the BSHD tensors, after its forward, when its
+                   library is given (--fa3 PATH or HATTN_FA3_LIB); else its rows say "not given"
 
 Check: the first anchor's dq, dk and dv are the reference (--anchors; cuDNN's by default). An
 anchor that fails on a shape or whose gradients hold inf or NaN is not timed there (a line says
@@ -31,6 +33,7 @@ their aten ops and autograd (what torch.nn.attention.varlen.varlen_attn calls):
   hattn            hattn.attention_varlen through autograd ("auto")
   hattn:NAME       with --kernels: backward kernel NAME alone on the packed batch, through hattn._C
   varlen_flash     aten._flash_attention_forward with cum_seq_q/k (FlashAttention-2; the reference)
+  fa3              FlashAttention-3's varlen backward (cu_seqlens_q/k), when given
   varlen_cudnn     aten._cudnn_attention_forward with cum_seq_q/k, only with --anchors: on the
                    H200 (torch 2.11, cuDNN 9.19) its backward gave inf/NaN gradients on some
                    shapes and faulted on one (results/evidence/bwd_08_varlen/)
@@ -48,16 +51,17 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from . import fa3
 from .bench import (GRID_TOKENS, GRID_WIDTH, VARLEN_MODES, Timer, commit, environment, grid_shapes, make_inputs,
                     make_varlen_inputs, parse_int_list, varlen_shapes)
 
-ANCHORS = ("sdpa_cudnn", "sdpa_flash")
-VARLEN_ANCHORS = ("varlen_cudnn", "varlen_flash")
+ANCHORS = ("sdpa_cudnn", "sdpa_flash", "fa3")
+VARLEN_ANCHORS = ("varlen_cudnn", "varlen_flash", "fa3")
 # cuDNN's varlen backward is left out unless asked for: on the H200 with torch 2.11 and cuDNN
 # 9.19 it gave inf/NaN dq and dk on a mixed-length batch at S = 4k (finite under memcheck) and
 # an illegal memory access on the one-sequence batch at S = 16k
 # (results/evidence/bwd_08_varlen/README.md).
-VARLEN_DEFAULT_ANCHORS = ("varlen_flash",)
+VARLEN_DEFAULT_ANCHORS = ("varlen_flash", "fa3")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -79,7 +83,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--anchors", default=None,
                    help=f"comma-separated anchors, the first the reference (default: {','.join(ANCHORS)}; "
                         f"with --varlen {','.join(VARLEN_DEFAULT_ANCHORS)}, known: {','.join(VARLEN_ANCHORS)})")
+    p.add_argument("--fa3", metavar="PATH", default=None, help=fa3.HELP)
     args = p.parse_args(argv)
+    if fa3.check_path(args.fa3):
+        p.error(fa3.check_path(args.fa3))
     if args.varlen and args.tokens != GRID_TOKENS:
         p.error("--varlen runs the grid's token count: no --tokens with it")
     try:
@@ -94,7 +101,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     bad = [a for a in args.anchor_list if a not in known]
     if bad or not args.anchor_list or len(set(args.anchor_list)) != len(args.anchor_list):
         mode = " with --varlen" if args.varlen else ""
-        p.error(f"--anchors: one or two of {', '.join(known)}{mode}, each once (got {args.anchors!r})")
+        p.error(f"--anchors: some of {', '.join(known)}{mode}, each once (got {args.anchors!r})")
+    if args.anchor_list == ["fa3"]:
+        p.error("--anchors: fa3 with at least one torch anchor, the reference")
     return args
 
 
@@ -105,6 +114,9 @@ def backward_fn(name: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+    if name == "fa3":  # its backward op, given its forward's out and log-sum-exp
+        out, lse = fa3.forward(q, k, v, causal)
+        return lambda: fa3.backward(dout, q, k, v, out, lse, causal)
     if name == "hattn":
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         out = hattn.attention(*leaves, causal=causal)
@@ -128,6 +140,9 @@ def varlen_backward_fn(name: str, q, k, v, dout, cu, longest: int, causal: bool)
     returning packed (dq, dk, dv)."""
     import hattn
 
+    if name == "fa3":
+        out, lse = fa3.forward_varlen(q, k, v, cu, cu, longest, longest, causal)
+        return lambda: fa3.backward(dout, q, k, v, out, lse, causal, varlen=(cu, longest))
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     if name == "hattn":
         out = hattn.attention_varlen(*leaves, cu, cu, longest, longest, causal=causal)
@@ -192,7 +207,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     eps = torch.finfo(dtype).eps
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    anchors = tuple(args.anchor_list)
+    fa3_missing = fa3.load(args.fa3) if "fa3" in args.anchor_list else None
+    if fa3_missing and fa3_missing != fa3.NOT_GIVEN:  # a library was named and did not load
+        print(f"python -m hattn.bench_backward: {fa3_missing}", file=sys.stderr)
+        return 2
+    # Without its library FA3 is not timed; its rows in the CSV say so.
+    anchors = tuple(a for a in args.anchor_list if not (a == "fa3" and fa3_missing))
     names = ["hattn"] + [f"hattn:{k}" for k in args.kernels.split(",") if k] + list(anchors)
     if args.varlen:
         shapes = varlen_shapes(args.dim_list, parse_int_list(args.seqlens), causal, args.varlen)
@@ -202,6 +222,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = environment()
     rows: List[Dict] = []
     print(f"# backward on {env['gpu']}, torch {env['torch']}, cuDNN {env['cudnn']}, commit {commit()}")
+    if fa3_missing:
+        print(f"# fa3: {fa3_missing}")
     print(f"{'D':>4} {'mask':6} {'S':>6} {'BxH':>6} " + " ".join(f"{n[-12:]:>12}" for n in names) + "   hattn/best   check")
     for shape in shapes:
         seed = shape.seqlen_q * 131 + shape.head_dim
@@ -287,13 +309,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{shape.head_dim:>4} {mask:6} {shape.seqlen_q:>6} {shape.batch:>2}x{heads:<3} "
               + " ".join(f"{tflops[n]:12.1f}" if n in tflops else f"{'-':>12}" for n in names)
               + f"   {tflops['hattn'] / best:10.3f}   {checks}")  # fmt: skip
+        if fa3_missing:
+            times["fa3"] = (None, None)
+            status["fa3"] = "not given"
         for n, (ms, reps) in times.items():
             rows.append({
                 "commit": env["commit"], "gpu": env["gpu"], "sm_clock_mhz": env["sm_clock_mhz_start"],
                 "name": n, "dtype": args.dtype, "head_dim": shape.head_dim, "causal": shape.causal,
                 "batch": shape.batch, "seqlen": shape.seqlen_q, "heads_q": shape.heads_q, "heads_kv": shape.heads_kv,
                 "tokens": sum(shape.lengths) if shape.lengths else shape.batch * shape.seqlen_q,
-                "ms": ms, "reps": reps, "tflops": tflops[n], "ratio_to_best_anchor": tflops[n] / best,
+                "ms": "" if ms is None else ms, "reps": "" if reps is None else reps,
+                "tflops": tflops.get(n, ""), "ratio_to_best_anchor": tflops[n] / best if n in tflops else "",
                 "max_err_dq": errs.get(n, {}).get("dq", ""), "max_err_dk": errs.get(n, {}).get("dk", ""),
                 "max_err_dv": errs.get(n, {}).get("dv", ""),
                 "status": status.get(n, "reference" if n == used else "ok"),
@@ -314,7 +340,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         writer.writeheader()
         writer.writerows(rows)
     print(f"# wrote {path}")
-    return 0 if all(r["status"] in ("ok", "reference") for r in rows) else 3
+    return 0 if all(r["status"] in ("ok", "reference", "not given") for r in rows) else 3
 
 
 if __name__ == "__main__":

@@ -8,18 +8,23 @@ to 448; the scale is the descale), and gives the bf16 implementations the dequan
 
   hattn_fp8     hattn.attention_fp8 on the e4m3 codes with q_descale, k_descale, v_descale
   hattn_bf16    hattn.attention ("auto") on the dequantized bf16 values
+  fa3_fp8       FlashAttention-3's FP8 forward on the same e4m3 codes and descales, when its
+                library is given (--fa3 PATH or HATTN_FA3_LIB); else "not given"
+  fa3_bf16      FlashAttention-3's bf16 forward on the dequantized values, when given
   sdpa_cudnn    torch SDPA, cuDNN backend, on contiguous BHSD copies (its best layout; the reference)
   sdpa_flash    torch SDPA, FLASH backend (FlashAttention-2), on BHSD views of the BSHD tensors
 
 Each output is checked against the reference first (cuDNN's, or FLASH's where cuDNN refuses the
 shape): max |out - ref| within the bf16 bound of hattn.bench (2x FLASH's distance + half a bf16
-ulp, at least 4 ulps, at max |ref|), and for hattn_fp8 at least 2^-4 max |ref| on top: its
-softmax weights enter P V in e4m3 (3 mantissa bits). These catch broken outputs; the float64
+ulp, at least 4 ulps, at max |ref|), and for the FP8 kernels at least 2^-4 max |ref| on top:
+their softmax weights enter P V in e4m3 (3 mantissa bits). These catch broken outputs; the float64
 bounds are the tests' (python/tests/test_fp8.py). Those that pass are timed together with
 hattn.bench's Timer: CUDA events, an L2 flush before each call, interleaved rounds, the median.
 
 FLOPs = 4 * B * H * S * S * D, halved when causal (FlashAttention's convention; the same count
-for FP8 and bf16). Output: a table on stdout and pybench_fp8.csv in --out; the exit status is 1
+for FP8 and bf16). Ratios: each implementation over the best anchor of any dtype
+(ratio_to_best_anchor: FA3's FP8 forward when given) and over the best bf16 anchor. Output: a
+table on stdout and pybench_fp8.csv in --out; the exit status is 1
 when an output was wrong or a call failed, 2 without a GPU.
 """
 
@@ -34,17 +39,21 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import fa3
 from .bench import (GRID_TOKENS, Shape, Timer, anchor_fn, environment, grid_shapes, make_inputs, max_error,
                     parse_int_list, sm_clock_mhz)  # fmt: skip
 
 HEAD_DIMS = (64, 128)  # the FP8 path's head dims
-ANCHORS = ("sdpa_cudnn", "sdpa_flash")
+REFERENCES = ("sdpa_cudnn", "sdpa_flash")  # the reference output: the first that runs
+BF16_ANCHORS = ("fa3_bf16",) + REFERENCES
+ANCHORS = ("fa3_fp8",) + BF16_ANCHORS
+FP8_NAMES = ("hattn_fp8", "fa3_fp8")  # their P V runs in e4m3: the looser bound
 NAMES = ("hattn_fp8", "hattn_bf16") + ANCHORS
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 FP8_REL_TOL = 2.0**-4  # e4m3 P: a weight's rounding is at most 2^-4 of it
 FIELDS = (
     "commit", "gpu", "sm_clock_mhz", "name", "dtype", "head_dim", "causal", "batch", "seqlen", "heads",
-    "ms", "reps", "tflops", "ratio_to_best_bf16_anchor", "max_err", "tol", "status", "note",
+    "ms", "reps", "tflops", "ratio_to_best_anchor", "ratio_to_best_bf16_anchor", "max_err", "tol", "status", "note",
 )  # fmt: skip
 
 
@@ -61,7 +70,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="fewer reps (at least 5) where --reps calls take longer (default: 2)")  # fmt: skip
     p.add_argument("--flush-mb", type=int, default=256, help="L2 flush buffer written before every call, MB")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
+    p.add_argument("--fa3", metavar="PATH", default=None, help=fa3.HELP)
     args = p.parse_args(argv)
+    if fa3.check_path(args.fa3):
+        p.error(fa3.check_path(args.fa3))
     try:
         args.seqlen_list = parse_int_list(args.seqlens)
     except ValueError as e:
@@ -99,7 +111,8 @@ def dequantize(codes: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype = 
 
 
 def implementations(shape: Shape) -> Dict[str, Tuple[str, Callable[[], torch.Tensor]]]:
-    """name -> (dtype, call returning BSHD out) for one shape, all on the same values."""
+    """name -> (dtype, call returning BSHD out) for one shape, all on the same values (FA3's
+    calls need its library loaded: hattn.fa3.load)."""
     import hattn
 
     q, k, v = make_inputs(shape, torch.bfloat16)
@@ -113,12 +126,15 @@ def implementations(shape: Shape) -> Dict[str, Tuple[str, Callable[[], torch.Ten
                                                           causal=c)),
         "hattn_bf16": ("bf16", lambda: hattn.attention(qb, kb, vb, causal=c)),
     }  # fmt: skip
-    for name in ANCHORS:
+    calls["fa3_fp8"] = ("e4m3", lambda: fa3.forward_fp8(q8, k8, v8, qd, kd, vd, c))
+    calls["fa3_bf16"] = ("bf16", anchor_fn("fa3", qb, kb, vb, c, bhsd))
+    for name in REFERENCES:
         calls[name] = ("bf16", anchor_fn(name, qb, kb, vb, c, bhsd))
     return calls
 
 
-def bench_shape(shape: Shape, timer: Timer, env: Dict) -> List[Dict]:
+def bench_shape(shape: Shape, timer: Timer, env: Dict, fa3_missing: Optional[str] = fa3.NOT_GIVEN) -> List[Dict]:
+    """One row per implementation of NAMES; fa3_missing: why FA3 is not timed (None: it is)."""
     calls = implementations(shape)
     rows: Dict[str, Dict] = {}
     for name, (dtype, _) in calls.items():
@@ -126,15 +142,20 @@ def bench_shape(shape: Shape, timer: Timer, env: Dict) -> List[Dict]:
             "commit": env["commit"], "gpu": env["gpu"], "sm_clock_mhz": env["sm_clock_mhz_start"], "name": name,
             "dtype": dtype, "head_dim": shape.head_dim, "causal": shape.causal, "batch": shape.batch,
             "seqlen": shape.seqlen_q, "heads": shape.heads_q, "ms": None, "reps": None, "tflops": None,
-            "ratio_to_best_bf16_anchor": None, "max_err": None, "tol": None, "status": "ok", "note": "",
+            "ratio_to_best_anchor": None, "ratio_to_best_bf16_anchor": None, "max_err": None, "tol": None,
+            "status": "ok", "note": "",
         }  # fmt: skip
 
     def fail(name: str, status: str, why: str) -> None:
         rows[name].update(status=status, note=why.splitlines()[0][:160] if why else "")
 
+    if fa3_missing:
+        for name in ("fa3_fp8", "fa3_bf16"):
+            fail(name, "not given", fa3_missing)
+
     # The reference: cuDNN, or FLASH where cuDNN refuses the shape.
     ref = ref_name = None
-    for name in ANCHORS:
+    for name in REFERENCES:
         try:
             ref, ref_name = calls[name][1]().clone(), name
             break
@@ -168,7 +189,7 @@ def bench_shape(shape: Shape, timer: Timer, env: Dict) -> List[Dict]:
             rows[name]["note"] = "no reference ran: not checked"
             to_time.append(name)
             continue
-        bound = max(tol, FP8_REL_TOL * ref_max) if name == "hattn_fp8" else tol
+        bound = max(tol, FP8_REL_TOL * ref_max) if name in FP8_NAMES else tol
         err = max_error(out, ref)
         del out
         rows[name].update(max_err=err, tol=None if name == ref_name else bound)
@@ -183,9 +204,12 @@ def bench_shape(shape: Shape, timer: Timer, env: Dict) -> List[Dict]:
     for name, (ms, reps) in zip(to_time, timer.interleaved([calls[n][1] for n in to_time])):
         rows[name].update(ms=ms, reps=reps, tflops=shape.flops / (ms * 1e9))
     best = max((rows[a]["tflops"] for a in ANCHORS if rows[a]["tflops"]), default=None)
+    best_bf16 = max((rows[a]["tflops"] for a in BF16_ANCHORS if rows[a]["tflops"]), default=None)
     for r in rows.values():
         if best and r["tflops"]:
-            r["ratio_to_best_bf16_anchor"] = r["tflops"] / best
+            r["ratio_to_best_anchor"] = r["tflops"] / best
+        if best_bf16 and r["tflops"]:
+            r["ratio_to_best_bf16_anchor"] = r["tflops"] / best_bf16
     return [rows[n] for n in NAMES]
 
 
@@ -195,6 +219,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("python -m hattn.bench_fp8: no CUDA GPU is available; the benchmark needs an NVIDIA Hopper GPU (sm_90).",
               file=sys.stderr)  # fmt: skip
         return 2
+    fa3_missing = fa3.load(args.fa3)
+    if fa3_missing and fa3_missing != fa3.NOT_GIVEN:  # a library was named and did not load
+        print(f"python -m hattn.bench_fp8: {fa3_missing}", file=sys.stderr)
+        return 2
     env = environment()
     timer = Timer(args.flush_mb, args.warmup, args.reps, args.budget_s)
     print(f"# FP8 forward on {env['gpu']} | SM clock {env['sm_clock_mhz_start']} MHz | torch {env['torch']} "
@@ -202,19 +230,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"# D={','.join(map(str, args.dim_list))}, B*S={args.tokens}; TFLOP/s (4 B H S^2 D, halved when causal); "
           f"median of up to {args.reps} after {args.warmup} warm-up, {args.flush_mb} MB L2 flush")  # fmt: skip
     print(f"{'D':>4} {'mask':6} {'S':>6} {'BxH':>6} " + " ".join(f"{n:>11}" for n in NAMES) + "  fp8/best  check")
+    if fa3_missing:
+        print(f"# fa3_fp8, fa3_bf16: {fa3_missing}")
     rows: List[Dict] = []
     for shape in args.shapes:
         try:
-            shape_rows = bench_shape(shape, timer, env)
+            shape_rows = bench_shape(shape, timer, env, fa3_missing)
         except torch.cuda.OutOfMemoryError as e:
             print(f"# {shape}: out of memory: {str(e).splitlines()[0]}")
             torch.cuda.empty_cache()
             continue
         rows += shape_rows
         by = {r["name"]: r for r in shape_rows}
-        ratio = by["hattn_fp8"]["ratio_to_best_bf16_anchor"]
+        ratio = by["hattn_fp8"]["ratio_to_best_anchor"]
         checks = "; ".join(f"{r['name']}: {r['status']} {r['note']}".rstrip() for r in shape_rows
-                           if r["status"] != "ok") or "ok"  # fmt: skip
+                           if r["status"] not in ("ok", "not given")) or "ok"  # fmt: skip
         tflops = " ".join(f"{r['tflops']:11.1f}" if r["tflops"] else f"{'-':>11}" for r in shape_rows)
         ratio_text = f"{ratio:8.3f}" if ratio else f"{'-':>8}"
         print(f"{shape.head_dim:>4} {'causal' if shape.causal else 'full':6} {shape.seqlen_q:>6} {shape.batch:>2}x{shape.heads_q:<3} "

@@ -10,7 +10,11 @@ transformer's forward pass on the latents of 81 frames:
   * torch_default: attention as diffusers calls it, torch.nn.functional.scaled_dot_product_attention
     with torch's own choice of backend;
   * torch_cudnn and torch_flash: the same with SDPA held to its cuDNN or FLASH backend;
-  * hattn: the same call inside hattn.patch_sdpa(), so hattn runs every attention it supports.
+  * hattn: the same call inside hattn.patch_sdpa(), so hattn runs every attention it supports;
+  * fa3: SDPA replaced by FlashAttention-3's forward on BSHD views of the same tensors, for every
+    call it takes (no mask or dropout, bf16, D 64/128/256, causal only with as many queries as
+    keys), when its library is given (--fa3 PATH or HATTN_FA3_LIB); else the run says it was
+    not given.
 
 The variants run in turn within each repetition (in a different order each time), with CUDA
 events around each forward. The report gives the median time of each, hattn's speedup over
@@ -39,6 +43,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from . import fa3
 from . import sdpa as _sdpa
 from .bench import commit, environment
 
@@ -55,7 +60,8 @@ COMMON = dict(patch_size=(1, 2, 2), in_channels=16, out_channels=16, text_dim=40
 SIZES = {"480p": (16, 21, 60, 104), "720p": (16, 21, 90, 160), "tiny": (16, 3, 8, 8)}
 TEXT_TOKENS = 512
 
-VARIANTS = ("torch_default", "torch_cudnn", "torch_flash", "hattn")
+VARIANTS = ("torch_default", "torch_cudnn", "torch_flash", "hattn", "fa3")
+TORCH_VARIANTS = ("torch_default", "torch_cudnn", "torch_flash")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -68,11 +74,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the tiny model only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for capstone.json and capstone.csv (default: none written)")
+    p.add_argument("--fa3", metavar="PATH", default=None, help=fa3.HELP)
     args = p.parse_args(argv)
+    if fa3.check_path(args.fa3):
+        p.error(fa3.check_path(args.fa3))
     args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in args.variant_list if v not in VARIANTS]
     if unknown or not args.variant_list:
         p.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.variant_list == ["fa3"]:
+        p.error("--variants: fa3 with at least one other variant")
+    args.fa3_note = None  # why the fa3 variant does not run (main sets it)
     if args.reps < 1 or args.warmup < 0:
         p.error("--reps must be >= 1 and --warmup >= 0")
     if args.device == "cpu" and args.model != "tiny":
@@ -133,8 +145,46 @@ class AttentionLog:
         return logged
 
 
+def fa3_fallback_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> Optional[str]:
+    """Why FlashAttention-3 (as the benchmark's library holds it) does not take this SDPA call,
+    or None when it does."""
+    if attn_mask is not None or dropout_p != 0.0:
+        return "a mask or dropout"
+    if query.dim() != 4 or not query.is_cuda or any(t.dtype != torch.bfloat16 for t in (query, key, value)):
+        return "not 4-d bf16 CUDA tensors"
+    if query.shape[-1] not in (64, 128, 256) or key.shape[-1] != query.shape[-1]:
+        return "a head dim other than 64, 128 or 256"
+    if query.shape[1] != key.shape[1] and not (enable_gqa and query.shape[1] % key.shape[1] == 0):
+        return "different head counts without enable_gqa"
+    if is_causal and query.shape[2] != key.shape[2]:
+        return "causal with fewer queries than keys (SDPA aligns it top-left, FA3 bottom-right)"
+    return None
+
+
+def fa3_sdpa(log: Optional[AttentionLog] = None) -> Callable:
+    """torch SDPA's signature over FA3's forward, on BSHD views of the BHSD tensors; calls that
+    FA3 does not take go to torch. `log` counts which ran where."""
+    torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def call(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        why = fa3_fallback_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        if log is not None:
+            if why is None:
+                log.by_hattn += 1  # here: by FA3
+            else:
+                log.to_torch[why] += 1
+        if why is not None:
+            return torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                              scale=scale, enable_gqa=enable_gqa)
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        return fa3.forward(q, k, v, is_causal, scale=scale)[0].transpose(1, 2)
+
+    return call
+
+
 def variant_context(name: str, log: Optional[AttentionLog] = None):
-    """A context manager that sets up attention for one variant; `log` counts hattn's calls."""
+    """A context manager that sets up attention for one variant; `log` counts the calls that
+    hattn (or FA3, for the fa3 variant) ran."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if name == "torch_cudnn":
@@ -146,6 +196,8 @@ def variant_context(name: str, log: Optional[AttentionLog] = None):
             return _sdpa.patch_sdpa()
         return unittest.mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
                                           log.wrap(_sdpa.scaled_dot_product_attention))
+    if name == "fa3":
+        return unittest.mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", fa3_sdpa(log))
     return contextlib.nullcontext()
 
 
@@ -159,11 +211,12 @@ def run(args: argparse.Namespace) -> Dict:
         with torch.inference_mode(), variant_context(variant, log):
             return model(latents, timestep, text, return_dict=False)[0]
 
-    # The first, untimed pass of each variant: the outputs compared below, and hattn's calls
-    # counted (the timed passes run without the count).
-    log = AttentionLog()
-    outputs = {v: forward(v, log) for v in args.variant_list}
-    calls = {"by_hattn": log.by_hattn, "to_torch": dict(log.to_torch)}
+    # The first, untimed pass of each variant: the outputs compared below, and the calls that
+    # hattn and FA3 ran counted (the timed passes run without the count).
+    logs = {"hattn": AttentionLog(), "fa3": AttentionLog()}
+    outputs = {v: forward(v, logs.get(v)) for v in args.variant_list}
+    calls = {"by_hattn": logs["hattn"].by_hattn, "to_torch": dict(logs["hattn"].to_torch)}
+    fa3_calls = {"by_fa3": logs["fa3"].by_hattn, "to_torch": dict(logs["fa3"].to_torch)}
     for _ in range(max(args.warmup - 1, 0)):
         for v in args.variant_list:
             forward(v)
@@ -201,7 +254,9 @@ def run(args: argparse.Namespace) -> Dict:
         "meta": dict(environment() if cuda else {"device": "cpu"}, commit=commit(), diffusers=diffusers.__version__,
                      model=args.model, size=args.size,
                      tokens=tokens(args.size), text_tokens=text.shape[1], config=config,
-                     reps=args.reps, warmup=args.warmup, attention_calls_per_hattn_pass=calls),
+                     reps=args.reps, warmup=args.warmup, attention_calls_per_hattn_pass=calls,
+                     **({"attention_calls_per_fa3_pass": fa3_calls} if "fa3" in args.variant_list else {}),
+                     fa3=args.fa3_note or fa3.library_path(args.fa3)),
         "results": rows,
     }
 
@@ -217,6 +272,12 @@ def report(result: Dict) -> str:
     calls = m["attention_calls_per_hattn_pass"]
     lines.append(f"attention calls per hattn pass: {calls['by_hattn']} by hattn"
                  + "".join(f"; {n} to torch ({why})" for why, n in calls["to_torch"].items()))
+    fa3_calls = m.get("attention_calls_per_fa3_pass")
+    if fa3_calls:
+        lines.append(f"attention calls per fa3 pass: {fa3_calls['by_fa3']} by FA3"
+                     + "".join(f"; {n} to torch ({why})" for why, n in fa3_calls["to_torch"].items()))
+    elif m.get("fa3"):
+        lines.append(f"fa3: {m['fa3']}")
     return "\n".join(lines)
 
 
@@ -240,6 +301,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("python -m hattn.capstone: no CUDA GPU here; it needs a Hopper GPU (or --model tiny --device cpu)")
         return 2
+    # FA3 runs when its library is given (and on the GPU); otherwise the variant is left out and
+    # the report says why.
+    if "fa3" in args.variant_list:
+        if not args.device.startswith("cuda"):
+            args.fa3_note = "FlashAttention-3 runs on the GPU only"
+        else:
+            args.fa3_note = fa3.load(args.fa3)
+            if args.fa3_note and args.fa3_note != fa3.NOT_GIVEN:  # a library was named and did not load
+                print(f"python -m hattn.capstone: {args.fa3_note}")
+                return 2
+        if args.fa3_note:
+            args.variant_list.remove("fa3")
     result = run(args)
     if args.device.startswith("cuda"):
         from .bench import sm_clock_mhz

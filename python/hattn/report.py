@@ -3,7 +3,7 @@
 A record is a flat dict, one per (shape, implementation):
   tag           "grid" (FlashAttention-3 benchmark grid) or "capstone"
   batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype
-  name          a hattn kernel ("03_mma_sync", "auto") or an anchor ("sdpa_cudnn", ...)
+  name          a hattn kernel ("03_mma_sync", "auto") or an anchor ("fa3", "sdpa_cudnn", ...)
   kind          "hattn" or "anchor"
   flops         4*B*Hq*Sq*Sk*D, halved when causal
   ms, tflops    median time and throughput (None when not timed)
@@ -11,7 +11,8 @@ A record is a flat dict, one per (shape, implementation):
   ratio         tflops / the best anchor's tflops at this shape (None when either is missing)
   best_anchor   the name of that anchor
   max_err, tol  max |out - reference| and the bound it had to meet (None when not checked)
-  status        "ok", "FAIL" (wrong output), "skipped", "unsupported" or "error"
+  status        "ok", "FAIL" (wrong output), "skipped", "unsupported", "error" or "not given"
+                (an anchor whose library the run was not given: FlashAttention-3's)
   note          why, for anything but "ok"
 
 Nothing here needs a GPU; plots need matplotlib (skipped with a message when it is missing).
@@ -190,7 +191,7 @@ def plot_vs_anchors(records: Sequence[Dict], path: str, title: str = "") -> bool
     capstone = [g for g in group_by_shape(records).values() if g[0]["tag"] == "capstone"]
     if plt is None or not (panels or capstone):
         return False
-    fig, axes = _subplots(plt, len(panels) + (1 if capstone else 0), title or "hattn (best kernel) vs torch SDPA")
+    fig, axes = _subplots(plt, len(panels) + (1 if capstone else 0), title or "hattn (best kernel) vs the anchors")
     anchors = sorted({r["name"] for r in records if r["kind"] == "anchor"})
     for ax, (d, causal) in zip(axes, panels):
         groups = [g for g in group_by_shape(records).values()

@@ -11,6 +11,15 @@ from helpers import requires_hopper
 KERNELS = [k.name for k in hattn.kernels()]
 
 
+def timed(rows):
+    """The rows of a benchmark CSV but FA3's where its library was not given (checked to say
+    so); with the library (HATTN_FA3_LIB on the GPU machine) FA3's rows are timed like the rest."""
+    for r in rows:
+        if r["status"] == "not given":
+            assert r["name"].startswith("fa3") and r["tflops"] == "", r
+    return [r for r in rows if r["status"] != "not given"]
+
+
 def test_grid_is_the_flashattention3_grid():
     shapes = bench.grid_shapes(bench.GRID_DIMS, bench.GRID_SEQLENS, (False, True))
     assert len(shapes) == 3 * 6 * 2
@@ -259,12 +268,13 @@ def test_backward_bench_varlen_flags():
 
     assert bench_backward.parse_args(["--varlen", "mixed"]).varlen == "mixed"
     # cuDNN's varlen backward only when asked for (inf/NaN and a fault on the H200); FA2 the reference
-    assert bench_backward.parse_args(["--varlen", "mixed"]).anchor_list == ["varlen_flash"]
+    assert bench_backward.parse_args(["--varlen", "mixed"]).anchor_list == ["varlen_flash", "fa3"]
     args = bench_backward.parse_args(["--varlen", "mixed", "--anchors", "varlen_flash,varlen_cudnn"])
     assert args.anchor_list == ["varlen_flash", "varlen_cudnn"]
-    assert bench_backward.parse_args([]).anchor_list == ["sdpa_cudnn", "sdpa_flash"]
+    assert bench_backward.parse_args([]).anchor_list == ["sdpa_cudnn", "sdpa_flash", "fa3"]
     for bad in (["--anchors", "varlen_flash"], ["--varlen", "equal", "--anchors", "sdpa_cudnn"],
-                ["--anchors", ""], ["--anchors", "sdpa_flash,sdpa_flash"]):  # fmt: skip
+                ["--anchors", ""], ["--anchors", "sdpa_flash,sdpa_flash"],
+                ["--anchors", "fa3"]):  # fmt: skip  (FA3 alone: no torch reference)
         with pytest.raises(SystemExit):
             bench_backward.parse_args(bad)
     with pytest.raises(SystemExit):  # the grid's tokens only
@@ -287,6 +297,7 @@ def _stub_backward_bench(monkeypatch, make_inputs, backward_fn):
             return [(1.0, 5) for _ in fns]
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("HATTN_FA3_LIB", raising=False)  # FA3 not given: its rows say so
     monkeypatch.setattr(bench_backward, "make_inputs", make_inputs)
     monkeypatch.setattr(bench_backward, "backward_fn", backward_fn)
     monkeypatch.setattr(bench_backward, "Timer", Timer)
@@ -325,6 +336,7 @@ def test_backward_bench_gqa_flags(monkeypatch, tmp_path):
     with open(tmp_path / "pybench_backward_gqa4.csv") as f:
         rows = list(csv.DictReader(f))
     assert {(r["heads_q"], r["heads_kv"]) for r in rows} == {("16", "4")}
+    assert {r["name"]: r["status"] for r in rows}["fa3"] == "not given"
     assert not (tmp_path / "pybench_backward.csv").exists()  # the dense table is left as it is
 
 
@@ -369,6 +381,7 @@ def test_backward_bench_drops_failing_anchors(monkeypatch, tmp_path, capsys, fai
     with open(tmp_path / "pybench_backward.csv") as f:
         status = {r["name"]: r["status"] for r in csv.DictReader(f)}
     assert status.pop(reference) == "reference" and status.pop("hattn") == "ok"
+    assert status.pop("fa3") == "not given"  # its library not given: a row that says so
     assert set(status) == {"sdpa_cudnn", "sdpa_flash"} - set(bad) - {reference}  # failed anchors not timed
 
 
@@ -382,8 +395,8 @@ def test_backward_bench_varlen_runs_and_checks(tmp_path):
     with open(tmp_path / "pybench_backward_varlen_mixed.csv") as f:
         rows = list(csv.DictReader(f))
     # cuDNN's only with --anchors; B07 refuses packed batches and is not timed
-    assert {r["name"] for r in rows} == {"hattn", "hattn:bwd_08_dq_overlap", "varlen_flash"}
-    assert all(float(r["tflops"]) > 0 and int(r["tokens"]) > 0 for r in rows)
+    assert {r["name"] for r in rows} == {"hattn", "hattn:bwd_08_dq_overlap", "varlen_flash", "fa3"}
+    assert all(float(r["tflops"]) > 0 and int(r["tokens"]) > 0 for r in timed(rows))
     assert [r["status"] for r in rows if r["name"].startswith("hattn")] == ["ok"] * 4  # 2 kernels x full, causal
 
 
@@ -396,8 +409,8 @@ def test_backward_bench_runs_and_checks(tmp_path):
     assert bench_backward.main(flags) == 0
     with open(tmp_path / "pybench_backward.csv") as f:
         rows = list(csv.DictReader(f))
-    assert {r["name"] for r in rows} == {"hattn", "hattn:bwd_02_mma_sync", "sdpa_cudnn", "sdpa_flash"}
-    assert all(float(r["tflops"]) > 0 for r in rows)
+    assert {r["name"] for r in rows} == {"hattn", "hattn:bwd_02_mma_sync", "sdpa_cudnn", "sdpa_flash", "fa3"}
+    assert all(float(r["tflops"]) > 0 for r in timed(rows))
     assert [r["status"] for r in rows if r["name"].startswith("hattn")] == ["ok"] * 4  # 2 shapes x 2
 
 
@@ -443,22 +456,35 @@ def test_fp8_bench_without_gpu_says_so(capsys):
     assert "no CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("fp8_error, status, rc", [(1e-3, "ok", 0), (0.5, "FAIL", 1), (float("nan"), "FAIL", 1)])
-def test_fp8_bench_checks_and_writes_csv(monkeypatch, tmp_path, capsys, fp8_error, status, rc):
+@pytest.mark.parametrize("fp8_error, status, rc, fa3_given",
+                         [(1e-3, "ok", 0, False), (0.5, "FAIL", 1, False), (float("nan"), "FAIL", 1, False),
+                          (1e-3, "ok", 0, True)])  # fmt: skip
+def test_fp8_bench_checks_and_writes_csv(monkeypatch, tmp_path, capsys, fp8_error, status, rc, fa3_given):
     """main's flow on CPU stand-ins: every implementation checked against cuDNN's output, the
-    passing ones timed, the CSV written with one row per (shape, implementation)."""
+    passing ones timed, the CSV written with one row per (shape, implementation). Without an
+    FA3 library its rows say "not given" and its calls never run."""
     import torch
-    from hattn import bench_fp8
+    from hattn import bench_fp8, fa3
 
     ref = torch.ones(2, 8, 2, 128)
 
+    def not_called():
+        raise AssertionError("FA3 called without its library")
+
     def implementations(shape):
+        fa3_out = (lambda: ref + 2e-3) if fa3_given else not_called
         return {
             "hattn_fp8": ("e4m3", lambda: ref + fp8_error),
             "hattn_bf16": ("bf16", lambda: ref.clone()),
+            "fa3_fp8": ("e4m3", fa3_out),
+            "fa3_bf16": ("bf16", (lambda: ref.clone()) if fa3_given else not_called),
             "sdpa_cudnn": ("bf16", lambda: ref.clone()),
             "sdpa_flash": ("bf16", lambda: ref.clone()),
         }
+
+    monkeypatch.delenv(fa3.ENV_VAR, raising=False)
+    if fa3_given:
+        monkeypatch.setattr(fa3, "load", lambda given: None)
 
     class Timer:
         def __init__(self, *args):
@@ -487,7 +513,14 @@ def test_fp8_bench_checks_and_writes_csv(monkeypatch, tmp_path, capsys, fp8_erro
         assert float(by["hattn_fp8"]["tflops"]) > 0
         assert float(by["hattn_fp8"]["max_err"]) == pytest.approx(1e-3, rel=1e-3)  # fp32 1 + 1e-3
         assert float(by["sdpa_flash"]["ratio_to_best_bf16_anchor"]) <= 1.0
+        assert float(by["sdpa_flash"]["ratio_to_best_anchor"]) <= 1.0
+    if fa3_given:  # within the FP8 bound, timed, and an anchor of both ratios
+        assert by["fa3_fp8"]["status"] == "ok" and float(by["fa3_fp8"]["tflops"]) > 0
+        assert by["fa3_bf16"]["status"] == "ok" and float(by["fa3_bf16"]["tflops"]) > 0
     else:
+        assert by["fa3_fp8"]["status"] == by["fa3_bf16"]["status"] == "not given"
+        assert by["fa3_fp8"]["ms"] == "" and "--fa3" in by["fa3_fp8"]["note"]
+    if status != "ok":
         assert by["hattn_fp8"]["ms"] == "" and "hattn_fp8: FAIL" in capsys.readouterr().out  # not timed
 
 
@@ -498,8 +531,8 @@ def test_fp8_bench_runs_and_checks(tmp_path):
     assert bench_fp8.main(["--seqlens", "512", "--tokens", "1024", "--reps", "2", "--out", str(tmp_path)]) == 0
     with open(tmp_path / "pybench_fp8.csv") as f:
         rows = list(csv.DictReader(f))
-    assert {r["name"] for r in rows} == set(bench_fp8.NAMES) and len(rows) == 2 * 4  # full and causal
-    assert all(r["status"] == "ok" and float(r["tflops"]) > 0 for r in rows)
+    assert {r["name"] for r in rows} == set(bench_fp8.NAMES) and len(rows) == 2 * len(bench_fp8.NAMES)
+    assert all(r["status"] == "ok" and float(r["tflops"]) > 0 for r in timed(rows))
 
 
 def test_kernel_times_flags_and_no_gpu(capsys):

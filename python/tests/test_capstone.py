@@ -50,6 +50,10 @@ def test_tiny_model_on_the_gpu(tmp_path):
     scale = rows["torch_default"]["output_max_abs"]
     assert rows["hattn"]["max_abs_diff_vs_first"] <= 2e-2 * scale, rows["hattn"]
     assert rows["hattn"]["hattn_speedup"] == pytest.approx(1.0)
+    if "fa3" in rows:  # FA3's library given (HATTN_FA3_LIB): it ran every call too, to the same output
+        fa3_calls = result["meta"]["attention_calls_per_fa3_pass"]
+        assert fa3_calls["by_fa3"] == 4 and not fa3_calls["to_torch"], fa3_calls
+        assert rows["fa3"]["max_abs_diff_vs_first"] <= 2e-2 * scale, rows["fa3"]
 
 
 def test_every_attention_of_the_model_fits_hattn(monkeypatch):
@@ -72,3 +76,14 @@ def test_every_attention_of_the_model_fits_hattn(monkeypatch):
     with torch.inference_mode():
         model(latents, timestep, text, return_dict=False)
     assert reasons == [None] * 4, reasons
+
+
+def test_fa3_variant_is_left_out_where_it_cannot_run(tmp_path, capsys):
+    """Without FA3 (here: on the CPU) the fa3 variant is left out and the report says why."""
+    rc = capstone.main(["--model", "tiny", "--size", "tiny", "--device", "cpu", "--reps", "1",
+                        "--variants", "torch_default,fa3", "--out", str(tmp_path)])
+    assert rc == 0
+    result = json.loads((tmp_path / "capstone.json").read_text())
+    assert [r["variant"] for r in result["results"]] == ["torch_default"]
+    assert result["meta"]["fa3"] == "FlashAttention-3 runs on the GPU only"
+    assert "fa3: FlashAttention-3 runs on the GPU only" in capsys.readouterr().out
