@@ -460,7 +460,7 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
         calls: Dict[str, Callable[[], torch.Tensor]] = {
             a: varlen_anchor_fn(a, q, k, v, cu, longest, shape.causal) for a in VARLEN_ANCHORS
         }
-        cudnn, flash = VARLEN_ANCHORS
+        cudnn, flash = "varlen_cudnn", "varlen_flash"
     else:
         q, k, v = make_inputs(shape, dtype)
         bhsd = tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))

@@ -94,10 +94,13 @@ def forward_fp8(q, k, v, q_descale, k_descale, v_descale, causal: bool) -> torch
 
 def backward(dout, q, k, v, out, lse, causal: bool, varlen=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) from FA3's backward, given its forward's out and lse. varlen: (cu_seqlens,
-    longest) of a packed batch, the same for queries and keys."""
+    longest) of a packed batch, the same for queries and keys. The op writes the gradients into
+    the dq, dk, dv it is given (it returns only its own scratch: softmax_d, the LSE in log2
+    units, the fp32 accumulators), so they are allocated here, as its Python interface does."""
     extra = {}
     if varlen is not None:
         cu, longest = varlen
         extra = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
-    dq, dk, dv, *_ = torch.ops.flash_attn_3.bwd(dout, q, k, v, out, lse, **extra, **_window(causal, None))
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    torch.ops.flash_attn_3.bwd(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, **extra, **_window(causal, None))
     return dq, dk, dv
