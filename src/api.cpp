@@ -423,7 +423,7 @@ Status validate_backward_arguments(const BackwardProblem& problem) {
 }
 
 namespace {
-// The backward kernels in lineage order.
+// The backward kernels in lineage order, then the production backward (last: "auto" asks it first).
 const std::vector<const BackwardKernel*>& backward_kernels() {
   static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma(),
                                                       &backward_dq_per_cta(), &backward_tma_dq(), &backward_hot_loop(),
@@ -431,7 +431,7 @@ const std::vector<const BackwardKernel*>& backward_kernels() {
                                                       &backward_split_d(), &backward_dq_pass(),
                                                       &backward_dq_pipeline(), &backward_dkdv_pipeline(),
                                                       &backward_producer(), &backward_tma_dkdv(),
-                                                      &backward_tma_sums()};
+                                                      &backward_tma_sums(), &backward_sm90()};
   return all;
 }
 }  // namespace
@@ -454,13 +454,13 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
             "backward: no seqlens_k, paged KV cache (block_table), kv_batch_idx or leftpad_k yet; dense and "
             "variable-length (cu_seqlens) batches only"};
   // "auto", as for the forward: the newest kernel that supports the problem (up to D = 128
-  // bwd_15, dense or variable-length; at D = 256 bwd_12 for a dense batch, bwd_10 for a
-  // variable-length one).
+  // the production backward bwd_sm90, dense or variable-length; at D = 256 bwd_12 for a dense
+  // batch, bwd_10 for a variable-length one).
   // Softcapping: only the kernels that say so (each kernel's supports() does not ask).
   auto supports = [&](const BackwardKernel* k) -> Status {
     if (p.softcap > 0.f && !k->supports_softcap)
       return {StatusCode::not_supported, std::string(k->name) +
-                                             ": no softcap (bwd_15_tma_sums has it at D <= 128; at D = 256 "
+                                             ": no softcap (bwd_sm90 has it at D <= 128; at D = 256 "
                                              "bwd_12_dkdv_pipeline on dense batches, bwd_10_dq_pass on variable-length "
                                              "ones)"};
     return k->supports(problem);

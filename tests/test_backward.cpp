@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/lineage/backward.h"
+#include "../src/common/backward.h"
 #include "../tools/harness.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
@@ -107,7 +107,7 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   // Refused here; "auto" is bwd_12_dkdv_pipeline (D = 256 only).
   for (const char* name :
        {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
-        "bwd_08_dq_overlap", "bwd_13_producer", "bwd_14_tma_dkdv", "bwd_15_tma_sums"}) {
+        "bwd_08_dq_overlap", "bwd_13_producer", "bwd_14_tma_dkdv", "bwd_15_tma_sums", "bwd_sm90"}) {
     options.kernel = name;
     const Status refused = backward(b, options);  // refused before any GPU is needed
     EXPECT_EQ(refused.code(), StatusCode::not_supported) << name << ": " << refused.to_string();
@@ -120,14 +120,14 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
     EXPECT_NE(unknown.message().find(name), std::string::npos) << unknown.message();
 }
 
-// "auto" is the newest kernel that supports the problem: the order is the lineage's, and no
-// trial variant is registered.
+// "auto" is the newest kernel that supports the problem: the order is the lineage's, then the
+// production backward, and no trial variant is registered.
 TEST(BackwardValidation, KernelNamesInLineageOrder) {
   const std::vector<std::string> want{"bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_03_wgmma", "bwd_04_dq_per_cta",
                                       "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
                                       "bwd_08_dq_overlap", "bwd_09_split_d", "bwd_10_dq_pass",
                                       "bwd_11_dq_pipeline", "bwd_12_dkdv_pipeline", "bwd_13_producer",
-                                      "bwd_14_tma_dkdv", "bwd_15_tma_sums"};
+                                      "bwd_14_tma_dkdv", "bwd_15_tma_sums", "bwd_sm90"};
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
@@ -230,16 +230,18 @@ TEST(BackwardValidation, VarlenRefusals) {
   Status s = backward(b);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
-  // Softcapping: bwd_15 (D <= 128), bwd_12 and bwd_10 (D = 256: dense and variable-length
-  // batches); every other kernel is refused it by name.
+  // Softcapping: bwd_sm90 and bwd_15 (D <= 128), bwd_12 and bwd_10 (D = 256: dense and
+  // variable-length batches); every other kernel is refused it by name.
   b = valid_backward();
   b.forward.softcap = 30.f;
   std::string resolved;
   s = resolve_backward_kernel(b, "auto", &resolved);
   EXPECT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(resolved, "bwd_15_tma_sums");
+  EXPECT_EQ(resolved, "bwd_sm90");
   for (const std::string& name : backward_kernel_names()) {
-    if (name == "bwd_15_tma_sums" || name == "bwd_12_dkdv_pipeline" || name == "bwd_10_dq_pass") continue;
+    if (name == "bwd_sm90" || name == "bwd_15_tma_sums" || name == "bwd_12_dkdv_pipeline" ||
+        name == "bwd_10_dq_pass")
+      continue;
     s = resolve_backward_kernel(b, name, &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << name << ": " << s.to_string();
     EXPECT_NE(s.message().find(name + ": no softcap"), std::string::npos) << s.message();
@@ -308,9 +310,9 @@ TEST(BackwardValidation, AutoRouting) {
     int head_dim;
     const char* kernel;
   };
-  for (const Want& w : {Want{false, 64, "bwd_15_tma_sums"}, Want{false, 128, "bwd_15_tma_sums"},
-                        Want{false, 256, "bwd_12_dkdv_pipeline"}, Want{true, 64, "bwd_15_tma_sums"},
-                        Want{true, 128, "bwd_15_tma_sums"}, Want{true, 256, "bwd_10_dq_pass"}}) {
+  for (const Want& w : {Want{false, 64, "bwd_sm90"}, Want{false, 128, "bwd_sm90"},
+                        Want{false, 256, "bwd_12_dkdv_pipeline"}, Want{true, 64, "bwd_sm90"},
+                        Want{true, 128, "bwd_sm90"}, Want{true, 256, "bwd_10_dq_pass"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
     std::string resolved;
     const Status s = resolve_backward_kernel(b, "auto", &resolved);

@@ -24,12 +24,16 @@ SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 def kernel_key(mangled):
     """'FILE_STEM KERNEL_AND_ARGS' for a kernel in a file's anonymous namespace (the namespace's
     hashes differ between checkouts), 'attention KERNEL_AND_ARGS' for the production forward's
-    (namespace hattn::fwd, src/attention/), else the mangled name."""
+    (namespace hattn::fwd, src/attention/), 'attention_backward KERNEL_AND_ARGS' for the production
+    backward's (hattn::bwd, src/attention/backward/), else the mangled name."""
     m = re.match(r"_ZN5hattn\d+_GLOBAL__N__[0-9a-f]+_\d+_(\w+?)_cu_[0-9a-f]{8}\d+(\w+)$", mangled)
     if m:
         return f"{m.group(1)} {m.group(2)}"
     m = re.match(r"_ZN5hattn3fwd\d+(\w+)$", mangled)
-    return f"attention {m.group(1)}" if m else mangled
+    if m:
+        return f"attention {m.group(1)}"
+    m = re.match(r"_ZN5hattn3bwd\d+(\w+)$", mangled)
+    return f"attention_backward {m.group(1)}" if m else mangled
 
 
 def parse_log(text):

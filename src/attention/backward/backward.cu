@@ -1,0 +1,88 @@
+// The production backward ("bwd_sm90", what "auto" runs at D = 64 and 128), host side:
+// supports() says what it runs; launch() builds the TMA descriptors and launches backward_kernel
+// (kernel.cuh) inside run_backward's steps (fp32 sums, delta, the conversion:
+// common/backward_common.cuh). The kernel is backward step B15's (src/lineage/bwd_15_tma_sums.cu),
+// split by role.
+#include <cuda.h>
+
+#include <string>
+
+#include "../../common/backward.h"
+#include "../../common/backward_common.cuh"
+#include "../../tensor_map.h"
+#include "kernel.cuh"
+
+namespace hattn {
+namespace {
+
+constexpr const char* kName = "bwd_sm90";
+
+// Refuses what the kernel cannot run, so that "auto" passes it on to an older kernel.
+Status supports(const BackwardProblem& problem) {
+  const AttentionProblem& p = problem.forward;
+  if (p.head_dim != 64 && p.head_dim != 128)
+    return {StatusCode::not_supported,
+            std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
+                " is not supported (64 and 128 only; at D = 256 \"auto\" runs bwd_12_dkdv_pipeline or bwd_10_dq_pass)"};
+  return refuse_kv_cache(problem, kName);
+}
+
+Status launch(const BackwardProblem& problem, cudaStream_t stream) {
+  const AttentionProblem& fwd = problem.forward;
+  QkvTensorMaps maps;
+  Status s = make_qkv_tensor_maps(fwd, bwd::kBlockM, bwd::kBlockN, kName, &maps);
+  CUtensorMap dout_map;
+  if (s.ok())
+    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
+                             fwd.head_dim, problem.dout_strides, bwd::kBlockM, 64);  // packed rows when varlen, like q
+  if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
+  return run_backward(
+      problem, stream, kName,
+      [&]<typename T, int D>(const BackwardParams& p) -> Status {
+        if constexpr (D > 128) {
+          return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
+        } else {
+          static_assert(bwd::smem_bytes<T, D, true>() <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
+          CUtensorMap dq_map;  // over run_backward's fp32 dQ sum, which exists only from here on
+          Status st = make_fp32_bshd_tensor_map(&dq_map, p.dq_accum, fwd.tensor_batch(), fwd.tensor_rows_q(),
+                                                fwd.heads_q, D, bwd::kBlockM);
+          if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
+          // 64-row boxes (a warpgroup's keys) over dK and dV where the kernel writes them, else over
+          // run_backward's fp32 sums of them.
+          CUtensorMap dk_map, dv_map;
+          if (p.dk_accum == nullptr) {
+            st = make_bshd_tensor_map(&dk_map, problem.dk, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_k(),
+                                      fwd.heads_kv, D, problem.dk_strides, 64, 64);
+            if (st.ok())
+              st = make_bshd_tensor_map(&dv_map, problem.dv, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_k(),
+                                        fwd.heads_kv, D, problem.dv_strides, 64, 64);
+          } else {
+            st = make_fp32_bshd_tensor_map(&dk_map, p.dk_accum, fwd.tensor_batch(), fwd.tensor_rows_k(), fwd.heads_kv,
+                                           D, 64);
+            if (st.ok())
+              st = make_fp32_bshd_tensor_map(&dv_map, p.dv_accum, fwd.tensor_batch(), fwd.tensor_rows_k(), fwd.heads_kv,
+                                             D, 64);
+          }
+          if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
+          if (fwd.is_varlen())
+            return launch_per_key_block(bwd::backward_kernel<T, D, true>, bwd::kBlockN, bwd::kThreads,
+                                        bwd::smem_bytes<T, D, true>(), p.fwd, stream, kName, maps.q, maps.k, maps.v,
+                                        dout_map, dq_map, dk_map, dv_map, p);
+          return launch_per_key_block(bwd::backward_kernel<T, D, false>, bwd::kBlockN, bwd::kThreads,
+                                      bwd::smem_bytes<T, D, false>(), p.fwd, stream, kName, maps.q, maps.k, maps.v,
+                                      dout_map, dq_map, dk_map, dv_map, p);
+        }
+        // dK and dV written by the kernel only for a dense batch without GQA: a packed batch may
+        // have rows that belong to no sequence, which only the conversion of zeroed sums writes.
+      },
+      /*dkdv_written_by_kernel=*/!fwd.is_varlen() && fwd.heads_q == fwd.heads_kv);
+}
+
+}  // namespace
+
+const BackwardKernel& backward_sm90() {
+  static const BackwardKernel kernel{kName, supports, launch, /*supports_softcap=*/true};
+  return kernel;
+}
+
+}  // namespace hattn

@@ -1,0 +1,27 @@
+// The production backward's shape (namespace hattn::bwd): a CTA per 128 keys of one query head,
+// a producer warpgroup and two consumer warpgroups of 64 keys each, 64 queries a step.
+#pragma once
+
+namespace hattn::bwd {
+
+constexpr int kWarpgroups = 2;                     // consumer warpgroups
+constexpr int kThreads = 128 * (1 + kWarpgroups);  // and a producer warpgroup
+constexpr int kConsumerThreads = 128 * kWarpgroups;
+constexpr int kBlockN = 64 * kWarpgroups;  // keys per CTA: 64 per consumer warpgroup
+constexpr int kBlockM = 64;                // query rows per step
+constexpr int kStages = 2;                 // Q/dO blocks in flight
+constexpr int kSwizzleBytes = 128;         // one row of a 64-column block
+constexpr int kAtomBytes = 1024;           // 8 rows x 128 bytes: the swizzle pattern's period
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Named barriers (0 is __syncthreads); consumer.cuh says who meets at each.
+constexpr int kDsBarrier = 1;      // the 256 consumer threads: both dS^T tiles are written
+constexpr int kDqTileBarrier = 2;  // 2 and 3: a consumer warpgroup's dQ (at the end: dK, dV) tile is written
+
+// setmaxnreg budgets: 24 + 2 x 240 = 504 = 3 x 168, the CTA's pool under __launch_bounds__(384, 1).
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+static_assert(kProducerRegisters + kWarpgroups * kConsumerRegisters <= (1 + kWarpgroups) * (65536 / kThreads / 8 * 8),
+              "setmaxnreg budgets exceed the CTA's registers at launch");
+
+}  // namespace hattn::bwd

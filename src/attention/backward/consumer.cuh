@@ -1,0 +1,340 @@
+// The consumers: two warpgroups of 64 keys each. Per query block (a step): S^T = K Q^T and
+// dP^T = V dO^T, P^T and dS^T (scores.cuh), dV += P^T dO and dK += dS^T Q, dS^T into shared
+// memory, and the block's dQ = dS K over both warpgroups' keys, issued at the top of the next
+// step and added into the fp32 dQ sum by TMA reductions while that step's S^T runs. After the
+// last block, dK and dV leave (epilogue.cuh).
+//
+// Barriers (who arrives -> who waits):
+//   kv_full          the producer's expect_tx + TMA bytes -> the consumers, once
+//   qdo_full[s]      the producer's expect_tx + TMA bytes -> the consumers, per use of stage s
+//   consumed[s]      each consumer warp, once its dV and dK of the block in stage s have
+//                    completed (8 arrivals) -> the producer, before it refills stage s
+//   named 1          the 256 consumer threads: both dS^T tiles written (and fenced to the async
+//                    proxy) before either warpgroup's dQ wgmma reads them; every dQ wgmma of two
+//                    blocks ago has read the dS^T parity a warpgroup writes next; the next
+//                    block's LSE and delta stored before they are read, and the stage's last
+//                    reads before its next stores. Once before the first block too (its stats).
+//                    Varlen: also after the consumers zero rows of K (before the first
+//                    block) or of a block's Q and dO, before any wgmma reads them. Once after
+//                    the last block (the epilogues): every wgmma of both warpgroups has
+//                    completed before they write dK and dV over K and V (the sums: and over
+//                    Q and dO).
+//   named 2 + wg     the warpgroup's 128 threads: its dQ tile written (and fenced), and the
+//                    reduction of two blocks before has read the tile it writes next (its
+//                    issuing thread waited for that first), before the issuing thread starts
+//                    the reduction; at the end, the warpgroup's dK and dV rows written (and
+//                    fenced) before its issuing thread stores them by TMA
+// Bulk-group waits (cp.async.bulk.wait_group.read, the issuing thread of each warpgroup):
+//   read 0           before the dQ tile barrier: every older reduction has read its tile; and
+//                    before the CTA exits (shared memory ends with the CTA), which covers the
+//                    dK and dV stores too
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../../common/backward_common.cuh"
+#include "../../common/fragment.cuh"
+#include "../../ptx/mbarrier.cuh"
+#include "../../ptx/named_barrier.cuh"
+#include "../../ptx/smem.cuh"
+#include "../../ptx/stmatrix.cuh"
+#include "../../ptx/tma.cuh"
+#include "../../ptx/wgmma.cuh"
+#include "config.h"
+#include "epilogue.cuh"
+#include "scores.cuh"
+#include "shared_storage.cuh"
+#include "work.cuh"
+
+namespace hattn::bwd {
+
+// The work of a consumer thread of warpgroup `warpgroup` (0 or 1) on the CTA's keys from n0.
+template <typename T, int D, bool kVarlen>
+__device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap& dq_map,
+                                        const CUtensorMap& dk_map, const CUtensorMap& dv_map, const BackwardParams& p,
+                                        const Sequence& seq, const QueryBlocks& blocks, int warpgroup, int n0, int head,
+                                        int head_kv, int batch) {
+  constexpr int kDTiles = D / 8;        // n8 column tiles of dK, dV and dQ
+  constexpr int kQTiles = kBlockM / 8;  // n8 column tiles of S^T and dP^T
+  const AttentionParams& f = p.fwd;
+  const int consumer_thread = int(threadIdx.x) - 128;  // 0-255 in the consumer warpgroups
+  const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
+  const int group = lane / 4, tig = lane % 4;       // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
+  const int n_wg = n0 + 64 * warpgroup;             // this warpgroup's first key
+  const int key0 = n_wg + 16 * warp_in_wg + group;  // this thread's keys: key0 and key0 + 8
+  const float scale_log2 = f.scale * kLog2e;        // with softcapping, the softcap (as in the forward)
+  const float grad_scale = score_grad_scale(f);
+  const int steps = blocks.steps;
+  auto block_row = [&](int step) { return blocks.row(step); };
+
+  // A block's LSE and delta go to shared memory a step ahead (64 threads each): in registers,
+  // 16 of each a thread made ptxas spill at D = 128 (B08).
+  const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
+  const int seqlen_q = seqlen_q_of<kVarlen>(f, seq);
+  // Consumer threads 0-63 fetch LSE, 64-127 delta (0 past Sq), and store it in the block's
+  // stage (B08's split of the loads into a fetch and a store).
+  auto fetch_row_stat = [&](int m0) -> float {
+    const int t = consumer_thread % kBlockM, i = m0 + t;
+    if (consumer_thread < kBlockM) return i < seqlen_q ? f.lse[row_base + i] * kLog2e : 0.f;
+    if (consumer_thread < 2 * kBlockM) return i < seqlen_q ? p.delta[row_base + i] : 0.f;
+    return 0.f;
+  };
+  // Varlen: consumer threads 0-63 also store the query's visible keys (none past the sequence).
+  auto store_row_stat = [&](int stage, int m0, float value) {
+    const int t = consumer_thread % kBlockM;
+    if (consumer_thread < kBlockM) {
+      smem.lse_log2[stage][t] = value;
+      if constexpr (kVarlen) {
+        int first = 0, last = 0;
+        if (m0 + t < seq.seqlen_q) visible_keys(f, seq, m0 + t, &first, &last);
+        smem.keys.first[stage][t] = int16_t(min(max(first - n0, 0), kBlockN));
+        smem.keys.last[stage][t] = int16_t(min(max(last - n0, 0), kBlockN));
+      }
+    } else if (consumer_thread < 2 * kBlockM) {
+      smem.delta[stage][t] = value;
+    }
+  };
+  store_row_stat(0, block_row(0), fetch_row_stat(block_row(0)));
+  if constexpr (kVarlen) {
+    if (n0 + kBlockN > seq.seqlen_k) {  // CTA-uniform: K's box ran into the next sequence's keys
+      ptx::mbarrier_wait(&smem.kv_full, 0);
+      zero_tile_rows<T, D, kBlockN, kConsumerThreads>(smem.k[0], seq.seqlen_k - n0, consumer_thread);
+      ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read K
+    }
+  }
+  // RAW: the first block's LSE and delta (varlen: K's zeroed rows) are stored before any
+  // consumer reads them.
+  ptx::bar_sync(kDsBarrier, kConsumerThreads);
+
+  float dk[kDTiles * 4] = {}, dv[kDTiles * 4] = {};
+  constexpr int kCols = D / 2;
+  const int c0 = warpgroup * kCols;
+  // dQ[:, c0 : c0 + D/2] of a block: its wgmma is issued at the top of the next step, and it
+  // leaves during that step.
+  float dq[kCols / 2];
+  // The scaled half into its block's parity's tile, and the reduction (after waiting for the
+  // wgmma). Accumulator rows are 16 warp + g (+ 8), columns 8 nt + 2 t of the half: box nt / 4,
+  // 16-byte chunk 2 (nt % 4) + t / 2 of the 128-byte row, stored at chunk ^ (row % 8) =
+  // chunk ^ g (the box's swizzle): the lane's nt = 0 float offset XOR 8 (nt % 4).
+  const int dq_lane = (16 * warp_in_wg + group) * 32 + ((tig / 2 ^ group) << 2) + 2 * (tig % 2);
+  auto store_dq = [&](int step) {
+#pragma unroll
+    for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
+    float* tiles = smem.dq[step % 2][warpgroup][0];
+    // Re-read each step, so that the compiler does not keep the four offsets it makes from it
+    // live across the loop (at D = 128 it spilled them).
+    uint32_t lane_offset = dq_lane;
+    ptx::fence_operand(lane_offset);
+    // Varlen: the box's rows past the sequence are the next sequence's; they get exact zeros,
+    // not 0 x K, which is NaN where this sequence's keys hold NaN. Dense: rows_left stays
+    // kBlockM (its boxes end at the tensor's edge), so the select folds to the plain store.
+    int rows_left = kBlockM;
+    if constexpr (kVarlen) rows_left = seq.seqlen_q - block_row(step) - 16 * warp_in_wg - group;
+#pragma unroll
+    for (int nt = 0; nt < kCols / 8; ++nt) {
+      float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        *reinterpret_cast<float2*>(at + 8 * r * 32) =
+            rows_left > 8 * r ? make_float2(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1])
+                              : make_float2(0.f, 0.f);
+      }
+    }
+  };
+  // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
+  // the fence's and the barrier's waits do not hold them back.
+  auto reduce_dq = [&](int step) {
+    const int m0 = block_row(step);
+    float* tiles = smem.dq[step % 2][warpgroup][0];
+    ptx::fence_proxy_async_shared_cta();  // the stores above, before the reduction (async proxy) reads them
+    // WAR for the next block's stores into the other parity's tile: the reduction of the block
+    // before (the only one outstanding) has read it. A step after its issue it usually has.
+    if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
+    ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the whole half is in the tile; the other tile is free
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+      for (int box = 0; box < kCols / 32; ++box)
+        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, seq.q_start + m0, head, seq.batch_coord,
+                                                tiles + box * kBlockM * 32);
+      ptx::cp_async_bulk_commit_group();
+    }
+  };
+  auto send_dq = [&](int step) {
+    store_dq(step);
+    reduce_dq(step);
+  };
+  // Every wgmma operand's descriptor is built once here; a k16 step adds a byte offset
+  // (advance_smem_desc). Built per step from their addresses, the S^T and dP^T operands'
+  // descriptors were kept in registers across the loop, and at D = 128 they spilled.
+  constexpr uint32_t kKBlockBytes = kBlockN * 64 * sizeof(T);  // one 64-column block of K or V
+  constexpr uint32_t kQBlockBytes = kBlockM * 64 * sizeof(T);  // one of Q or dO
+  constexpr uint32_t kQStageBytes = D / 64 * kQBlockBytes;
+  constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T);  // one warpgroup's dS^T tile
+  // K-major (S^T = K Q^T, dP^T = V dO^T): this warpgroup's 64 keys of K and V; Q and dO of stage 0.
+  const uint64_t k_desc = ptx::make_smem_desc_sw128(smem.k[0] + warpgroup * 64 * 64, 16, kAtomBytes);
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0] + warpgroup * 64 * 64, 16, kAtomBytes);
+  const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q[0][0], 16, kAtomBytes);
+  const uint64_t do_desc = ptx::make_smem_desc_sw128(smem.dout[0][0], 16, kAtomBytes);
+  // N-major B operands (dK += dS^T Q, dV += P^T dO): column blocks kBlockM * 128 bytes apart.
+  const uint64_t q_n_desc = ptx::make_smem_desc_sw128(smem.q[0][0], kBlockM * kSwizzleBytes, kAtomBytes);
+  const uint64_t do_n_desc = ptx::make_smem_desc_sw128(smem.dout[0][0], kBlockM * kSwizzleBytes, kAtomBytes);
+  // dQ = dS K: dS^T read M-major (parity 0), and K's columns c0 .. c0 + D/2 read N-major.
+  const uint64_t ds_desc = ptx::make_smem_desc_sw128(smem.ds[0][0], 64 * kSwizzleBytes, kAtomBytes);
+  const uint64_t k_dq_desc = ptx::make_smem_desc_sw128(smem.k[c0 / 64] + c0 % 64, kBlockN * kSwizzleBytes, kAtomBytes);
+
+  // dQ[:, c0 : c0 + D/2] = dS K[:, c0 : c0 + D/2] of block `step` over all 128 keys, 16 at a
+  // time: A is the dS^T tile of the warpgroup that owns those keys, read M-major (16 keys = 2048
+  // bytes down); B is K read N-major, D/2 columns from column c0 (at D = 64, from the middle of
+  // the 128-byte swizzled rows: 64 bytes in, the same swizzle). Issued at the top of the next
+  // step (or after the loop), where both warpgroups' dS^T tiles of the block are written.
+  auto issue_dq = [&](int step) {
+#pragma unroll
+    for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
+    ptx::wgmma_fence();  // likewise for dq's registers
+    const uint64_t ds_parity_desc = ptx::advance_smem_desc(ds_desc, step % 2 * kWarpgroups * kDsBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      // 16 keys: dS^T tile kk / 4 (the warpgroup owning them), 16 rows = 2048 bytes down it.
+      const uint32_t ds_bytes = kk / 4 * kDsBytes + kk % 4 * 16 * kSwizzleBytes;
+      ptx::WgmmaM64K16<T, kCols>::template ss<1, 1>(dq, ptx::advance_smem_desc(ds_parity_desc, ds_bytes),
+                                                    ptx::advance_smem_desc(k_dq_desc, kk * 16 * kSwizzleBytes), kk > 0);
+    }
+    ptx::wgmma_commit_group();
+  };
+  ptx::mbarrier_wait(&smem.kv_full, 0);  // K and V have landed
+
+  // One step. The first has no block before it: a compile-time flag, so that ptxas sees every
+  // dQ wgmma waited for on every path (with a run-time one it serializes all wgmmas, C7514).
+  auto run_step = [&](int step, auto has_last) {
+    constexpr bool kHasLast = decltype(has_last)::value;
+    const int m0 = block_row(step), stage = step % kStages;
+    // The last block's dQ goes to the tensor cores first: it needs no barrier (its dS^T tiles
+    // were written before named barrier 1 of the last step).
+    if constexpr (kHasLast) issue_dq(step - 1);
+    // The next block's LSE and delta, into the other stage: its last reads (the block before's)
+    // were before named barrier 1 of the last step, and this block's reads of them come after
+    // named barrier 1 of this step.
+    if (step + 1 < steps)
+      store_row_stat((step + 1) % kStages, block_row(step + 1), fetch_row_stat(block_row(step + 1)));
+
+    // S^T = K Q^T and dP^T = V dO^T: per 16 columns of D one wgmma each, K-major operands.
+    float s[kQTiles * 4], dp[kQTiles * 4];
+    ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);  // this block's Q and dO have landed
+    if constexpr (kVarlen) {
+      if (m0 + kBlockM > seq.seqlen_q) {  // CTA-uniform: the boxes ran into the next sequence's rows
+        zero_tile_rows<T, D, kBlockM, kConsumerThreads>(smem.q[stage][0], seq.seqlen_q - m0, consumer_thread);
+        zero_tile_rows<T, D, kBlockM, kConsumerThreads>(smem.dout[stage][0], seq.seqlen_q - m0, consumer_thread);
+        ptx::fence_proxy_async_shared_cta();          // the zeros, before the wgmmas (async proxy) read the tiles
+        ptx::bar_sync(kDsBarrier, kConsumerThreads);  // every consumer's zeros, before either warpgroup's wgmmas
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
+    ptx::wgmma_fence();  // s and dp reuse registers of the step before: those accesses come first
+    const uint32_t stage_bytes = stage * kQStageBytes;
+    // K's and V's descriptors re-read each step: otherwise the compiler keeps all D / 16 of
+    // each that it makes from them live across the loop (at D = 128 it spilled them).
+    uint64_t k_step_desc = k_desc, v_step_desc = v_desc;
+    ptx::fence_operand(k_step_desc), ptx::fence_operand(v_step_desc);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // 16 columns of D: column block kk / 4, 32 bytes along its rows.
+      const uint32_t kv_bytes = kk / 4 * kKBlockBytes + kk % 4 * 32, q_bytes = kk / 4 * kQBlockBytes + kk % 4 * 32;
+      ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(s, ptx::advance_smem_desc(k_step_desc, kv_bytes),
+                                                   ptx::advance_smem_desc(q_desc, stage_bytes + q_bytes), kk > 0);
+    }
+    // At D = 128, S^T alone goes behind the last block's dQ: with dP^T in flight too, dQ's
+    // accumulators, dK, dV, S^T and dP^T would be 224 registers a thread. At D = 64 (144) both
+    // go, and dQ is sent out while both run.
+    constexpr bool kDpBehindDq = D == 64;
+    if constexpr (kHasLast && !kDpBehindDq) {
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T may still run
+      store_dq(step - 1);
+      ptx::wgmma_fence();  // dp's registers, before the wgmmas below write them
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t kv_bytes = kk / 4 * kKBlockBytes + kk % 4 * 32, do_bytes = kk / 4 * kQBlockBytes + kk % 4 * 32;
+      ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(dp, ptx::advance_smem_desc(v_step_desc, kv_bytes),
+                                                   ptx::advance_smem_desc(do_desc, stage_bytes + do_bytes), kk > 0);
+    }
+    ptx::wgmma_commit_group();
+    if constexpr (kHasLast && kDpBehindDq) {
+      ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T and dP^T may still run
+      send_dq(step - 1);
+    }
+    if constexpr (kHasLast && !kDpBehindDq) reduce_dq(step - 1);  // with S^T and dP^T running
+    ptx::wgmma_wait_group<0>();                                   // S^T and dP^T are in registers
+#pragma unroll
+    for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
+
+    probabilities_and_score_grads(s, dp, smem, stage, f, seq, m0, n0, n_wg, key0, tig, scale_log2);
+
+    // P^T and dS^T as wgmma A fragments, one per 16 queries (n8 tiles 2kk and 2kk + 1).
+    uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        p_frag[kk][r] = frag::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        ds_frag[kk][r] = frag::pack2<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+      }
+
+    // dS^T into shared memory: row = key (64 rows of 128 bytes), column = query, in TMA's
+    // 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)). Per 16 queries one
+    // stmatrix of the packed fragment's four 8x8 matrices (register i: keys g + 8 (i % 2),
+    // queries 8 (2 kk + i / 2) + 2 t); lane l gives row l % 8 of matrix l / 8. The tile starts
+    // on a 1024-byte boundary, so the swizzled chunk (2 kk + l / 16) ^ (l % 8) is the lane's
+    // kk = 0 address XOR 32 kk bytes: one address a lane (16 store addresses spilled at D = 128).
+    // Before the wgmmas below are issued: the PTX ISA allows no access to the A registers of a
+    // wgmma in flight.
+    const int ds_row = 16 * warp_in_wg + lane % 8 + 8 * (lane / 8 % 2);
+    const uint32_t ds_lane =
+        ptx::cvta_to_shared_u32(smem.ds[step % 2][warpgroup]) + ds_row * kSwizzleBytes + ((lane / 16 ^ lane % 8) << 4);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) ptx::stmatrix_x4(ds_lane ^ (kk << 5), ds_frag[kk]);
+    ptx::fence_proxy_async_shared_cta();  // the writes above, before the dQ wgmma (async proxy) reads them
+
+    // dV += P^T dO and dK += dS^T Q: per 16 queries one wgmma with N = D; dO and Q are read
+    // N-major (16 queries = 2048 bytes down the tile; column blocks kBlockM * 128 bytes apart).
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]);
+    ptx::wgmma_fence();  // the packed fragments are written before the wgmmas read them
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      ptx::WgmmaM64K16<T, D>::template rs<1>(
+          dv, p_frag[kk], ptx::advance_smem_desc(do_n_desc, stage_bytes + kk * 16 * kSwizzleBytes), 1);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+      ptx::WgmmaM64K16<T, D>::template rs<1>(
+          dk, ds_frag[kk], ptx::advance_smem_desc(q_n_desc, stage_bytes + kk * 16 * kSwizzleBytes), 1);
+    ptx::wgmma_commit_group();
+
+    ptx::bar_sync(kDsBarrier, kConsumerThreads);  // both warpgroups have stored and fenced their dS^T tiles
+    ptx::wgmma_wait_group<0>();                   // dV, dK done: the fragments' registers are free
+#pragma unroll
+    for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) ptx::fence_operand(p_frag[kk][r]), ptx::fence_operand(ds_frag[kk][r]);
+    // This warp's last reads of the stage (S^T, dP^T, dV and dK) have completed: the producer
+    // may refill it.
+    if (lane == 0) ptx::mbarrier_arrive(&smem.consumed[stage]);
+  };
+  run_step(0, std::false_type{});
+  for (int step = 1; step < steps; ++step) run_step(step, std::true_type{});
+  issue_dq(steps - 1);
+  ptx::wgmma_wait_group<0>();  // the last block's dQ (its tile was freed at the last reduction's barrier)
+  send_dq(steps - 1);
+  if (!kVarlen && p.dk_accum == nullptr)
+    store_dk_dv(smem, dk, dv, dk_map, dv_map, warpgroup, n_wg, head_kv, batch, grad_scale);
+  else
+    add_dk_dv(smem, dk, dv, dk_map, dv_map, seq, warpgroup, n_wg, head_kv, key0, dq_lane, grad_scale);
+}
+
+}  // namespace hattn::bwd

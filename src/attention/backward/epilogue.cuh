@@ -1,0 +1,137 @@
+// The consumers' last act: dK and dV out of registers. A dense batch without GQA owns its keys'
+// gradients and stores them by TMA through shared memory (over K and V); GQA and packed batches
+// add fp32 rows into the sums that run_backward zeroed and converts afterwards, by TMA
+// reductions. And the zeros of a CTA whose keys no query sees.
+#pragma once
+
+#include <cuda.h>
+
+#include "../../common/backward_common.cuh"
+#include "../../common/fragment.cuh"
+#include "../../ptx/named_barrier.cuh"
+#include "../../ptx/smem.cuh"
+#include "../../ptx/tma.cuh"
+#include "config.h"
+#include "shared_storage.cuh"
+
+namespace hattn::bwd {
+
+// Zeros for this thread's dK and dV rows (keys key0 and key0 + 8; columns 8 dt + 2 t, + 1) of a
+// dense batch without GQA, where no query sees the CTA's keys: every other path leaves by TMA,
+// and fp32 sums (GQA, varlen) are zeroed before the kernel.
+template <typename T, int D>
+__device__ __forceinline__ void store_zero_dk_dv(const BackwardParams& p, int batch, int head_kv, int key0, int tig) {
+  constexpr int kDTiles = D / 8;
+  const uint32_t zero = frag::pack2<T>(0.f, 0.f);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    if (key >= p.fwd.seqlen_k) continue;
+    // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
+    T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
+    T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_seq_stride + head_kv * p.dv_head_stride;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      *reinterpret_cast<uint32_t*>(dk_row + 8 * dt + 2 * tig) = zero;
+      *reinterpret_cast<uint32_t*>(dv_row + 8 * dt + 2 * tig) = zero;
+    }
+  }
+}
+
+// dK (scaled) and dV of the warpgroup's 64 keys (from n_wg) into dK and dV, through the K and V
+// tiles. Every consumer thread calls it after its last wgmma.
+template <typename T, int D, bool kVarlen, int N>
+__device__ __forceinline__ void store_dk_dv(SharedStorage<T, D, kVarlen>& smem, const float (&dk)[N],
+                                            const float (&dv)[N], const CUtensorMap& dk_map, const CUtensorMap& dv_map,
+                                            int warpgroup, int n_wg, int head_kv, int batch, float grad_scale) {
+  constexpr int kDTiles = D / 8;  // n8 column tiles of dK and dV
+  const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
+  const int group = lane / 4, tig = lane % 4;
+  // dK and dV written once, through shared memory. WAR: every consumer's last dQ wgmma (each
+  // read all 128 keys of K) has completed before either warpgroup overwrites K's tile; V's
+  // last reads were the last step's dP^T.
+  ptx::bar_sync(kDsBarrier, kConsumerThreads);
+  // Rows 64 wg + 16 warp + g (+ 8) of the tiles, columns 8 dt + 2 t: 16-byte chunk dt % 8 of
+  // column block dt / 8, stored at chunk ^ (row % 8) = chunk ^ g (the TMA box's swizzle).
+  const int row = 64 * warpgroup + 16 * warp_in_wg + group;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      const int at = (row + 8 * r) * 64 + ((dt % 8 ^ group) << 3) + 2 * tig;
+      *reinterpret_cast<uint32_t*>(&smem.k[dt / 8][at]) =
+          frag::pack2<T>(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(&smem.v[dt / 8][at]) = frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
+    }
+  ptx::fence_proxy_async_shared_cta();             // the stores above, before the TMA copies (async proxy) read them
+  ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the warpgroup's 64 rows are in the tiles
+  if (threadIdx.x % 128 == 0) {
+    // Rows past Sk are not written (the box's out-of-bounds part).
+#pragma unroll
+    for (int cb = 0; cb < D / 64; ++cb) {
+      ptx::cp_async_bulk_tensor_4d_s2g(&dk_map, cb * 64, n_wg, head_kv, batch, smem.k[cb] + warpgroup * 64 * 64);
+      ptx::cp_async_bulk_tensor_4d_s2g(&dv_map, cb * 64, n_wg, head_kv, batch, smem.v[cb] + warpgroup * 64 * 64);
+    }
+    ptx::cp_async_bulk_commit_group();
+  }
+  // Shared memory must outlive the copies and reductions that read it.
+  if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
+}
+
+// dK (scaled) and dV of the warpgroup's 64 keys added into the fp32 sums of the K/V head
+// (dk_map, dv_map), from fp32 tiles over K and V (warpgroup 0) or Q and dO (warpgroup 1);
+// dq_lane is the thread's float offset in a 64 x 32 box (the layout of consumer.cuh's store_dq).
+template <typename T, int D, bool kVarlen, int N>
+__device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, const float (&dk)[N],
+                                          const float (&dv)[N], const CUtensorMap& dk_map, const CUtensorMap& dv_map,
+                                          const Sequence& seq, int warpgroup, int n_wg, int head_kv, int key0,
+                                          int dq_lane, float grad_scale) {
+  constexpr int kDTiles = D / 8;  // n8 column tiles of dK and dV
+  // The sums of the K/V head (a GQA group's query heads add up; a packed batch's rows), by TMA
+  // reductions from fp32 tiles. WAR: both warpgroups' last wgmmas (which read K, V, Q and dO)
+  // have completed, and every stage the producer filled has been consumed.
+  ptx::bar_sync(kDsBarrier, kConsumerThreads);
+  static_assert(sizeof(smem.k) >= 64 * D * sizeof(float) && sizeof(smem.q) >= 64 * D * sizeof(float),
+                "a warpgroup's fp32 dK (and dV) rows fit over K (V) and over Q (dO)");
+  float* const dk_tiles = reinterpret_cast<float*>(warpgroup == 0 ? smem.k[0] : smem.q[0][0]);
+  float* const dv_tiles = reinterpret_cast<float*>(warpgroup == 0 ? smem.v[0] : smem.dout[0][0]);
+  // Columns 8 nt + 2 t (+ 1) of rows 16 warp + g (+ 8): box nt / 4, in store_dq's layout.
+#pragma unroll
+  for (int nt = 0; nt < kDTiles; ++nt) {
+    const int at = nt / 4 * 64 * 32 + (dq_lane ^ (nt % 4) << 3);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // Varlen: keys past the sequence (the next sequence's rows) get exact zeros, not 0 x Q.
+      if constexpr (kVarlen) {
+        const bool keep_key = key0 + 8 * r < seq.seqlen_k;
+        *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
+            keep_key ? make_float2(grad_scale * dk[nt * 4 + 2 * r], grad_scale * dk[nt * 4 + 2 * r + 1])
+                     : make_float2(0.f, 0.f);
+        *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) =
+            keep_key ? make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
+      } else {
+        *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
+            make_float2(grad_scale * dk[nt * 4 + 2 * r], grad_scale * dk[nt * 4 + 2 * r + 1]);
+        *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) =
+            make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]);
+      }
+    }
+  }
+  ptx::fence_proxy_async_shared_cta();             // the stores above, before the reductions (async proxy) read them
+  ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the warpgroup's 64 rows are in the tiles
+  if (threadIdx.x % 128 == 0) {
+    // Rows past the tensor are not written; rows of the next sequence get zeros added.
+#pragma unroll
+    for (int box = 0; box < D / 32; ++box) {
+      ptx::cp_reduce_async_bulk_tensor_4d_add(&dk_map, 32 * box, seq.k_start + n_wg, head_kv, seq.batch_coord,
+                                              dk_tiles + box * 64 * 32);
+      ptx::cp_reduce_async_bulk_tensor_4d_add(&dv_map, 32 * box, seq.k_start + n_wg, head_kv, seq.batch_coord,
+                                              dv_tiles + box * 64 * 32);
+    }
+    ptx::cp_async_bulk_commit_group();
+  }
+  // Shared memory must outlive the reductions that read it.
+  if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
+}
+
+}  // namespace hattn::bwd

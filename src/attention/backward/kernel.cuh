@@ -1,0 +1,79 @@
+// The production backward's kernel: a CTA per 128 keys of one query head (blockIdx.x: the key
+// block, y: the head, z: the batch entry or sequence). It sets up shared memory and the
+// barriers, then splits by role: a producer warpgroup (producer.cuh) and two consumer
+// warpgroups (consumer.cuh).
+#pragma once
+
+#include <cuda.h>
+
+#include "../../common/backward_common.cuh"
+#include "../../ptx/mbarrier.cuh"
+#include "../../ptx/setmaxnreg.cuh"
+#include "../../ptx/smem.cuh"
+#include "../../ptx/tma.cuh"
+#include "config.h"
+#include "consumer.cuh"
+#include "epilogue.cuh"
+#include "producer.cuh"
+#include "shared_storage.cuh"
+#include "work.cuh"
+
+namespace hattn::bwd {
+
+// dq_map is over the fp32 dQ sum; dk_map and dv_map over dK and dV where the kernel writes them
+// (a dense batch without GQA: p.dk_accum is null), else over their fp32 sums.
+template <typename T, int D, bool kVarlen>
+__global__ void __launch_bounds__(kThreads, 1)
+    backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
+                    const __grid_constant__ CUtensorMap dq_map, const __grid_constant__ CUtensorMap dk_map,
+                    const __grid_constant__ CUtensorMap dv_map, const BackwardParams p) {
+  extern __shared__ unsigned char smem_raw[];
+  // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
+  // on that period: align the base by hand (dynamic shared memory only promises 16 bytes). An
+  // offset added to smem_raw keeps the pointer in the shared window.
+  auto& smem = *reinterpret_cast<SharedStorage<T, D, kVarlen>*>(ptx::align_shared<kAtomBytes>(smem_raw));
+  const AttentionParams& f = p.fwd;
+  // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
+  // descriptors built from it in uniform registers (with plain threadIdx.x / 128, ptxas spilled).
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
+  const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const int head_kv = head / f.heads_per_kv;
+  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
+  const QueryBlocks blocks = query_blocks<kVarlen>(f, seq, n0);
+
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&q_map);
+    ptx::prefetch_tensormap(&k_map);
+    ptx::prefetch_tensormap(&v_map);
+    ptx::prefetch_tensormap(&dout_map);
+    ptx::mbarrier_init(&smem.kv_full, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&smem.qdo_full[s], 1);
+      ptx::mbarrier_init(&smem.consumed[s], kWarpgroups * 4);  // one arrival per consumer warp
+    }
+    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+  }
+  if (threadIdx.x == 128) ptx::prefetch_tensormap(&dq_map);  // the reductions' issuing thread of warpgroup 0
+  __syncthreads();                                           // no thread waits on a barrier before it is initialized
+  if (blocks.steps == 0) {  // CTA-uniform: no query sees these keys, their dK and dV are 0
+    if (!kVarlen && warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
+      const int lane = int(threadIdx.x) % 32;
+      const int key0 = n0 + 64 * warpgroup + 16 * (int(threadIdx.x) % 128 / 32) + lane / 4;
+      store_zero_dk_dv<T, D>(p, seq.batch_coord, head_kv, key0, lane % 4);
+    }
+    return;
+  }
+
+  if (warpgroup < 0) {
+    // Every warp of the producer warpgroup must execute setmaxnreg; one thread then loads.
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) produce(smem, q_map, k_map, v_map, dout_map, seq, blocks, n0, head, head_kv);
+    return;
+  }
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  consume(smem, dq_map, dk_map, dv_map, p, seq, blocks, warpgroup, n0, head, head_kv, batch);
+}
+
+}  // namespace hattn::bwd

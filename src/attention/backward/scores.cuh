@@ -1,0 +1,99 @@
+// A block's P^T and dS^T from its S^T and dP^T in registers (the consumers' step, consumer.cuh):
+// softcapping, the masks (a tail past Sq or Sk, the causal diagonal, a window edge; varlen: the
+// sequence's keys) where the block needs them, and exp2 of the scores with the scale folded in.
+#pragma once
+
+#include "../../common/backward_common.cuh"
+#include "../../ptx/ex2.cuh"
+#include "config.h"
+#include "shared_storage.cuh"
+
+namespace hattn::bwd {
+
+// s (S^T) becomes P^T and dp (dP^T) becomes dS^T = P^T (dP^T - delta), for the accumulators of
+// a thread of the warpgroup whose keys start at n_wg: element e of n8 tile nt is key
+// key0 + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2. The block's LSE (log2 units), delta and
+// (varlen) visible keys per query are in `stage` of shared memory.
+template <typename T, int D, bool kVarlen, int N>
+__device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], float (&dp)[N],
+                                                              const SharedStorage<T, D, kVarlen>& smem, int stage,
+                                                              const AttentionParams& f, const Sequence& seq, int m0,
+                                                              int n0, int n_wg, int key0, int tig, float scale_log2) {
+  constexpr int kQTiles = N / 4;  // n8 column tiles of S^T and dP^T
+  // Columns 8 nt + 2 t and + 1 of the block: their LSE and delta as one 8-byte load each.
+  auto column_stats = [&](int nt, float2* lse, float2* delta) {
+    *lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * nt + 2 * tig]);
+    *delta = *reinterpret_cast<const float2*>(&smem.delta[stage][8 * nt + 2 * tig]);
+  };
+  // Softcapping, before the shared loops below: s -> t and dP for the capped dS (softcap_score_and_dp).
+  if (f.softcap_scale > 0.f) {
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt) {
+      float2 lse, delta;
+      column_stats(nt, &lse, &delta);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        softcap_score_and_dp(&s[nt * 4 + e], &dp[nt * 4 + e], e % 2 ? delta.y : delta.x, f.softcap_scale);
+    }
+  }
+
+  // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
+  // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
+  // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query). Varlen:
+  // of the sequence, from the key ranges in shared memory (counted from n0); a row past the
+  // sequence sees no key, so rows 0 and 63 decide.
+  bool need_mask;
+  if constexpr (kVarlen) {
+    const int wg_key = n_wg - n0;
+    need_mask = smem.keys.first[stage][kBlockM - 1] > wg_key || smem.keys.last[stage][0] < wg_key + 64 ||
+                smem.keys.last[stage][kBlockM - 1] < wg_key + 64;
+  } else {
+    int first_lo, last_lo, first_hi, last_hi;
+    visible_keys(f, m0, &first_lo, &last_lo);
+    visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
+    need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 || first_hi > n_wg;
+  }
+  if (need_mask) {
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt) {
+      float2 lse, delta;
+      column_stats(nt, &lse, &delta);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = m0 + 8 * nt + 2 * tig + e % 2, j = key0 + 8 * (e / 2);
+        bool visible;
+        if constexpr (kVarlen) {
+          visible = j - n0 >= smem.keys.first[stage][i - m0] && j - n0 < smem.keys.last[stage][i - m0];
+        } else {
+          int first = 0, last = 0;
+          if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
+          visible = j >= first && j < last;
+        }
+        // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
+        const float pv =
+            visible ? ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -(e % 2 ? lse.y : lse.x))) : 0.f;
+        s[nt * 4 + e] = pv;
+        // Varlen: a select too, for a key past the sequence's may have dP^T = inf or NaN from V.
+        if constexpr (kVarlen)
+          dp[nt * 4 + e] = visible ? pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x)) : 0.f;
+        else
+          dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x));
+      }
+    }
+  } else {
+    // Every entry visible: every query of the block sees a key, so its LSE is finite.
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt) {
+      float2 lse, delta;
+      column_stats(nt, &lse, &delta);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pv = ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -(e % 2 ? lse.y : lse.x)));
+        s[nt * 4 + e] = pv;
+        dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x));
+      }
+    }
+  }
+}
+
+}  // namespace hattn::bwd
