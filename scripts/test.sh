@@ -19,10 +19,12 @@ nvcc_version=$(grep -ho 'CMAKE_CUDA_COMPILER_VERSION "[0-9.]*"' build/CMakeFiles
   head -1 | grep -o '[0-9][0-9.]*' || true)
 python3 tools/check_spills.py build/build.log --nvcc "${nvcc_version:-unknown}"
 ctest --test-dir build --output-on-failure -j "$jobs"
-# The docs: result tables match results/, code excerpts match src/.
+# The docs: result tables match results/, code excerpts match src/, the evidence index is
+# current and every evidence entry is cited.
 python3 tools/gen_docs.py --check
 python3 tools/check_excerpts.py
 python3 tools/lineage_diffs.py --check
+python3 tools/evidence_index.py --check
 if [ -x scripts/test_python.sh ]; then
   scripts/test_python.sh
 fi

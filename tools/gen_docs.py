@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Regenerates the result tables in README.md and docs/guide/*.md from results files.
+"""Regenerates the result tables in README.md, results/README.md and docs/**/*.md from results files.
 
 Tables live between marker lines, so the prose around them is never touched:
 
-    <!-- results:lineage -->          the README's lineage summary
+    <!-- results:lineage -->          the lineage summary (results/README.md)
     <!-- results:KERNEL_NAME -->      a guide chapter's grid for one kernel
     <!-- results:anchors -->          our kernels beside cuDNN and FlashAttention-2 (python -m hattn.bench)
     <!-- results:anchors.NAME -->     the same from results/NAME.csv and .json (a run of a few kernels)
@@ -12,6 +12,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:backward.PATH -->    the same from results/PATH.csv (an earlier run kept as evidence)
     <!-- results:ab.PATH -->          kernels side by side from one hattn-bench run, results/PATH.csv
     <!-- results:fp8 -->              the FP8 forward beside bf16 attention (python -m hattn.bench_fp8)
+    <!-- results:status -->           the README's status: ours over the best anchor, per results file
     <!-- /results -->
 
 Numbers come only from results files: hattn-bench's CSV (default results/lineage.csv) and
@@ -22,6 +23,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import pathlib
 import re
 import sys
@@ -276,6 +278,78 @@ def fp8_table(csv_path):
         "FP8 / best anchor" if every else "FP8 / best bf16 anchor", "heads")
 
 
+STATUS_LABELS = {"fa3": "FA3", "sdpa_cudnn": "cuDNN", "sdpa_cudnn_bshd": "cuDNN", "sdpa_flash": "FA2",
+                 "varlen_cudnn": "cuDNN", "varlen_flash": "FA2", "fa3_fp8": "FA3 FP8", "fa3_bf16": "FA3"}
+
+
+def status_table():
+    """The README's status: one row per results file, ours over the best anchor of its run."""
+    import statistics
+
+    def read(name):
+        path = ROOT / "results" / name
+        return list(csv.DictReader(open(path, newline=""))) if path.exists() else []
+
+    def summary(what, rows, name, ours, ratio_of, anchors_of, shape_of):
+        mine = [r for r in rows if ours(r) and ratio_of(r) not in ("", None)]
+        if not mine:
+            return f"| {what} | – | – | – | – | no results yet (`results/{name}`) |"
+        ratios = [float(ratio_of(r)) for r in mine]
+        anchors = sorted({STATUS_LABELS.get(r["name"], r["name"]) for r in rows if anchors_of(r)})
+        missing = "" if "FA3" in anchors else "; FA3 not in the run"
+        commit = rows[0]["commit"] if "commit" in rows[0] else ""
+        return (f"| {what} | {', '.join(anchors)}{missing} | {min(ratios):.2f} | {statistics.median(ratios):.2f} | "
+                f"{sum(r >= 1.0 for r in ratios)} of {len(ratios)} | `results/{name}`"
+                + (f" at `{commit[:7]}`" if commit else "") + " |")
+
+    out = ["| what | anchors in the run | ours / best anchor: min | median | at or above 1 | results |",
+           "|---|---|---|---|---|---|"]
+    # Forward: the best hattn kernel of each grid shape (python -m hattn.bench records a ratio per row).
+    fwd = [r for r in read("pybench.csv") if r["tag"] == "grid"]
+    meta_path = ROOT / "results" / "pybench.json"
+    commit = json.loads(meta_path.read_text())["meta"]["commit"] if meta_path.exists() else ""
+    best = {}
+    for r in fwd:
+        if r["kind"] == "hattn" and r["status"] == "ok" and r["ratio"]:
+            key = (r["head_dim"], r["causal"], r["seqlen_q"])
+            best[key] = max(best.get(key, 0.0), float(r["ratio"]))
+    if best:
+        anchors = sorted({STATUS_LABELS.get(r["name"], r["name"]) for r in fwd if r["kind"] == "anchor"
+                          and r["status"] == "ok"})
+        ratios = list(best.values())
+        out.append(f"| forward, bf16, the FlashAttention-3 grid ({len(ratios)} points; ours: the run's best kernel) | "
+                   f"{', '.join(anchors)}{'' if 'FA3' in anchors else '; FA3 not in the run'} | {min(ratios):.2f} | "
+                   f"{statistics.median(ratios):.2f} | {sum(x >= 1.0 for x in ratios)} of {len(ratios)} | "
+                   f"`results/pybench.csv` at `{commit[:7]}` |")
+    bwd_anchor = lambda r: not r["name"].startswith("hattn") and r.get("status") != "not given"
+    for what, name in (("backward, bf16 (dq, dk, dv)", "pybench_backward.csv"),
+                       ("backward, GQA 4", "pybench_backward_gqa4.csv"),
+                       ("backward, varlen (mixed lengths)", "pybench_backward_varlen_mixed.csv")):
+        out.append(summary(what, read(name), name, lambda r: r["name"] == "hattn",
+                           lambda r: r["ratio_to_best_anchor"], bwd_anchor, None))
+    fp8 = read("pybench_fp8.csv")
+    key = "ratio_to_best_anchor" if fp8 and "ratio_to_best_anchor" in fp8[0] else "ratio_to_best_bf16_anchor"
+    out.append(summary("FP8 forward (e4m3; the anchors in bf16 unless named FP8)", fp8, "pybench_fp8.csv",
+                       lambda r: r["name"] == "hattn_fp8", lambda r: r[key],
+                       lambda r: not r["name"].startswith("hattn") and r["status"] == "ok", None))
+    runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / "capstone").glob("*.json"))]
+    for run in runs:
+        ms = {r["variant"]: r["ms"] for r in run["results"]}
+        others = {k: v for k, v in ms.items() if k != "hattn"}
+        if "hattn" not in ms or not others:
+            continue
+        m = run["meta"]
+        names = sorted({("FA3" if k == "fa3" else "torch SDPA") for k in others})
+        missing = "" if "fa3" in others else "; FA3 not in the run"
+        ratio = min(others.values()) / ms["hattn"]
+        out.append(f"| capstone: {m['model']} {m['size']}, one transformer step, end to end | "
+                   f"{', '.join(names)}{missing} | {ratio:.3f} | – | {int(ratio >= 1)} of 1 | "
+                   f"`results/capstone/` at `{m['commit'][:7]}` |")
+    out += ["", "_Ratios of throughput (time for the capstone), each over the best anchor timed in the same run; "
+            "from the files named by `tools/gen_docs.py`._"]
+    return "\n".join(out) + "\n"
+
+
 def capstone_table(directory):
     """One row per results/capstone/*.json: the step's time under each variant."""
     runs = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
@@ -335,6 +409,8 @@ def main():
             return lineage_table(rows, kernels, descriptions, path)
         if name == "capstone":
             return capstone_table(ROOT / "results" / "capstone")
+        if name == "status":
+            return status_table()
         if name == "anchors":
             return anchors_table(pathlib.Path(args.pybench).resolve())
         if name.startswith("anchors."):
@@ -355,11 +431,15 @@ def main():
         return kernel_table(rows, name, previous, path)
 
     changed = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]:
+    for doc in [ROOT / "README.md", ROOT / "results" / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+                *sorted((ROOT / "docs" / "guide").glob("*.md"))]:
         if not doc.exists():
             continue
         text = doc.read_text()
-        new = MARKER.sub(lambda m: m.group(1) + render(m.group(2)) + m.group(4), text)
+        # The tables link to docs/... from the repository's root; from a doc elsewhere, relative to it.
+        up = os.path.relpath(ROOT, doc.parent)
+        relink = (lambda t: t) if up == "." else (lambda t: t.replace("](docs/", f"]({up}/docs/"))
+        new = MARKER.sub(lambda m: m.group(1) + relink(render(m.group(2))) + m.group(4), text)
         if new != text:
             changed.append(doc.relative_to(ROOT))
             if not args.check:
