@@ -132,6 +132,41 @@ Status check_tensor(const char* name, const void* ptr, const Strides& strides, i
   return Status::Ok();
 }
 
+// The bytes [begin, end) a strided [batch, seqlen, heads, head_dim] tensor can touch (strides in
+// elements, positive where the extent is above 1: check_tensor's rule).
+struct ByteRange {
+  const char* name;
+  uintptr_t begin, end;
+};
+ByteRange tensor_bytes(const char* name, const void* ptr, const Strides& strides, int batch, int seqlen, int heads,
+                       int head_dim, int elem_bytes) {
+  const int64_t last = (batch - 1) * (batch > 1 ? strides.batch : 0) + (seqlen - 1) * (seqlen > 1 ? strides.seq : 0) +
+                       (heads - 1) * (heads > 1 ? strides.head : 0) + head_dim - 1;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(ptr);
+  return {name, begin, begin + uintptr_t(last + 1) * uintptr_t(elem_bytes)};
+}
+
+// An output that shares memory with another tensor of the call would be read while it is written
+// (or written twice): refused. The ranges are the tensors' spans, so a layout that interleaves
+// an output with another tensor in one buffer is refused too.
+// lse: fp32 [B, Hq, Sq], or [Hq, total_q] for a variable-length batch; {0, 0} when not given.
+ByteRange lse_bytes(const AttentionProblem& p) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p.lse);
+  if (begin == 0) return {"lse", 0, 0};
+  const int64_t rows = p.is_varlen() ? int64_t(p.total_q) : int64_t(p.batch) * p.seqlen_q;
+  return {"lse", begin, begin + uintptr_t(rows * p.heads_q) * sizeof(float)};
+}
+
+Status check_no_overlap(const ByteRange& output, std::initializer_list<ByteRange> others) {
+  for (const ByteRange& other : others) {
+    if (other.begin == 0 || output.begin == 0) continue;  // an optional tensor not given
+    if (output.begin < other.end && other.begin < output.end)
+      return invalid(std::string(output.name) + ": overlaps " + other.name +
+                     "'s memory (an output must not share memory with the call's other tensors)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // The device the calling thread has current, checked to be a Hopper (sm_90) GPU.
@@ -291,6 +326,9 @@ Status validate_arguments(const AttentionProblem& p) {
   if (p.softmax_scale && !std::isfinite(*p.softmax_scale)) return invalid("softmax_scale: must be finite");
   if (!(p.softcap >= 0.f) || !std::isfinite(p.softcap))
     return invalid("softcap: must be finite and >= 0 (0: off), got " + std::to_string(p.softcap));
+  if (p.softcap > 0.f && !std::isfinite(p.scale() / p.softcap))  // the kernels' tanh argument: s * scale / softcap
+    return invalid("softcap: " + std::to_string(p.softcap) + " is too small for the softmax scale (scale / softcap "
+                   "overflows fp32)");
   if (p.window_left < -1)
     return invalid("window_left: must be >= 0, or -1 for no left edge (got " + std::to_string(p.window_left) + ")");
   if (p.window_right < -1)
@@ -362,6 +400,13 @@ Status validate_arguments(const AttentionProblem& p) {
     return s;
   if (p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % alignof(float) != 0)
     return invalid("lse: pointer must be 4-byte aligned");
+  const ByteRange q = tensor_bytes("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, in_bytes);
+  const ByteRange k = tensor_bytes("k", p.k, p.k_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, in_bytes);
+  const ByteRange v = tensor_bytes("v", p.v, p.v_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, in_bytes);
+  const ByteRange out =
+      tensor_bytes("out", p.out, p.out_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, out_bytes);
+  if (!(s = check_no_overlap(out, {q, k, v})).ok()) return s;
+  if (!(s = check_no_overlap(lse_bytes(p), {q, k, v, out})).ok()) return s;
   return Status::Ok();
 }
 
@@ -418,8 +463,24 @@ Status validate_backward_arguments(const BackwardProblem& problem) {
   if (!(s = check_tensor("dk", problem.dk, problem.dk_strides, p.tensor_batch(), p.tensor_rows_k(), p.heads_kv,
                          p.head_dim, true)).ok())
     return s;
-  return check_tensor("dv", problem.dv, problem.dv_strides, p.tensor_batch(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
-                      true);
+  if (!(s = check_tensor("dv", problem.dv, problem.dv_strides, p.tensor_batch(), p.tensor_rows_k(), p.heads_kv,
+                         p.head_dim, true)).ok())
+    return s;
+  const int b = p.tensor_batch(), rows_q = p.tensor_rows_q(), rows_k = p.tensor_rows_k(), kv_b = p.tensor_batch_k();
+  const int e = dtype_size(p.dtype);
+  const ByteRange q = tensor_bytes("q", p.q, p.q_strides, b, rows_q, p.heads_q, p.head_dim, e);
+  const ByteRange k = tensor_bytes("k", p.k, p.k_strides, kv_b, rows_k, p.heads_kv, p.head_dim, e);
+  const ByteRange v = tensor_bytes("v", p.v, p.v_strides, kv_b, rows_k, p.heads_kv, p.head_dim, e);
+  const ByteRange out = tensor_bytes("out", p.out, p.out_strides, b, rows_q, p.heads_q, p.head_dim, e);
+  const ByteRange dout =
+      tensor_bytes("dout", problem.dout, problem.dout_strides, b, rows_q, p.heads_q, p.head_dim, e);
+  const ByteRange dq = tensor_bytes("dq", problem.dq, problem.dq_strides, b, rows_q, p.heads_q, p.head_dim, e);
+  const ByteRange dk = tensor_bytes("dk", problem.dk, problem.dk_strides, b, rows_k, p.heads_kv, p.head_dim, e);
+  const ByteRange dv = tensor_bytes("dv", problem.dv, problem.dv_strides, b, rows_k, p.heads_kv, p.head_dim, e);
+  const ByteRange lse = lse_bytes(p);
+  if (!(s = check_no_overlap(dq, {q, k, v, out, dout, lse, dk, dv})).ok()) return s;
+  if (!(s = check_no_overlap(dk, {q, k, v, out, dout, lse, dv})).ok()) return s;
+  return check_no_overlap(dv, {q, k, v, out, dout, lse});
 }
 
 namespace {

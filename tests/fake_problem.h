@@ -8,7 +8,9 @@
 namespace hattn::testing {
 
 // Aligned addresses that are never dereferenced: validation must not touch memory.
-inline const void* fake_ptr(uintptr_t n) { return reinterpret_cast<const void*>(0x100000 + n * 0x10000); }
+// 16 TiB apart, so that the tensors of a test problem never share memory (validation checks),
+// even with 2^30 keys.
+inline const void* fake_ptr(uintptr_t n) { return reinterpret_cast<const void*>((n + 1) << 44); }
 
 // bf16, B = 2, Sq = 100, Sk = 130, Hq = 8, Hkv = 2, D = 128, contiguous, pointers 1 to 4.
 inline AttentionProblem valid_problem() {

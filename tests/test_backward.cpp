@@ -24,7 +24,8 @@
 namespace hattn {
 namespace {
 
-void* fake(uintptr_t n) { return reinterpret_cast<void*>(0x200000 + n * 0x10000); }
+// 16 TiB apart, so that no two tensors of a test problem share memory (validation checks that).
+void* fake(uintptr_t n) { return reinterpret_cast<void*>((n + 1) << 44); }
 
 BackwardProblem valid_backward() {
   BackwardProblem b;
@@ -82,6 +83,22 @@ TEST(BackwardValidation, NamesTheArgument) {
   b = valid_backward();
   b.forward.head_dim = 96;
   expect_invalid(b, "head_dim");
+}
+
+TEST(BackwardValidation, GradientsSharingMemoryAreRefused) {
+  BackwardProblem b = valid_backward();
+  b.dq = const_cast<void*>(b.dout);  // dq written over dout, which the kernel still reads
+  Status s = validate_backward_arguments(b);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("dq: overlaps dout"), std::string::npos) << s.message();
+  b = valid_backward();
+  b.dv = b.dk;
+  s = validate_backward_arguments(b);
+  EXPECT_NE(s.message().find("dk: overlaps dv"), std::string::npos) << s.message();
+  b = valid_backward();
+  b.dk = const_cast<void*>(b.forward.k);
+  s = validate_backward_arguments(b);
+  EXPECT_NE(s.message().find("dk: overlaps k"), std::string::npos) << s.message();
 }
 
 TEST(BackwardValidation, RefusesWhatItDoesNotRun) {

@@ -117,6 +117,36 @@ TEST(Validation, OverlappingOutputIsRefused) {
   EXPECT_TRUE(validate_arguments(p).ok());
 }
 
+TEST(Validation, OutputsSharingMemoryWithTheInputsAreRefused) {
+  auto expect_overlap = [](const AttentionProblem& p, const std::string& message) {
+    expect_invalid(p, message.substr(0, message.find(':')));
+    EXPECT_NE(validate_arguments(p).message().find(message), std::string::npos) << validate_arguments(p).message();
+  };
+  auto p = valid_problem();
+  p.out = const_cast<void*>(p.q);  // in place over q
+  expect_overlap(p, "out: overlaps q's memory");
+  p = valid_problem();
+  p.out = static_cast<char*>(const_cast<void*>(p.v)) + 4096;  // inside v
+  expect_overlap(p, "out: overlaps v's memory");
+  p = valid_problem();
+  p.lse = reinterpret_cast<float*>(static_cast<char*>(p.out) + 1024);  // inside out
+  expect_overlap(p, "lse: overlaps out's memory");
+  p = valid_problem();
+  p.lse = reinterpret_cast<float*>(const_cast<void*>(fake_ptr(9)));  // its own memory
+  EXPECT_TRUE(validate_arguments(p).ok());
+  // Right after the end of out: no overlap (out spans B Sq Hq D bf16 elements).
+  p.lse = reinterpret_cast<float*>(static_cast<char*>(p.out) + size_t(2) * 100 * 8 * 128 * 2);
+  EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
+}
+
+TEST(Validation, SoftcapTooSmallForTheScale) {
+  auto p = valid_problem();
+  p.softcap = 1e-45f;  // scale / softcap overflows fp32: every capped score would be NaN
+  expect_invalid(p, "softcap");
+  p.softcap = 1e-30f;
+  EXPECT_TRUE(validate_arguments(p).ok());
+}
+
 TEST(Validation, NonFiniteScale) {
   auto p = valid_problem();
   p.softmax_scale = std::numeric_limits<float>::quiet_NaN();
