@@ -225,7 +225,8 @@ done
 
 # --- Python package ------------------------------------------------------------------------------
 if [ "${PYTHON:-0}" = 1 ]; then
-  python3 -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1
+  python3 -m pip install --no-build-isolation --no-deps -q --config-settings=cmake.define.HATTN_LINEAGE=ON . \
+    >"$out/pip.log" 2>&1  # with the lineage: its tests and benchmarks cover every step
   note "pip install: rc=$?"
   # FlashAttention-3, timed beside hattn by the Python benchmarks when given: HATTN_FA3_LIB, else
   # the library unpacked from .anchors/ (copied there from ../shared/anchors/fa3/, whose README

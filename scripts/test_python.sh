@@ -58,7 +58,7 @@ pip_install 'scikit-build-core>=0.10' 'nanobind>=2.0' pytest numpy matplotlib 'd
 # --no-build-isolation: build with the tools above (works offline too); --no-deps: torch is there,
 # and the resolver must not pull the nvidia-* wheels that the light route left out.
 log "building and installing hattn (CMake build tree: $root/build-py/)"
-pip_install --no-build-isolation --no-deps "$root"
+pip_install --no-build-isolation --no-deps --config-settings=cmake.define.HATTN_LINEAGE=ON "$root"  # the tests cover every step
 
 log "running pytest"
 cd "$root"

@@ -54,8 +54,10 @@ float AttentionProblem::scale() const {
   return softmax_scale ? *softmax_scale : 1.0f / std::sqrt(float(head_dim));
 }
 
+// Built without the lineage (HATTN_LINEAGE=OFF), the registries hold what "auto" runs.
 const std::vector<const KernelEntry*>& registry() {
   static const std::vector<const KernelEntry*> entries = {
+#if HATTN_WITH_LINEAGE
       &kernel_01_naive(),
       &kernel_02_fused_online_softmax(),
       &kernel_03_mma_sync(),
@@ -72,6 +74,7 @@ const std::vector<const KernelEntry*>& registry() {
       &kernel_14_seamless_items(),
       &kernel_15_three_consumers(),
       &kernel_16_coalesced_store(),
+#endif
       &kernel_fwd_sm90(),  // the production forward: last, so that "auto" asks it first
   };
   return entries;
@@ -486,6 +489,7 @@ Status validate_backward_arguments(const BackwardProblem& problem) {
 namespace {
 // The backward kernels in lineage order, then the production backward (last: "auto" asks it first).
 const std::vector<const BackwardKernel*>& backward_kernels() {
+#if HATTN_WITH_LINEAGE
   static const std::vector<const BackwardKernel*> all{&backward_cuda_core(), &backward_mma_sync(), &backward_wgmma(),
                                                       &backward_dq_per_cta(), &backward_tma_dq(), &backward_hot_loop(),
                                                       &backward_dkdv_direct(), &backward_dq_overlap(),
@@ -493,6 +497,11 @@ const std::vector<const BackwardKernel*>& backward_kernels() {
                                                       &backward_dq_pipeline(), &backward_dkdv_pipeline(),
                                                       &backward_producer(), &backward_tma_dkdv(),
                                                       &backward_tma_sums(), &backward_sm90()};
+#else
+  // D = 256 still runs B10 (variable-length batches) and B12 (dense).
+  static const std::vector<const BackwardKernel*> all{&backward_dq_pass(), &backward_dkdv_pipeline(),
+                                                      &backward_sm90()};
+#endif
   return all;
 }
 }  // namespace

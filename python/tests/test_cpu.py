@@ -191,12 +191,13 @@ def test_layout_rules():
 
 
 def problem(**overrides):
-    """_C keyword arguments of a valid problem with stand-in (aligned, non-null) pointers."""
+    """_C keyword arguments of a valid problem with stand-in (aligned, non-null) pointers, 1 TiB
+    apart: no two tensors share memory."""
     strides = lambda s, h: (s * h * D, h * D, D)  # noqa: E731
     kwargs = dict(
         dtype="bf16", batch=B, seqlen_q=SQ, seqlen_k=SK, heads_q=HQ, heads_kv=HKV, head_dim=D,
-        q=1 << 20, q_strides=strides(SQ, HQ), k=2 << 20, k_strides=strides(SK, HKV),
-        v=3 << 20, v_strides=strides(SK, HKV), out=4 << 20, out_strides=strides(SQ, HQ),
+        q=1 << 40, q_strides=strides(SQ, HQ), k=2 << 40, k_strides=strides(SK, HKV),
+        v=3 << 40, v_strides=strides(SK, HKV), out=4 << 40, out_strides=strides(SQ, HQ),
     )  # fmt: skip
     kwargs.update(overrides)
     return kwargs

@@ -228,20 +228,20 @@ def test_cache_entries_free_the_cache_batch():
 def test_cache_entries_and_left_padding_reach_the_binding():
     q, k, v, lens = dense_args()
     index, pad = torch.tensor([1, 0, 1], dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
-    kwargs = _problem_kwargs(q, k[:2], v[:2], q, None, False, None, "auto", seqlens_k=lens, kv_batch_idx=index,
+    kwargs = _problem_kwargs(q, k[:2], v[:2], torch.empty_like(q), None, False, None, "auto", seqlens_k=lens, kv_batch_idx=index,
                              leftpad_k=pad)  # fmt: skip
     assert kwargs["kv_batch_idx"] == index.data_ptr() and kwargs["kv_batch"] == 2
     assert kwargs["leftpad_k"] == pad.data_ptr() and kwargs["batch"] == 3
     assert _C.resolve_kernel(**kwargs) == kernel_names()[-1]
     args = paged_args()
     q, k_cache, v_cache, table, lens = args
-    kwargs = _problem_kwargs(q, k_cache, v_cache, q, None, False, None, "auto", seqlens_k=lens,
+    kwargs = _problem_kwargs(q, k_cache, v_cache, torch.empty_like(q), None, False, None, "auto", seqlens_k=lens,
                              block_table=table.repeat(2, 1), kv_batch_idx=index)  # fmt: skip
     assert kwargs["kv_batch"] == 2 * B and kwargs["max_pages_per_seq"] == MAX_PAGES
     with pytest.raises(ValueError, match=r"leftpad_k: not with block_table"):
         _C.resolve_kernel(**paged_kwargs(args), leftpad_k=pad.data_ptr())
     q, k, v, _ = dense_args()
-    kwargs = _problem_kwargs(q, k, v, q, None, False, None, kernel_names()[-2], kv_batch_idx=index)
+    kwargs = _problem_kwargs(q, k, v, torch.empty_like(q), None, False, None, kernel_names()[-2], kv_batch_idx=index)
     with pytest.raises(NotImplementedError, match=r"no kv_batch_idx or leftpad_k"):
         _C.resolve_kernel(**kwargs)
 
@@ -346,7 +346,7 @@ def test_compile_fullgraph_traces_without_breaks(dynamic):
 def paged_kwargs(args, kernel="auto", causal=False, window=(-1, -1), num_splits=0):
     q, k_cache, v_cache, table, lens = args
     return _problem_kwargs(
-        q, k_cache, v_cache, q, None, causal, None, kernel, window, seqlens_k=lens, block_table=table,
+        q, k_cache, v_cache, torch.empty_like(q), None, causal, None, kernel, window, seqlens_k=lens, block_table=table,
         num_splits=num_splits,
     )  # fmt: skip
 
@@ -367,7 +367,7 @@ def test_problem_kwargs_of_a_paged_cache():
     assert kwargs["block_table"] == table.data_ptr() and kwargs["seqlens_k"] == lens.data_ptr()
     assert kwargs["k_strides"] == (PAGE * HKV * D, HKV * D, D) == kwargs["v_strides"]  # (page, row, head)
     assert kwargs["q_strides"] == (SQ * HQ * D, HQ * D, D)
-    dense = _problem_kwargs(q, q, q, q, None, False, None, "auto")
+    dense = _problem_kwargs(q, q, q, torch.empty_like(q), None, False, None, "auto")
     assert "block_table" not in dense and "seqlens_k" not in dense and dense["num_splits"] == 0
 
 

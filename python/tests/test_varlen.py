@@ -194,13 +194,13 @@ def test_compile_fullgraph_traces_without_breaks(dynamic):
 def resolve(args, kernel="auto", causal=False, window=(-1, -1)):
     """The kernel _C resolves a varlen problem of these (CPU) tensors to; launches nothing."""
     q, k, v, cu_q, cu_k, max_q, max_k = args
-    kwargs = _problem_kwargs(q, k, v, q, None, causal, None, kernel, window, (cu_q, cu_k, max_q, max_k))
+    kwargs = _problem_kwargs(q, k, v, torch.empty_like(q), None, causal, None, kernel, window, (cu_q, cu_k, max_q, max_k))
     return _C.resolve_kernel(**kwargs)
 
 
 def test_problem_kwargs_of_packed_tensors():
     q, k, v, cu_q, cu_k, max_q, max_k = varlen_args()
-    kwargs = _problem_kwargs(q, k, v, q, None, False, None, "auto", (-1, -1), (cu_q, cu_k, max_q, max_k))
+    kwargs = _problem_kwargs(q, k, v, torch.empty_like(q), None, False, None, "auto", (-1, -1), (cu_q, cu_k, max_q, max_k))
     assert kwargs["batch"] == 3 and kwargs["seqlen_q"] == 100 and kwargs["seqlen_k"] == 120
     assert kwargs["total_q"] == 137 and kwargs["total_k"] == 125
     assert kwargs["heads_q"] == HQ and kwargs["heads_kv"] == HKV and kwargs["head_dim"] == D
@@ -223,7 +223,7 @@ def test_only_the_final_kernel_has_it():
 def test_binding_varlen_errors():
     args = varlen_args()
     q, k, v, cu_q, cu_k, max_q, max_k = args
-    kwargs = _problem_kwargs(q, k, v, q, None, False, None, "auto", (-1, -1), (cu_q, cu_k, max_q, max_k))
+    kwargs = _problem_kwargs(q, k, v, torch.empty_like(q), None, False, None, "auto", (-1, -1), (cu_q, cu_k, max_q, max_k))
     with pytest.raises(ValueError, match=r"^invalid_argument: cu_seqlens_k: must be set together with cu_seqlens_q"):
         _C.resolve_kernel(**{**kwargs, "cu_seqlens_k": 0})
     with pytest.raises(ValueError, match=r"^invalid_argument: total_q: must be >= 1 with cu_seqlens"):
