@@ -18,7 +18,17 @@ cmake --build build -j "$jobs" 2>&1 | tee build/build.log | { grep -v -E "^ptxas
 nvcc_version=$(grep -ho 'CMAKE_CUDA_COMPILER_VERSION "[0-9.]*"' build/CMakeFiles/*/CMakeCUDACompiler.cmake |
   head -1 | grep -o '[0-9][0-9.]*' || true)
 python3 tools/check_spills.py build/build.log --nvcc "${nvcc_version:-unknown}"
-ctest --test-dir build --output-on-failure -j "$jobs"
+# ctest's full listing (every test, and every skipped one again at the end) goes to
+# build/ctest.log; printed: a summary of what passed, failed and skipped and why, and on a
+# failure the log's end, where ctest repeats the failures' output.
+if ! ctest --test-dir build --output-on-failure -j "$jobs" >build/ctest.log 2>&1; then
+  tail -150 build/ctest.log
+  python3 tools/ctest_summary.py build/ctest.log build/hattn_tests || true
+  exit 1
+fi
+python3 tools/ctest_summary.py build/ctest.log build/hattn_tests
+# The install rules: find_package(hattn) from a C++ project (tests/consumer/).
+scripts/test_install.sh build
 # The docs: result tables match results/, code excerpts match src/, the evidence index is
 # current and every evidence entry is cited.
 python3 tools/gen_docs.py --check

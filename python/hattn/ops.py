@@ -533,6 +533,12 @@ def _attention_fwd(
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or k.shape[1] == 0:
+        # Empty tensors, as torch's SDPA treats them: no batch or no queries give empty outputs;
+        # no keys give out 0 and LSE -inf (no kernel runs).
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
     if remembered is not None:
         _forward_again(remembered, q, k, v, out, lse if return_lse else None, **indices)
         return out, lse
@@ -582,6 +588,8 @@ def attention_bwd(
     forward's out and lse (dense batches; dk and dv sum over a K/V head's query heads)."""
     _check_inputs(q, k, v, "auto")
     _check_device(q, k, v, out=out, lse=lse, dout=dout)
+    if q.numel() == 0 or k.numel() == 0:  # empty tensors (see attention_fwd): every gradient is 0
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, out, dout = (_as_kernel_input(t) for t in (q, k, v, out, dout))
     lse = lse.contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -964,6 +972,12 @@ def _attention_paged_fwd(
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or k.shape[1] == 0:
+        # Empty tensors, as torch's SDPA treats them: no batch or no queries give empty outputs;
+        # no keys give out 0 and LSE -inf (no kernel runs).
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
     if remembered is not None:
         _forward_again(remembered, q, k_cache, v_cache, out, lse if return_lse else None, **indices)
         return out, lse

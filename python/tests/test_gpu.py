@@ -315,3 +315,18 @@ def test_bench_times_kernels_beside_the_anchors(tmp_path):
     for name in ("sdpa_cudnn", "sdpa_flash", "12_epilogue_hot_loop", "13_wide_tiles"):
         assert by_name[name]["status"] == "ok", by_name[name]
         assert float(by_name[name]["ms"]) > 0 and int(by_name[name]["reps"]) >= 3
+
+
+@requires_hopper
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k", [(0, 16, 16), (2, 0, 16), (2, 16, 0)])
+def test_empty_tensors_give_empty_results(batch, seqlen_q, seqlen_k):
+    """No batch or no queries: empty outputs; no keys: out 0 and LSE -inf (as FlashAttention-3);
+    the gradients of all three are 0. No kernel runs, and nothing raises."""
+    make = lambda s, h: torch.randn(batch, s, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    q, k, v = make(seqlen_q, 4), make(seqlen_k, 2), make(seqlen_k, 2)
+    out, lse = hattn.attention(q, k, v, return_lse=True)
+    assert out.shape == (batch, seqlen_q, 4, 64) and lse.shape == (batch, 4, seqlen_q)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+    out.float().sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and torch.all(t.grad == 0)
