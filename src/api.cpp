@@ -232,12 +232,6 @@ Status check_device_and_pointers(std::initializer_list<std::pair<const char*, co
 
 namespace {
 
-const KernelEntry* find_kernel(const std::string& name) {
-  for (const KernelEntry* e : registry())
-    if (name == e->name) return e;
-  return nullptr;
-}
-
 // The kernel's own supports(), after the features only some kernels have.
 Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
   if (problem.has_window() && !entry.supports_window)
@@ -261,29 +255,8 @@ Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
 }
 
 Status resolve(const AttentionProblem& problem, const std::string& kernel, const KernelEntry** out) {
-  if (kernel == "auto") {
-    std::string reasons;
-    const auto& entries = registry();
-    for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
-      Status s = supports(**it, problem);
-      if (s.ok()) {
-        *out = *it;
-        return s;
-      }
-      reasons += std::string("\n  ") + (*it)->name + ": " + s.message();
-    }
-    return {StatusCode::not_supported, "kernel: no registered kernel supports this problem:" + reasons};
-  }
-  const KernelEntry* entry = find_kernel(kernel);
-  if (entry == nullptr) {
-    std::string known;
-    for (const KernelEntry* e : registry()) known += std::string(known.empty() ? "" : ", ") + e->name;
-    return invalid("kernel: unknown kernel '" + kernel + "' (known: auto, " + known + ")");
-  }
-  Status s = supports(*entry, problem);
-  if (!s.ok()) return {StatusCode::not_supported, "kernel " + kernel + ": " + s.message()};
-  *out = entry;
-  return Status::Ok();
+  return resolve_entry(registry(), kernel, "kernel",
+                       [&](const KernelEntry& entry) { return supports(entry, problem); }, out);
 }
 
 Status check_all(const AttentionProblem& problem, const std::string& kernel, const KernelEntry** entry) {
@@ -523,40 +496,21 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
     return {StatusCode::not_supported,
             "backward: no seqlens_k, paged KV cache (block_table), kv_batch_idx or leftpad_k yet; dense and "
             "variable-length (cu_seqlens) batches only"};
-  // "auto", as for the forward: the newest kernel that supports the problem (up to D = 128
-  // the production backward bwd_sm90, dense or variable-length; at D = 256 bwd_12 for a dense
-  // batch, bwd_10 for a variable-length one).
+  // "auto", as for the forward (resolve_entry): the newest kernel that supports the problem (up
+  // to D = 128 the production backward bwd_sm90, dense or variable-length; at D = 256 bwd_12 for
+  // a dense batch, bwd_10 for a variable-length one).
   // Softcapping: only the kernels that say so (each kernel's supports() does not ask).
-  auto supports = [&](const BackwardKernel* k) -> Status {
-    if (p.softcap > 0.f && !k->supports_softcap)
-      return {StatusCode::not_supported, std::string(k->name) +
+  auto supports = [&](const BackwardKernel& k) -> Status {
+    if (p.softcap > 0.f && !k.supports_softcap)
+      return {StatusCode::not_supported, std::string(k.name) +
                                              ": no softcap (bwd_sm90 has it at D <= 128; at D = 256 "
                                              "bwd_12_dkdv_pipeline on dense batches, bwd_10_dq_pass on variable-length "
                                              "ones)"};
-    return k->supports(problem);
+    return k.supports(problem);
   };
-  if (name == "auto") {
-    std::string reasons;
-    for (const BackwardKernel* k : backward_kernels()) {
-      const Status why = supports(k);
-      if (why.ok())
-        *out = k;
-      else
-        reasons += "\n  " + why.message();
-    }
-    if (*out == nullptr)
-      return {StatusCode::not_supported, "kernel: no backward kernel supports this problem:" + reasons};
-    return Status::Ok();  // "auto" chose by supports(): not asked again
-  }
-  for (const BackwardKernel* k : backward_kernels())
-    if (name == k->name) *out = k;
-  if (*out == nullptr) {
-    std::string known = "auto";
-    for (const std::string& n : backward_kernel_names()) known += ", " + n;
-    return invalid("kernel: unknown backward kernel '" + name + "' (known: " + known + ")");
-  }
-  return supports(*out);
+  return resolve_entry(backward_kernels(), name, "backward kernel", supports, out);
 }
+
 }  // namespace
 
 Status resolve_backward_kernel(const BackwardProblem& problem, const std::string& kernel, std::string* resolved) {

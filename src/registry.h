@@ -1,6 +1,9 @@
 // The dispatch table: every lineage kernel and the production forward register one entry here.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "hattn/hattn.h"
 
 namespace hattn {
@@ -52,5 +55,45 @@ const KernelEntry& kernel_fwd_sm90();
 
 // All entries: the lineage in order, then the production forward.
 const std::vector<const KernelEntry*>& registry();
+
+// The one rule of both registries, the forward's (KernelEntry) and the backward's
+// (BackwardKernel, common/backward.h): `name` "auto" picks the newest entry, the last
+// registered, whose `supports(entry)` is ok, and otherwise says why each refused, each reason
+// led by the kernel's name; a name picks that entry if it supports the problem.
+// `what` names the registry in messages ("kernel", "backward kernel").
+template <typename Entry>
+Status named_refusal(const Entry& e, const Status& s) {  // the message, led by the kernel's name
+  if (s.ok() || s.message().rfind(std::string(e.name) + ":", 0) == 0) return s;
+  return {s.code(), std::string(e.name) + ": " + s.message()};
+}
+
+template <typename Entry, typename Supports>
+Status resolve_entry(const std::vector<const Entry*>& entries, const std::string& name, const char* what,
+                     Supports supports, const Entry** out) {
+  *out = nullptr;
+  if (name == "auto") {
+    std::string reasons;
+    for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+      const Status s = named_refusal(**it, supports(**it));
+      if (s.ok()) {
+        *out = *it;
+        return s;
+      }
+      reasons += "\n  " + s.message();
+    }
+    return {StatusCode::not_supported, std::string("kernel: no ") + what + " supports this problem:" + reasons};
+  }
+  for (const Entry* e : entries)
+    if (name == e->name) *out = e;
+  if (*out == nullptr) {
+    std::string known = "auto";
+    for (const Entry* e : entries) known += std::string(", ") + e->name;
+    return {StatusCode::invalid_argument,
+            std::string("kernel: unknown ") + what + " '" + name + "' (known: " + known + ")"};
+  }
+  const Status s = named_refusal(**out, supports(**out));
+  if (!s.ok()) *out = nullptr;
+  return s;
+}
 
 }  // namespace hattn
