@@ -116,16 +116,19 @@ Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_bo
                             QkvTensorMaps* maps) {
   // One swizzle row: 128 bytes, or a whole row where that is shorter (e4m3 at D = 64: 64 bytes).
   const int kBoxCols = std::min(128 / dtype_size(p.dtype), p.head_dim);
-  Status s = make_bshd_tensor_map(&maps->q, p.q, p.dtype, p.tensor_batch(), p.tensor_rows_q(), p.heads_q, p.head_dim,
-                                  p.q_strides, q_box_rows, kBoxCols);
+  // A failure names the kernel and the tensor.
+  auto named = [&](const char* tensor, const Status& s) -> Status {
+    return s.ok() ? s : Status{s.code(), std::string(kernel) + ": " + tensor + ": " + s.message()};
+  };
+  Status s = named("q", make_bshd_tensor_map(&maps->q, p.q, p.dtype, p.tensor_batch(), p.tensor_rows_q(), p.heads_q,
+                                             p.head_dim, p.q_strides, q_box_rows, kBoxCols));
   if (s.ok())
-    s = make_bshd_tensor_map(&maps->k, p.k, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
-                             p.k_strides, kv_box_rows, kBoxCols);
+    s = named("k", make_bshd_tensor_map(&maps->k, p.k, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv,
+                                        p.head_dim, p.k_strides, kv_box_rows, kBoxCols));
   if (s.ok())
-    s = make_bshd_tensor_map(&maps->v, p.v, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv, p.head_dim,
-                             p.v_strides, kv_box_rows, kBoxCols);
-  if (!s.ok()) return {s.code(), std::string(kernel) + ": " + s.message()};
-  return Status::Ok();
+    s = named("v", make_bshd_tensor_map(&maps->v, p.v, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv,
+                                        p.head_dim, p.v_strides, kv_box_rows, kBoxCols));
+  return s;
 }
 
 }  // namespace hattn

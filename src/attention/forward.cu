@@ -97,13 +97,18 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   if ((kRuntimeBounds && splits > 1) || (!kWindow && split.tail_parts > 1)) {
     if (problem.workspace != nullptr) {  // forward() checked its size
       workspace = static_cast<float*>(problem.workspace);
-    } else if (cudaMallocAsync(reinterpret_cast<void**>(&workspace), split.bytes, stream) == cudaSuccess) {
-      // Stream-ordered, so the pool hands the memory back to the next call on the stream, and a
-      // CUDA graph capture records it. Without it the problem runs unsplit.
-      owned = true;
     } else {
-      cudaGetLastError();  // clear it: the unsplit launch below does not depend on it
-      workspace = nullptr;
+      // Stream-ordered, so the pool hands the memory back to the next call on the stream, and a
+      // CUDA graph capture records it. A failure is the caller's to see (out of memory), not a
+      // silent switch to the unsplit plan.
+      Status st = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&workspace), split.bytes, stream),
+                              std::string(kName) + ": cudaMallocAsync(split-KV workspace, " +
+                                  std::to_string(split.bytes) + " bytes)");
+      if (!st.ok()) {
+        if (vt_owned) cudaFreeAsync(vt, stream);
+        return st;
+      }
+      owned = true;
     }
     if (workspace != nullptr && split.tail_parts > 1) {
       // The tail split: the parts of the cut items, [tail item][part][row of the block].
