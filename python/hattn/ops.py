@@ -497,6 +497,53 @@ def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx
     _check_num_splits(num_splits)
 
 
+_HEAD_DIMS = (64, 128, 256)
+
+
+def _cache_features(seqlens_k, kv_batch_idx, leftpad_k) -> Tuple[str, ...]:
+    """The KV-cache features a dense call uses, by their argument names."""
+    return tuple(name for name, t in (("seqlens_k", seqlens_k), ("kv_batch_idx", kv_batch_idx),
+                                      ("leftpad_k", leftpad_k)) if t is not None)  # fmt: skip
+
+
+def _check_problem(
+    q, kernel: str, causal: bool, softmax_scale, window=(-1, -1), softcap=0.0, features=(),
+) -> None:  # fmt: skip
+    """The library's checks that need only shapes and arguments, in Python, so that the fake (meta)
+    implementations make them too and torch.compile fails where the GPU would: the head dim, the
+    scale, the window, and a named lineage kernel asked for a feature only the production forward
+    has. `features`: the names of the features the call uses beyond the window and softcap
+    (e.g. "seqlens_k"). The messages are the library's (ValueError for invalid arguments,
+    NotImplementedError for what a kernel does not run)."""
+    head_dim = q.shape[-1]
+    if head_dim not in _HEAD_DIMS:
+        raise ValueError(f"invalid_argument: head_dim: must be 64, 128 or 256 (got {head_dim})")
+    if softmax_scale is not None and not math.isfinite(softmax_scale):
+        raise ValueError("invalid_argument: softmax_scale: must be finite")
+    left, right = window
+    if left < -1 or right < -1:
+        side = "window_left" if left < -1 else "window_right"
+        raise ValueError(f"invalid_argument: {side}: must be >= 0, or -1 for no edge (got {left if left < -1 else right})")
+    if causal and right > 0:
+        raise ValueError(
+            f"invalid_argument: window_right: must be -1 or 0 with causal, whose right edge is the diagonal (got {right})"
+        )
+    production = kernel_names()[-1]
+    if kernel in ("auto", production):
+        return
+    # The library's refusals, in its order (registry.h's supports()).
+    refusals = [
+        ((left, right) != (-1, -1), "no sliding window (window_left / window_right); the production forward {} has it"),
+        ("seqlens_k" in features, "no seqlens_k or paged KV cache (block_table); the production forward {} has them"),
+        ("kv_batch_idx" in features or "leftpad_k" in features,
+         "no kv_batch_idx or leftpad_k (KV cache entries, left padding); the production forward {} has them"),
+        (bool(softcap), "no softcap; the production forward {} has it"),
+    ]  # fmt: skip
+    for used, message in refusals:
+        if used:
+            raise NotImplementedError(f"{kernel}: " + message.format(production))
+
+
 def _attention_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -522,6 +569,8 @@ def _attention_fwd(
     indices = {"seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx, "leftpad_k": leftpad_k}
     if remembered is None:
         _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx, leftpad_k)
+        _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
+                       _cache_features(seqlens_k, kv_batch_idx, leftpad_k))  # fmt: skip
         _check_device(q, k, v, **indices)
         if not all(_kernel_layout_ok(t) for t in (q, k, v)) or not all(
             t is None or t.is_contiguous() for t in indices.values()
@@ -567,6 +616,8 @@ def _attention_fwd_fake(
     kv_batch_idx=None, leftpad_k=None, softcap=0.0,
 ):  # fmt: skip
     _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx, leftpad_k)
+    _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
+                   _cache_features(seqlens_k, kv_batch_idx, leftpad_k))  # fmt: skip
     return _bshd_outputs_like(q, return_lse)
 
 

@@ -149,6 +149,26 @@ def test_meta_validates_too():
         )
 
 
+def test_meta_checks_what_the_library_checks():
+    """The fake implementation refuses what the GPU call would (so torch.compile fails at trace
+    time): a head dim the kernels lack, a bad window, a lineage kernel asked for a production
+    feature. The messages are the library's."""
+    q, k, v = (t.to("meta") for t in cpu_qkv())
+    lineage = hattn.kernels()[-2].name
+    fwd = torch.ops.hattn.attention_fwd
+    q96, k96, v96 = (t.to("meta") for t in cpu_qkv(head_dim=96))
+    with pytest.raises(ValueError, match=r"head_dim: must be 64, 128 or 256 \(got 96\)"):
+        fwd(q96, k96, v96, False, None, "auto", False)
+    with pytest.raises(ValueError, match=r"window_right: must be -1 or 0 with causal"):
+        fwd(q, k, v, True, None, "auto", False, 8, 4)
+    with pytest.raises(NotImplementedError, match=rf"{lineage}: no sliding window"):
+        fwd(q, k, v, False, None, lineage, False, 8, 0)
+    with pytest.raises(NotImplementedError, match=rf"{lineage}: no softcap"):
+        fwd(q, k, v, False, None, lineage, False, -1, -1, softcap=30.0)
+    out, _ = fwd(q, k, v, False, None, "auto", False, 8, 0, softcap=30.0)  # the production forward has both
+    assert out.shape == q.shape
+
+
 def test_compile_fullgraph_traces_without_breaks():
     """Dynamo traces hattn.attention into one graph (real GPU runs are in test_gpu.py)."""
     torch._dynamo.reset()
