@@ -72,20 +72,38 @@ struct Mask {
     else
       need_mask = n_start + kBlockN > seq.seqlen_k || (p.causal && n_start + kBlockN - 1 > warp_diagonal);
     if (need_mask) {
+      if constexpr (kWindow) {
+        // Each of the thread's two rows sees keys [first, last]: the window's edges (an open
+        // side: no edge) clipped to [0, Sk). Worked out once per row, then two compares an
+        // entry without branches (per entry, the edges' conditions made ptxas branch, and spill
+        // 152 bytes at D = 64). A window wider than the keys is clipped first, which changes no
+        // edge (the diagonal lies in [-Sq, Sk)) and keeps the sums inside int.
+        const int left = min(p.window_left, seq.seqlen_k), right = min(p.window_right, seq.seqlen_k + seq.seqlen_q);
+        int first[2], last[2];
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n_start + nt * 8 + 2 * tig + e % 2;
-          const int row = (row0 + e / 2 * 8) >> pack_shift;  // the query position
-          bool hidden;
-          if constexpr (kWindow)
-            hidden = col >= seq.seqlen_k || (p.window_right >= 0 && col > row + causal_offset + p.window_right) ||
-                     (p.window_left >= 0 && col < row + causal_offset - p.window_left);
-          else
-            hidden = col >= seq.seqlen_k || (p.causal && col > row + causal_offset);
-          if (hidden) s[nt * 4 + e] = -INFINITY;
+        for (int r = 0; r < 2; ++r) {
+          const int diagonal = ((row0 + 8 * r) >> pack_shift) + causal_offset;
+          first[r] = left >= 0 ? max(diagonal - left, 0) : 0;
+          last[r] = right >= 0 ? min(diagonal + right, seq.seqlen_k - 1) : seq.seqlen_k - 1;
         }
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n_start + nt * 8 + 2 * tig + e % 2;
+            if ((col < first[e / 2]) | (col > last[e / 2])) s[nt * 4 + e] = -INFINITY;
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n_start + nt * 8 + 2 * tig + e % 2;
+            const int row = (row0 + e / 2 * 8) >> pack_shift;  // the query position
+            const bool hidden = col >= seq.seqlen_k || (p.causal && col > row + causal_offset);
+            if (hidden) s[nt * 4 + e] = -INFINITY;
+          }
+      }
     }
   }
 };
