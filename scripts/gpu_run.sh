@@ -28,7 +28,8 @@
 #   SANITIZE_SHAPES  KERNEL:I,J,...: instead, backward kernel KERNEL on the backward suite's dense
 #                    shapes I, J, ... (0-based, in the test list's order; their test indices
 #                    shift as kernels and shapes are added), e.g. bwd_13_producer:1,2,7,12
-#   PYTHON=1         also build the Python package and run its tests and benchmark
+#   PYTHON=1         also build the Python package (or install dist/'s wheel for this Python,
+#                    from scripts/build_wheel.sh) and run its tests and benchmark
 #   PYTEST_ARGS      with PYTHON=1: what pytest runs (default: python/tests; e.g.
 #                    "python/tests/test_backward.py python/tests/test_bench.py -k backward")
 #   PY_BENCH_ARGS    flags for python -m hattn.bench
@@ -225,9 +226,20 @@ done
 
 # --- Python package ------------------------------------------------------------------------------
 if [ "${PYTHON:-0}" = 1 ]; then
-  python3 -m pip install --no-build-isolation --no-deps -q --config-settings=cmake.define.HATTN_LINEAGE=ON . \
-    >"$out/pip.log" 2>&1  # with the lineage: its tests and benchmarks cover every step
-  note "pip install: rc=$?"
+  # A wheel built elsewhere for this Python (scripts/build_wheel.sh, dist/ carried) installs
+  # without compiling; else the package is built here, with the lineage (its tests and
+  # benchmarks cover every step).
+  py_tag=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  wheel=$(ls -t dist/hattn-*-"$py_tag"-*.whl 2>/dev/null | head -1 || true)
+  if [ -n "$wheel" ]; then
+    python3 -m pip install --no-deps --force-reinstall -q "$wheel" >"$out/pip.log" 2>&1
+    rc=$?
+    note "pip install $wheel (built at $(cat "$wheel.commit" 2>/dev/null || echo unknown)): rc=$rc"
+  else
+    python3 -m pip install --no-build-isolation --no-deps -q --config-settings=cmake.define.HATTN_LINEAGE=ON . \
+      >"$out/pip.log" 2>&1
+    note "pip install: rc=$?"
+  fi
   # FlashAttention-3, timed beside hattn by the Python benchmarks when given: HATTN_FA3_LIB, else
   # the library unpacked from .anchors/ (copied there from ../shared/anchors/fa3/, whose README
   # says how; git-ignored). A measuring stick only: nothing builds or tests against it.
