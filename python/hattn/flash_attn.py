@@ -38,18 +38,13 @@ from .ops import (
 )  # fmt: skip
 
 
-def _unsupported(
-    dropout_p, alibi_slopes, return_attn_probs, lse_from: str
-) -> List[str]:
-    """What a call asks for that hattn lacks, one entry per argument; lse_from: the hattn function
-    that has the LSE."""
+def _unsupported(dropout_p, alibi_slopes) -> List[str]:
+    """What a call asks for that hattn lacks, one entry per argument."""
     unsupported = []
     if dropout_p != 0.0:
         unsupported.append(f"dropout_p={dropout_p} (no dropout)")
     if alibi_slopes is not None:
         unsupported.append("alibi_slopes (no ALiBi)")
-    if return_attn_probs:
-        unsupported.append(f"return_attn_probs=True (use hattn.{lse_from}(..., return_lse=True) for the LSE)")
     return unsupported
 
 
@@ -90,11 +85,15 @@ def flash_attn_func(
     FP8, as FlashAttention-3's flash_attn_func takes it: with torch.float8_e4m3fn q, k and v
     (D = 128), the keyword-only q_descale, k_descale, v_descale (None or fp32 [B, Hkv]) go with
     them to hattn.attention_fp8, which returns bf16 out and has no backward (inputs that require
-    grad are refused). No sliding window then: window_size must be (-1, -1), or (-1, 0), which
+    grad are refused).
+
+    return_attn_probs=True returns FlashAttention-2's (out, softmax_lse, S_dmask): the LSE
+    (fp32 [B, Hq, Sq], no gradient through it) and None for S_dmask, which exists only with
+    dropout. No sliding window then: window_size must be (-1, -1), or (-1, 0), which
     is the causal mask. Descales with bf16/fp16 inputs raise ValueError.
     """
     needs_grad = _needs_grad(q, k, v)
-    unsupported = _unsupported(dropout_p, alibi_slopes, return_attn_probs, "attention")
+    unsupported = _unsupported(dropout_p, alibi_slopes)
     if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
@@ -105,6 +104,8 @@ def flash_attn_func(
         unsupported.append(f"window_size={tuple(window_size)} with FP8 inputs (hattn.attention_fp8 has no window)")
     if fp8 and softcap != 0.0:
         unsupported.append(f"softcap={softcap} with FP8 inputs (hattn.attention_fp8 has no softcapping)")
+    if fp8 and return_attn_probs:
+        unsupported.append("return_attn_probs=True with FP8 inputs (hattn.attention_fp8 returns out only)")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_func does not support " + "; ".join(unsupported))
     if fp8:
@@ -116,6 +117,10 @@ def flash_attn_func(
     for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if t is not None and isinstance(q, torch.Tensor):
             raise ValueError(f"{name}: only with torch.float8_e4m3fn q, k and v, got q of dtype {q.dtype}")
+    if return_attn_probs:  # FlashAttention-2's (out, softmax_lse, S_dmask); no dropout, so no S_dmask
+        out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window,
+                             softcap=softcap, return_lse=True)  # fmt: skip
+        return out, lse, None
     return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap)
 
 
@@ -149,7 +154,7 @@ def flash_attn_varlen_func(
     FlashAttention, causal sets the window's right side to 0.
     """
     needs_grad = _needs_grad(q, k, v)
-    unsupported = _unsupported(dropout_p, alibi_slopes, return_attn_probs, "attention_varlen")
+    unsupported = _unsupported(dropout_p, alibi_slopes)
     if deterministic and needs_grad:
         unsupported.append(
             "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
@@ -159,10 +164,15 @@ def flash_attn_varlen_func(
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_varlen_func does not support " + "; ".join(unsupported))
     window = _flash_window(window_size, causal)
-    return attention_varlen(
+    result = attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap,
+        return_lse=return_attn_probs,
     )  # fmt: skip
+    if return_attn_probs:  # FlashAttention-2's (out, softmax_lse [Hq, total_q], S_dmask); no S_dmask
+        out, lse = result
+        return out, lse, None
+    return result
 
 
 def _cache_seqlens(cache_seqlens, q: torch.Tensor) -> Optional[torch.Tensor]:
@@ -362,7 +372,7 @@ def flash_attn_with_kvcache(
     if cache_leftpad is not None and block_table is not None:
         unsupported.append("cache_leftpad with block_table (a paged cache's K/V tiles start on its pages)")
     # alibi_slopes as in flash_attn_func (no dropout or probabilities here; no grad, see below).
-    unsupported += _unsupported(0.0, alibi_slopes, False, "attention_paged")
+    unsupported += _unsupported(0.0, alibi_slopes)
     if _needs_grad(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
         unsupported.append("inputs that require grad (hattn has no backward with a KV cache yet; use torch.no_grad())")
     if unsupported:

@@ -37,7 +37,6 @@ def cpu_varlen():
     [
         ({"dropout_p": 0.1}, "dropout_p"),
         ({"alibi_slopes": torch.zeros(2)}, "alibi_slopes"),
-        ({"return_attn_probs": True}, "return_attn_probs"),
     ],
 )
 def test_unsupported_arguments_are_named(kwargs, words):
@@ -113,6 +112,19 @@ def test_supported_call_reaches_the_op():
         hattn.flash_attn_func(*cpu_qkv(), deterministic=True)
 
 
+def test_return_attn_probs_asks_for_the_lse():
+    """return_attn_probs=True is FlashAttention-2's (out, softmax_lse, S_dmask): the call asks the
+    op for the LSE (here it gets as far as the GPU check of CPU tensors); with FP8 it is refused."""
+    gpu = r"no suitable GPU|must be a CUDA tensor"
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.flash_attn_func(*cpu_qkv(), return_attn_probs=True)
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.flash_attn_varlen_func(*cpu_varlen(), return_attn_probs=True)
+    q8 = torch.zeros(1, 16, 2, 128).to(torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match=r"return_attn_probs=True with FP8 inputs"):
+        hattn.flash_attn_func(q8, q8, q8, return_attn_probs=True)
+
+
 def test_window_size_reaches_the_op():
     # A window is supported: the call gets as far as the device check, like a plain one.
     with pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
@@ -124,7 +136,6 @@ def test_window_size_reaches_the_op():
     [
         ({"dropout_p": 0.1}, "dropout_p"),
         ({"alibi_slopes": torch.zeros(2)}, "alibi_slopes"),
-        ({"return_attn_probs": True}, r"return_attn_probs=True \(use hattn.attention_varlen"),
         ({"block_table": torch.zeros(2, 4, dtype=torch.int32)}, r"block_table \(no paged KV with a variable-length"),
     ],
 )
