@@ -30,7 +30,8 @@ from typing import List, NamedTuple
 import torch  # noqa: F401
 
 from . import _C
-from .flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from .flash_attn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                         flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
 from .ops import attention, attention_fp8, attention_paged, attention_varlen, launch, resolve_kernel
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 
@@ -40,6 +41,10 @@ __all__ = [
     "attention_paged",
     "attention_varlen",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "kernels",

@@ -175,6 +175,54 @@ def flash_attn_varlen_func(
     return result
 
 
+def _unpack(packed: torch.Tensor, dim: int, parts: int, name: str, layout: str):
+    """The views of a packed tensor's `parts` slices along `dim` (no copy: the ops read such
+    strided slices in place)."""
+    if not isinstance(packed, torch.Tensor) or packed.dim() <= dim or packed.shape[dim] != parts:
+        shape = tuple(packed.shape) if isinstance(packed, torch.Tensor) else type(packed).__name__
+        raise ValueError(f"{name}: must be {layout}, got {shape}")
+    return packed.unbind(dim)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                              alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_qkvpacked_func's arguments and result: qkv [B, S, 3, H, D], run as
+    flash_attn_func on its q, k and v slices (gradients flow back into qkv)."""
+    q, k, v = _unpack(qkv, 2, 3, "qkv", "[batch, seqlen, 3, heads, head_dim]")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                             alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_kvpacked_func's arguments and result: q [B, Sq, Hq, D], kv [B, Sk, 2, Hkv, D],
+    run as flash_attn_func."""
+    k, v = _unpack(kv, 2, 2, "kv", "[batch, seqlen_k, 2, heads_kv, head_dim]")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn_varlen_qkvpacked_func's arguments and result: qkv [total, 3, H, D] with one
+    cu_seqlens and max_seqlen for queries and keys, run as flash_attn_varlen_func."""
+    q, k, v = _unpack(qkv, 1, 3, "qkv", "[total, 3, heads, head_dim]")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_varlen_kvpacked_func's arguments and result: q [total_q, Hq, D], kv
+    [total_k, 2, Hkv, D], run as flash_attn_varlen_func."""
+    k, v = _unpack(kv, 1, 2, "kv", "[total_k, 2, heads_kv, head_dim]")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
 def _cache_seqlens(cache_seqlens, q: torch.Tensor) -> Optional[torch.Tensor]:
     """cache_seqlens (None, an int, or int32 [B]) as hattn's seqlens_k: None or int32 [B] on q's device."""
     if cache_seqlens is None:

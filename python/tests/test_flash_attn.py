@@ -1010,3 +1010,38 @@ def test_softcap_reaches_hattn():
     args = gpu_varlen([300, 0, 129], [200, 50, 400])
     out = hattn.flash_attn_varlen_func(*args, causal=True, softcap=3.0)
     torch.testing.assert_close(out, hattn.attention_varlen(*args, causal=True, softcap=3.0), rtol=0, atol=0)
+
+
+def test_packed_variants_unpack_and_check_their_layout():
+    """The qkv- and kv-packed forms hand their slices to flash_attn_func / flash_attn_varlen_func
+    (here as far as the GPU check of CPU tensors); a packed tensor of the wrong layout is named."""
+    gpu = r"no suitable GPU|must be a CUDA tensor"
+    qkv = torch.randn(2, 16, 3, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.flash_attn_qkvpacked_func(qkv, causal=True)
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:])
+    packed = torch.randn(16, 3, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10, 16], dtype=torch.int32)
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.flash_attn_varlen_qkvpacked_func(packed, cu, 10)
+    with pytest.raises((RuntimeError, ValueError), match=gpu):
+        hattn.flash_attn_varlen_kvpacked_func(packed[:, 0], packed[:, 1:], cu, cu, 10, 10)
+    with pytest.raises(ValueError, match=r"qkv: must be \[batch, seqlen, 3, heads, head_dim\]"):
+        hattn.flash_attn_qkvpacked_func(qkv[:, :, :2])
+    with pytest.raises(ValueError, match=r"kv: must be \[total_k, 2, heads_kv, head_dim\]"):
+        hattn.flash_attn_varlen_kvpacked_func(packed[:, 0], packed, cu, cu, 10, 10)
+
+
+@requires_hopper
+def test_packed_variants_match_the_unpacked_call():
+    """Same output as flash_attn_func on the slices, and gradients back into the packed tensor."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    qkv = torch.randn(2, 100, 3, 4, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+    out = hattn.flash_attn_qkvpacked_func(qkv, causal=True)
+    q, k, v = qkv.detach().unbind(2)
+    assert torch.equal(out, hattn.flash_attn_func(q, k, v, causal=True))
+    out.float().sum().backward()
+    assert qkv.grad.shape == qkv.shape and torch.isfinite(qkv.grad).all()
+    kv = qkv.detach()[:, :, 1:]
+    assert torch.equal(hattn.flash_attn_kvpacked_func(q, kv, causal=True), out.detach())
