@@ -1023,11 +1023,7 @@ def _attention_paged_fwd(
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
-    if out.numel() == 0 or k.shape[1] == 0:
-        # Empty tensors, as torch's SDPA treats them: no batch or no queries give empty outputs;
-        # no keys give out 0 and LSE -inf (no kernel runs).
-        out.zero_()
-        lse.fill_(float("-inf"))
+    if out.numel() == 0:  # no batch or no queries: empty outputs, no kernel
         return out, lse
     if remembered is not None:
         _forward_again(remembered, q, k_cache, v_cache, out, lse if return_lse else None, **indices)
