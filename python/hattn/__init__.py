@@ -32,7 +32,8 @@ import torch  # noqa: F401
 from . import _C
 from .flash_attn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
                          flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
-from .ops import attention, attention_fp8, attention_paged, attention_varlen, launch, resolve_kernel
+from .ops import (attention, attention_fp8, attention_paged, attention_varlen, checking, launch, resolve_kernel,
+                  set_checking)
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "attention_fp8",
     "attention_paged",
     "attention_varlen",
+    "checking",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
@@ -53,6 +55,7 @@ __all__ = [
     "patch_sdpa",
     "resolve_kernel",
     "scaled_dot_product_attention",
+    "set_checking",
     "sdpa_fallback_reason",
     "__version__",
 ]

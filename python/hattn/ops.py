@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -499,6 +500,86 @@ def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx
 
 _HEAD_DIMS = (64, 128, 256)
 
+# The checking mode: the promises the kernels take on trust (offsets, lengths, page and cache
+# indices, descales live on the GPU and are never read on the host) are read back and checked
+# before each launch, and a broken one raises ValueError naming the argument. Each check costs
+# a device-to-host copy and its synchronization (tens of microseconds a call), so it is off by
+# default: HATTN_CHECK=1 in the environment, or hattn.set_checking(True).
+_CHECKING = os.environ.get("HATTN_CHECK", "0") not in ("", "0")
+
+
+def set_checking(on: bool) -> None:
+    """Turns the checking mode on or off (see HATTN_CHECK)."""
+    global _CHECKING
+    _CHECKING = bool(on)
+
+
+def checking() -> bool:
+    """Whether the checking mode is on."""
+    return _CHECKING
+
+
+def _broken(message: str) -> ValueError:
+    return ValueError(f"invalid_argument: {message} (checking mode)")
+
+
+def _check_offsets(name: str, cu: torch.Tensor, rows: int, max_name: str, longest: int) -> None:
+    """cu_seqlens: from 0, never decreasing, within the tensor's rows; every length within max_seqlen."""
+    c = cu.to("cpu", torch.int64)
+    if int(c[0]) != 0:
+        raise _broken(f"{name}: must start at 0, got {int(c[0])}")
+    lengths = c[1:] - c[:-1]
+    if (lengths < 0).any():
+        i = int(torch.nonzero(lengths < 0)[0])
+        raise _broken(f"{name}: must not decrease (entry {i + 1}: {int(c[i + 1])} after {int(c[i])})")
+    if int(c[-1]) > rows:
+        raise _broken(f"{name}: ends at {int(c[-1])}, past the tensor's {rows} rows")
+    if lengths.numel() and int(lengths.max()) > longest:
+        i = int(torch.argmax(lengths))
+        raise _broken(f"{max_name}: {longest} is below sequence {i}'s length {int(lengths[i])}")
+
+
+def _check_in_range(name: str, t: Optional[torch.Tensor], low: int, high: int, what: str) -> None:
+    """Every entry of t in [low, high)."""
+    if t is None or t.numel() == 0:
+        return
+    c = t.to("cpu", torch.int64)
+    bad = (c < low) | (c >= high)
+    if bad.any():
+        i = tuple(int(x) for x in torch.nonzero(bad)[0])
+        raise _broken(f"{name}: entry {i[0] if len(i) == 1 else i} is {int(c[i])}, outside [{low}, {high}) ({what})")
+
+
+def _check_promises(*, varlen=None, totals=(0, 0), seqlens_k=None, capacity=None, block_table=None, num_pages=None,
+                    kv_batch_idx=None, kv_batch=None, leftpad_k=None, descales=()) -> None:
+    """The checking mode's checks of one call (nothing when it is off). varlen: (cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k) with totals (total_q, total_k); capacity: the keys
+    a sequence can have (a dense cache's Sk, a paged one's max_pages_per_seq * page_size)."""
+    if not _CHECKING:
+        return
+    if varlen is not None:
+        cu_q, cu_k, max_q, max_k = varlen
+        _check_offsets("cu_seqlens_q", cu_q, totals[0], "max_seqlen_q", max_q)
+        _check_offsets("cu_seqlens_k", cu_k, totals[1], "max_seqlen_k", max_k)
+    _check_in_range("seqlens_k", seqlens_k, 0, (capacity or 0) + 1, f"keys in use, at most the cache's {capacity}")
+    _check_in_range("block_table", block_table, 0, num_pages or 0, f"pages of a cache of {num_pages}")
+    _check_in_range("kv_batch_idx", kv_batch_idx, 0, kv_batch or 0, f"entries of a cache of {kv_batch}")
+    if leftpad_k is not None:
+        _check_in_range("leftpad_k", leftpad_k, 0, (capacity or 0) + 1, f"a first key within the cache's {capacity}")
+        if seqlens_k is not None:
+            over = leftpad_k.to("cpu", torch.int64) > seqlens_k.to("cpu", torch.int64)
+            if over.any():
+                b = int(torch.nonzero(over)[0])
+                raise _broken(f"leftpad_k: sequence {b} starts at key {int(leftpad_k[b])}, past its "
+                              f"{int(seqlens_k[b])} keys in use")  # fmt: skip
+    for name, t in descales:
+        if t is not None:
+            c = t.to("cpu", torch.float32)
+            bad = ~(torch.isfinite(c) & (c > 0))
+            if bad.any():
+                i = tuple(int(x) for x in torch.nonzero(bad)[0])
+                raise _broken(f"{name}: entry {i} is {float(c[i])}; descales must be finite and > 0")
+
 
 def _cache_features(seqlens_k, kv_batch_idx, leftpad_k) -> Tuple[str, ...]:
     """The KV-cache features a dense call uses, by their argument names."""
@@ -579,6 +660,7 @@ def _attention_fwd(
         q, k, v = (_as_kernel_input(t) for t in (q, k, v))
         # The kernel reads plain int32 arrays.
         indices = {name: None if t is None else t.contiguous() for name, t in indices.items()}
+    _check_promises(capacity=k.shape[1], kv_batch=k.shape[0], **indices)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
@@ -817,6 +899,7 @@ def _attention_varlen_fwd(
     """hattn::attention_varlen_fwd: (out [total_q, Hq, D], lse [Hq, total_q] fp32, or empty when not return_lse)."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
     _check_device(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    _check_promises(varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), totals=(q.shape[0], k.shape[0]))
     q, k, v = (_as_kernel_input(t) for t in (q, k, v))
     # The kernel reads the offsets as plain int32 arrays.
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -1020,6 +1103,8 @@ def _attention_paged_fwd(
         q, k_cache, v_cache = (_as_kernel_input(t) for t in (q, k_cache, v_cache))
         # The kernel reads plain int32 arrays: block_table's rows max_pages_per_seq apart.
         indices = {name: None if t is None else t.contiguous() for name, t in indices.items()}
+    _check_promises(capacity=block_table.shape[-1] * k_cache.shape[1], num_pages=k_cache.shape[0],
+                    kv_batch=block_table.shape[0], **indices)  # fmt: skip
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
@@ -1255,6 +1340,7 @@ def _attention_fp8_fwd(
     descales = (q_descale, k_descale, v_descale)
     _check_fp8_inputs(q, k, v, descales, kernel)
     _check_device(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    _check_promises(descales=tuple(zip(("q_descale", "k_descale", "v_descale"), descales)))
     q, k, v = (_as_kernel_input(t) for t in (q, k, v))
     # The kernel reads plain fp32 [batch, Hkv] arrays (an expand()ed scale is copied here).
     descales = tuple(None if t is None else t.contiguous() for t in descales)
