@@ -149,9 +149,6 @@ ByteRange tensor_bytes(const char* name, const void* ptr, const Strides& strides
   return {name, begin, begin + uintptr_t(last + 1) * uintptr_t(elem_bytes)};
 }
 
-// An output that shares memory with another tensor of the call would be read while it is written
-// (or written twice): refused. The ranges are the tensors' spans, so a layout that interleaves
-// an output with another tensor in one buffer is refused too.
 // lse: fp32 [B, Hq, Sq], or [Hq, total_q] for a variable-length batch; {0, 0} when not given.
 ByteRange lse_bytes(const AttentionProblem& p) {
   const uintptr_t begin = reinterpret_cast<uintptr_t>(p.lse);
@@ -160,6 +157,22 @@ ByteRange lse_bytes(const AttentionProblem& p) {
   return {"lse", begin, begin + uintptr_t(rows * p.heads_q) * sizeof(float)};
 }
 
+// The bytes of a forward call's tensors (validated: check_tensor's rules hold).
+struct ForwardRanges {
+  ByteRange q, k, v, out, lse;
+};
+ForwardRanges forward_ranges(const AttentionProblem& p) {
+  const int b = p.tensor_batch(), rows_q = p.tensor_rows_q(), kv_b = p.tensor_batch_k(), rows_k = p.tensor_rows_k();
+  const int in_bytes = dtype_size(p.dtype), out_bytes = dtype_size(output_dtype(p.dtype));
+  return {tensor_bytes("q", p.q, p.q_strides, b, rows_q, p.heads_q, p.head_dim, in_bytes),
+          tensor_bytes("k", p.k, p.k_strides, kv_b, rows_k, p.heads_kv, p.head_dim, in_bytes),
+          tensor_bytes("v", p.v, p.v_strides, kv_b, rows_k, p.heads_kv, p.head_dim, in_bytes),
+          tensor_bytes("out", p.out, p.out_strides, b, rows_q, p.heads_q, p.head_dim, out_bytes), lse_bytes(p)};
+}
+
+// An output that shares memory with another tensor of the call would be read while it is written
+// (or written twice): refused. The ranges are the tensors' spans, so a layout that interleaves
+// an output with another tensor in one buffer is refused too.
 Status check_no_overlap(const ByteRange& output, std::initializer_list<ByteRange> others) {
   for (const ByteRange& other : others) {
     if (other.begin == 0 || output.begin == 0) continue;  // an optional tensor not given
@@ -376,14 +389,9 @@ Status validate_arguments(const AttentionProblem& p) {
     return s;
   if (p.lse != nullptr && reinterpret_cast<uintptr_t>(p.lse) % alignof(float) != 0)
     return invalid("lse: pointer must be 4-byte aligned");
-  const ByteRange q = tensor_bytes("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, in_bytes);
-  const ByteRange k = tensor_bytes("k", p.k, p.k_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, in_bytes);
-  const ByteRange v = tensor_bytes("v", p.v, p.v_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, in_bytes);
-  const ByteRange out =
-      tensor_bytes("out", p.out, p.out_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, out_bytes);
-  if (!(s = check_no_overlap(out, {q, k, v})).ok()) return s;
-  if (!(s = check_no_overlap(lse_bytes(p), {q, k, v, out})).ok()) return s;
-  return Status::Ok();
+  const ForwardRanges r = forward_ranges(p);
+  if (!(s = check_no_overlap(r.out, {r.q, r.k, r.v})).ok()) return s;
+  return check_no_overlap(r.lse, {r.q, r.k, r.v, r.out});
 }
 
 Status resolve_kernel(const AttentionProblem& problem, const std::string& kernel, std::string* resolved) {
@@ -442,21 +450,19 @@ Status validate_backward_arguments(const BackwardProblem& problem) {
   if (!(s = check_tensor("dv", problem.dv, problem.dv_strides, p.tensor_batch(), p.tensor_rows_k(), p.heads_kv,
                          p.head_dim, true)).ok())
     return s;
-  const int b = p.tensor_batch(), rows_q = p.tensor_rows_q(), rows_k = p.tensor_rows_k(), kv_b = p.tensor_batch_k();
+  // The forward's tensors were checked against each other by validate_arguments; the
+  // gradients against every tensor of the call.
+  const int b = p.tensor_batch(), rows_q = p.tensor_rows_q(), rows_k = p.tensor_rows_k();
   const int e = dtype_size(p.dtype);
-  const ByteRange q = tensor_bytes("q", p.q, p.q_strides, b, rows_q, p.heads_q, p.head_dim, e);
-  const ByteRange k = tensor_bytes("k", p.k, p.k_strides, kv_b, rows_k, p.heads_kv, p.head_dim, e);
-  const ByteRange v = tensor_bytes("v", p.v, p.v_strides, kv_b, rows_k, p.heads_kv, p.head_dim, e);
-  const ByteRange out = tensor_bytes("out", p.out, p.out_strides, b, rows_q, p.heads_q, p.head_dim, e);
+  const ForwardRanges r = forward_ranges(p);
   const ByteRange dout =
       tensor_bytes("dout", problem.dout, problem.dout_strides, b, rows_q, p.heads_q, p.head_dim, e);
   const ByteRange dq = tensor_bytes("dq", problem.dq, problem.dq_strides, b, rows_q, p.heads_q, p.head_dim, e);
   const ByteRange dk = tensor_bytes("dk", problem.dk, problem.dk_strides, b, rows_k, p.heads_kv, p.head_dim, e);
   const ByteRange dv = tensor_bytes("dv", problem.dv, problem.dv_strides, b, rows_k, p.heads_kv, p.head_dim, e);
-  const ByteRange lse = lse_bytes(p);
-  if (!(s = check_no_overlap(dq, {q, k, v, out, dout, lse, dk, dv})).ok()) return s;
-  if (!(s = check_no_overlap(dk, {q, k, v, out, dout, lse, dv})).ok()) return s;
-  return check_no_overlap(dv, {q, k, v, out, dout, lse});
+  if (!(s = check_no_overlap(dq, {r.q, r.k, r.v, r.out, dout, r.lse, dk, dv})).ok()) return s;
+  if (!(s = check_no_overlap(dk, {r.q, r.k, r.v, r.out, dout, r.lse, dv})).ok()) return s;
+  return check_no_overlap(dv, {r.q, r.k, r.v, r.out, dout, r.lse});
 }
 
 namespace {
