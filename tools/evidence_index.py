@@ -78,8 +78,8 @@ def cites_entry(names, entry):
     return any(n == entry or n.startswith(entry + "/") for n in names)
 
 
-def index_table(docs):
-    cites = {f: cited_names(t) for f, t in docs.items()}
+def index_table(cites):
+    """The index's rows; cites: {document: the evidence names it cites}."""
     rows = ["| id | what | commit | cited by |", "|---|---|---|---|"]
     for entry in sorted(EVIDENCE.iterdir(), key=lambda p: p.name):
         citers = sorted(f for f, c in cites.items() if cites_entry(c, entry.name))
@@ -93,10 +93,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
-    docs = documents()
+    cites = {f: cited_names(t) for f, t in documents().items()}
     problems = []
     names = {p.name for p in EVIDENCE.iterdir()}
-    cites = {f: cited_names(t) for f, t in docs.items()}
     for f, cited in cites.items():
         for name in sorted(cited):
             if not (EVIDENCE / name).exists():
@@ -109,7 +108,7 @@ def main():
     if not m:
         problems.append(f"{INDEX.relative_to(ROOT)} has no <!-- evidence:index --> markers")
     else:
-        new = text[:m.start(2)] + index_table(docs) + text[m.end(2):]
+        new = text[:m.start(2)] + index_table(cites) + text[m.end(2):]
         if new != text:
             if args.check:
                 problems.append(f"{INDEX.relative_to(ROOT)}: the evidence index is stale (run tools/evidence_index.py)")

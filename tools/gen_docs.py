@@ -260,8 +260,7 @@ def ab_table(csv_path):
 
 def fp8_table(csv_path):
     """The FP8 forward beside bf16 attention on the same values (python -m hattn.bench_fp8)."""
-    with open(csv_path, newline="") if csv_path.exists() else open(__file__) as f:
-        header = f.readline()
+    header = csv_path.read_text().split("\n", 1)[0] if csv_path.exists() else ""
     # A run with FA3 has ratio_to_best_anchor (over every anchor, FA3's FP8 included); an
     # earlier run's only ratio is over the bf16 anchors.
     every = "ratio_to_best_anchor" in header.split(",")
@@ -290,7 +289,7 @@ def status_table():
         path = ROOT / "results" / name
         return list(csv.DictReader(open(path, newline=""))) if path.exists() else []
 
-    def summary(what, rows, name, ours, ratio_of, anchors_of, shape_of):
+    def summary(what, rows, name, ours, ratio_of, anchors_of):
         mine = [r for r in rows if ours(r) and ratio_of(r) not in ("", None)]
         if not mine:
             return f"| {what} | – | – | – | – | no results yet (`results/{name}`) |"
@@ -326,12 +325,12 @@ def status_table():
                        ("backward, GQA 4", "pybench_backward_gqa4.csv"),
                        ("backward, varlen (mixed lengths)", "pybench_backward_varlen_mixed.csv")):
         out.append(summary(what, read(name), name, lambda r: r["name"] == "hattn",
-                           lambda r: r["ratio_to_best_anchor"], bwd_anchor, None))
+                           lambda r: r["ratio_to_best_anchor"], bwd_anchor))
     fp8 = read("pybench_fp8.csv")
     key = "ratio_to_best_anchor" if fp8 and "ratio_to_best_anchor" in fp8[0] else "ratio_to_best_bf16_anchor"
     out.append(summary("FP8 forward (e4m3; the anchors in bf16 unless named FP8)", fp8, "pybench_fp8.csv",
                        lambda r: r["name"] == "hattn_fp8", lambda r: r[key],
-                       lambda r: not r["name"].startswith("hattn") and r["status"] == "ok", None))
+                       lambda r: not r["name"].startswith("hattn") and r["status"] == "ok"))
     runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / "capstone").glob("*.json"))]
     for run in runs:
         ms = {r["variant"]: r["ms"] for r in run["results"]}
