@@ -196,10 +196,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels "
                    "(no capstone, no plots)")  # fmt: skip
-    p.add_argument("--fa3", metavar="PATH", default=None, help=fa3.HELP)
+    fa3.add_argument(p)
     args = p.parse_args(argv)
-    if fa3.check_path(args.fa3):
-        p.error(fa3.check_path(args.fa3))
+    fa3.check_argument(p, args)
 
     anchors = VARLEN_ANCHORS if args.varlen else ANCHORS
     if args.varlen and args.anchors == ",".join(ANCHORS):  # the default list: the varlen anchors instead
@@ -568,10 +567,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    fa3_missing = fa3.load(args.fa3) if "fa3" in args.anchor_list else fa3.NOT_GIVEN
-    if fa3_missing and fa3_missing != fa3.NOT_GIVEN:  # a library was named and did not load
-        print(f"hattn.bench: {fa3_missing}", file=sys.stderr)
-        return 2
+    fa3_missing = fa3.load_for("hattn.bench", args.fa3) if "fa3" in args.anchor_list else fa3.NOT_GIVEN
     meta = environment()
     meta["fa3_library"] = None if fa3_missing else fa3.library_path(args.fa3)
     meta["args"] = {k: v for k, v in vars(args).items() if k != "shapes"}

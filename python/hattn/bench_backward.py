@@ -84,10 +84,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--anchors", default=None,
                    help=f"comma-separated anchors, the first the reference (default: {','.join(ANCHORS)}; "
                         f"with --varlen {','.join(VARLEN_DEFAULT_ANCHORS)}, known: {','.join(VARLEN_ANCHORS)})")
-    p.add_argument("--fa3", metavar="PATH", default=None, help=fa3.HELP)
+    fa3.add_argument(p)
     args = p.parse_args(argv)
-    if fa3.check_path(args.fa3):
-        p.error(fa3.check_path(args.fa3))
+    fa3.check_argument(p, args)
     if args.varlen and args.tokens != GRID_TOKENS:
         p.error("--varlen runs the grid's token count: no --tokens with it")
     try:
@@ -208,10 +207,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     eps = torch.finfo(dtype).eps
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    fa3_missing = fa3.load(args.fa3) if "fa3" in args.anchor_list else None
-    if fa3_missing and fa3_missing != fa3.NOT_GIVEN:  # a library was named and did not load
-        print(f"python -m hattn.bench_backward: {fa3_missing}", file=sys.stderr)
-        return 2
+    fa3_missing = None
+    if "fa3" in args.anchor_list:
+        fa3_missing = fa3.load_for("python -m hattn.bench_backward", args.fa3)
     # Without its library FA3 is not timed; its rows in the CSV say so.
     anchors = tuple(a for a in args.anchor_list if not (a == "fa3" and fa3_missing))
     names = ["hattn"] + [f"hattn:{k}" for k in args.kernels.split(",") if k] + list(anchors)

@@ -70,10 +70,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="fewer reps (at least 5) where --reps calls take longer (default: 2)")  # fmt: skip
     p.add_argument("--flush-mb", type=int, default=256, help="L2 flush buffer written before every call, MB")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
-    p.add_argument("--fa3", metavar="PATH", default=None, help=fa3.HELP)
+    fa3.add_argument(p)
     args = p.parse_args(argv)
-    if fa3.check_path(args.fa3):
-        p.error(fa3.check_path(args.fa3))
+    fa3.check_argument(p, args)
     try:
         args.seqlen_list = parse_int_list(args.seqlens)
     except ValueError as e:
@@ -219,10 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("python -m hattn.bench_fp8: no CUDA GPU is available; the benchmark needs an NVIDIA Hopper GPU (sm_90).",
               file=sys.stderr)  # fmt: skip
         return 2
-    fa3_missing = fa3.load(args.fa3)
-    if fa3_missing and fa3_missing != fa3.NOT_GIVEN:  # a library was named and did not load
-        print(f"python -m hattn.bench_fp8: {fa3_missing}", file=sys.stderr)
-        return 2
+    fa3_missing = fa3.load_for("python -m hattn.bench_fp8", args.fa3)
     env = environment()
     timer = Timer(args.flush_mb, args.warmup, args.reps, args.budget_s)
     print(f"# FP8 forward on {env['gpu']} | SM clock {env['sm_clock_mhz_start']} MHz | torch {env['torch']} "

@@ -74,10 +74,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (the tiny model only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="folder for capstone.json and capstone.csv (default: none written)")
-    p.add_argument("--fa3", metavar="PATH", default=None, help=fa3.HELP)
+    fa3.add_argument(p)
     args = p.parse_args(argv)
-    if fa3.check_path(args.fa3):
-        p.error(fa3.check_path(args.fa3))
+    fa3.check_argument(p, args)
     args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in args.variant_list if v not in VARIANTS]
     if unknown or not args.variant_list:
@@ -126,19 +125,23 @@ def tokens(size: str) -> int:
 
 
 class AttentionLog:
-    """Counts the SDPA calls made inside patch_sdpa(): run by hattn, or handed to torch and why."""
+    """Counts a variant's SDPA calls (hattn's inside patch_sdpa(), or FA3's): run by the variant
+    itself, or handed to torch and why."""
 
     def __init__(self):
-        self.by_hattn = 0
+        self.ran = 0
         self.to_torch: Dict[str, int] = collections.Counter()
+
+    def count(self, why: Optional[str]) -> None:
+        """One call: why it went to torch, or None when the variant ran it."""
+        if why is None:
+            self.ran += 1
+        else:
+            self.to_torch[why] += 1
 
     def wrap(self, fn: Callable) -> Callable:
         def logged(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-            why = _sdpa.sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-            if why is None:
-                self.by_hattn += 1
-            else:
-                self.to_torch[why] += 1
+            self.count(_sdpa.sdpa_fallback_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
             return fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                       enable_gqa=enable_gqa)
 
@@ -169,10 +172,7 @@ def fa3_sdpa(log: Optional[AttentionLog] = None) -> Callable:
     def call(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         why = fa3_fallback_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         if log is not None:
-            if why is None:
-                log.by_hattn += 1  # here: by FA3
-            else:
-                log.to_torch[why] += 1
+            log.count(why)
         if why is not None:
             return torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                               scale=scale, enable_gqa=enable_gqa)
@@ -215,8 +215,8 @@ def run(args: argparse.Namespace) -> Dict:
     # hattn and FA3 ran counted (the timed passes run without the count).
     logs = {"hattn": AttentionLog(), "fa3": AttentionLog()}
     outputs = {v: forward(v, logs.get(v)) for v in args.variant_list}
-    calls = {"by_hattn": logs["hattn"].by_hattn, "to_torch": dict(logs["hattn"].to_torch)}
-    fa3_calls = {"by_fa3": logs["fa3"].by_hattn, "to_torch": dict(logs["fa3"].to_torch)}
+    calls = {"by_hattn": logs["hattn"].ran, "to_torch": dict(logs["hattn"].to_torch)}
+    fa3_calls = {"by_fa3": logs["fa3"].ran, "to_torch": dict(logs["fa3"].to_torch)}
     for _ in range(max(args.warmup - 1, 0)):
         for v in args.variant_list:
             forward(v)

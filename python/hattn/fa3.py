@@ -13,6 +13,7 @@ The calls here take hattn's layouts: BSHD q, k, v (the last dim contiguous), or 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -38,6 +39,28 @@ def check_path(given: Optional[str]) -> Optional[str]:
         return None
     source = "--fa3" if given else ENV_VAR
     return f"{source}: no such file: {path}"
+
+
+def add_argument(parser) -> None:
+    """--fa3 PATH on a benchmark's argument parser."""
+    parser.add_argument("--fa3", metavar="PATH", default=None, help=HELP)
+
+
+def check_argument(parser, args) -> None:
+    """A library named by --fa3 or $HATTN_FA3_LIB that does not exist: the parser's error."""
+    why = check_path(args.fa3)
+    if why:
+        parser.error(why)
+
+
+def load_for(prog: str, given: Optional[str]) -> Optional[str]:
+    """load(), in a benchmark's main: None when FA3 is ready, NOT_GIVEN when no library was named.
+    A named library that does not load ends the program (status 2), saying why."""
+    why = load(given)
+    if why and why != NOT_GIVEN:
+        print(f"{prog}: {why}", file=sys.stderr)
+        raise SystemExit(2)
+    return why
 
 
 def load(given: Optional[str]) -> Optional[str]:
