@@ -17,6 +17,7 @@
 
 #include "../src/common/backward.h"
 #include "../tools/harness.h"
+#include "fake_problem.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 #include "hattn/reference.h"
@@ -24,8 +25,9 @@
 namespace hattn {
 namespace {
 
-// 16 TiB apart, so that no two tensors of a test problem share memory (validation checks that).
-void* fake(uintptr_t n) { return reinterpret_cast<void*>((n + 1) << 44); }
+// Addresses never dereferenced, as the forward's validation tests use (apart enough that no two
+// tensors of a problem share memory).
+void* fake(uintptr_t n) { return const_cast<void*>(testing::fake_ptr(n)); }
 
 BackwardProblem valid_backward() {
   BackwardProblem b;
