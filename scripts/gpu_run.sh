@@ -1,96 +1,173 @@
 #!/usr/bin/env bash
-# The main job: build, run the GPU tests and benchmark the lineage, in one go.
+# The main job on a GPU machine: build, then run steps; a compact summary is printed last and
+# full logs go to the output folder. Without a Hopper GPU it builds, says so, and stops.
 #
-#   scripts/gpu_run.sh [OUT_DIR]
+#   scripts/gpu_run.sh [OPTIONS] [STEP [ARGS...]] [+ STEP [ARGS...]]...
 #
-# Full logs go to OUT_DIR (default: $OUT when set, else build/gpu_run); a compact summary is
-# printed last. Without a Hopper GPU it builds, says so, and stops.
+# With no step it runs `test + bench + bench-backward`: the GPU tests and the lineage's
+# benchmark. Steps run in the order given, separated by a lone `+`; each writes NAME.log (and
+# NAME.csv where it times), NAME_2... when a step comes again. For example
 #
-# Environment knobs:
-#   BENCH_ARGS       extra hattn-bench flags (default when unset: --settle 0.5, the full grid,
-#                    all kernels, as results/lineage.csv was timed; set it empty for burst figures)
-#   BENCH2_ARGS, BENCH3_ARGS
-#                    when set, more hattn-bench runs with these flags (bench2.csv, bench3.csv):
-#                    e.g. the same kernel with split-KV on and off
-#   AB_ARGS          when set: hattn-bench with these flags, which name two kernels
-#                    (--kernels A,B), then again with the two swapped (ab.csv, ba.csv): an A/B
-#                    in both orders, e.g. AB_ARGS='--backward --kernels X,Y --dims 256 --no-gemm'
-#   NCU_ARGS         when set: ncu's duration, tensor-pipe share, L2 hit rate and reduction
-#                    sectors, and the warps' barrier and long-scoreboard stall shares, of every
-#                    kernel of one hattn-bench call with these flags and --reps 1 (ncu.txt)
-#   GTEST_FILTER     restrict the GPU tests (default: all; GoogleTest patterns: only * and ?)
-#   BACKWARD_BENCH_ARGS
-#                    extra flags for the backward lineage's hattn-bench run (after the forward's)
-#   SKIP_TESTS=1     skip the GoogleTest run      SKIP_BENCH=1   skip both benchmarks
-#   SKIP_SASS=1      skip the disassembly summary (2+ minutes of CPU, run beside the GPU tests)
-#   SANITIZE=1       compute-sanitizer memcheck + racecheck on a few small cases
-#   SANITIZE_FILTER  gtest filter for those cases (default: shapes 4, 7 and 12, every kernel)
-#   SANITIZE_SHAPES  KERNEL:I,J,...: instead, backward kernel KERNEL on the backward suite's dense
-#                    shapes I, J, ... (0-based, in the test list's order; their test indices
-#                    shift as kernels and shapes are added), e.g. bwd_13_producer:1,2,7,12
-#   PYTHON=1         also build the Python package (or install dist/'s wheel for this Python,
-#                    from scripts/build_wheel.sh) and run its tests and benchmark
-#   PYTEST_ARGS      with PYTHON=1: what pytest runs (default: python/tests; e.g.
-#                    "python/tests/test_backward.py python/tests/test_bench.py -k backward")
-#   PY_BENCH_ARGS    flags for python -m hattn.bench
-#   PY_VARLEN        equal|mixed: also python -m hattn.bench --varlen MODE (flags: PY_VARLEN_ARGS)
-#   PY_BACKWARD_ARGS when set (may be empty): also python -m hattn.bench_backward with these flags
-#   PY_BACKWARD2_ARGS, PY_BACKWARD3_ARGS
-#                    when set: a second and a third python -m hattn.bench_backward run (e.g. one
-#                    with --gqa 4, one with --varlen mixed; each writes its own CSV)
-#   PY_KERNEL_TIMES_ARGS
-#                    when set (may be empty): also python -m hattn.kernel_times with these flags
-#                    (each GPU kernel of one backward call: hattn's and SDPA's)
-#   HATTN_FA3_LIB    with PYTHON=1: a FlashAttention-3 library for the benchmarks' FA3 columns
-#                    (default: .anchors/flash_attn_3_sm90.so.xz unpacked, when present)
-#   PY_FP8_ARGS      when set (may be empty): also python -m hattn.bench_fp8 with these flags
-#   CAPSTONE=1       with PYTHON=1: also python -m hattn.capstone (Wan 2.1 1.3B at 480p, 14B at
-#                    720p; CAPSTONE_SPECS="MODEL SIZE REPS;..." for others). With PYTHON=1, diffusers is installed from .whl/ when that exists
-#                    (scripts/fetch_wheels.sh), before the Python tests.
-#   HATTN_COMMIT     commit recorded in the results (default: the PREBUILT archive's commit, else
-#                    git rev-parse HEAD; a copied working tree's .git may lag behind its files)
-#   PREBUILT         an archive from scripts/prebuild.sh: its binaries (and build log) instead of
-#                    building here, which saves the GPU machine's build time
-#   TEST_TIMEOUT     seconds before a hung GPU test, sanitizer or pytest run is killed (default 1200)
-#   PACK=1           at the end, pack OUT_DIR into OUT_DIR.tgz and remove it (one file to
-#                    bring back from a remote machine instead of many)
+#   scripts/gpu_run.sh test '*Window*' + ab --kernels fwd_sm90,16_coalesced_store --dims 128
+#   scripts/gpu_run.sh --prebuilt .prebuilt/build-gpu.tar.xz python + py bench_backward --dims 64
+#
+# Options (before the first step):
+#   --out DIR         the output folder (default: $OUT when set, else build/gpu_run)
+#   --prebuilt FILE   binaries from scripts/prebuild.sh instead of building here (saves the GPU
+#                     machine's build time); their commit is recorded unless --commit names one
+#   --build DIR       the build folder (default build-gpu)
+#   --commit SHA      the commit recorded in the results (default: git rev-parse HEAD; a copied
+#                     working tree's .git may lag behind its files)
+#   --timeout S       seconds before a hung test, sanitizer or pytest run is killed (default 1200)
+#   --no-sass         skip the disassembly summary (a couple of minutes of CPU beside the tests)
+#   --pack            pack the output folder into FOLDER.tgz at the end (one file to bring back)
+#   --dry-run         print the steps and stop (no build)
+#
+# Steps:
+#   test [FILTER]            the C++ GPU tests (GoogleTest FILTER: only * and ?; default all)
+#   bench [FLAGS]            hattn-bench over the forward lineage; FLAGS replace the default
+#                            `--settle 0.5` (sustained figures, as results/lineage.csv is timed)
+#   bench-backward [FLAGS]   hattn-bench --backward over every backward step from B02 (B01, on
+#                            CUDA cores, takes minutes a shape), D 64/128/256, S 1k/4k/16k; FLAGS
+#                            are added
+#   ab FLAGS                 hattn-bench with FLAGS naming two kernels (--kernels A,B), then again
+#                            with the two swapped: an A/B in both orders (NAME_ab.csv, NAME_ba.csv)
+#   ncu FLAGS                ncu's duration, tensor-pipe share, L2 hit rate, reduction sectors and
+#                            barrier/long-scoreboard stalls of every kernel of one hattn-bench call
+#   sanitize [FILTER | KERNEL:I,J,... | contract:N]
+#                            compute-sanitizer memcheck, racecheck, synccheck and initcheck over a
+#                            few GPU tests (default: shapes 4, 7 and 12 of every forward kernel);
+#                            KERNEL:I,J picks the backward suite's dense shapes I, J (0-based) of
+#                            backward kernel KERNEL; contract:N runs the Python package's
+#                            randomized contract test instead, N forward and N/4 backward cases
+#   python [PYTEST ARGS]     install the Python package (dist/'s wheel for this Python when
+#                            present, from scripts/build_wheel.sh; else built here with the
+#                            lineage), then pytest (default: python/tests)
+#   py MODULE [FLAGS]        python -m hattn.MODULE --out OUT/NAME FLAGS: bench, bench_backward,
+#                            bench_fp8, kernel_times (installs the package first if needed)
+#   capstone [MODEL SIZE REPS]
+#                            python -m hattn.capstone (default: Wan 2.1 1.3B at 480p, 5 reps, and
+#                            14B at 720p, 3 reps); diffusers is installed from .whl/ when present
+#                            (scripts/fetch_wheels.sh)
+#
+# The Python steps pass FlashAttention-3 to the benchmarks when HATTN_FA3_LIB names it or
+# .anchors/flash_attn_3_sm90.so.xz is there (copied from ../shared/anchors/fa3/; git-ignored):
+# a measuring stick only, nothing builds or tests against it.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-out=${1:-${OUT:-build/gpu_run}}
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
+# --- arguments ---------------------------------------------------------------------------------
+out=${OUT:-build/gpu_run}
+build=build-gpu prebuilt='' commit_given='' timeout_s=1200 sass=1 pack=0 dry_run=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --prebuilt) prebuilt=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --commit) commit_given=$2; shift 2 ;;
+    --timeout) timeout_s=$2; shift 2 ;;
+    --no-sass) sass=0; shift ;;
+    --pack) pack=1; shift ;;
+    --dry-run) dry_run=1; shift ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "gpu_run.sh: unknown option $1 (see --help)"; exit 2 ;;
+    *) break ;;
+  esac
+done
+[ $# -gt 0 ] || set -- test + bench + bench-backward
+
+# Each step is stored as its words joined by the unit separator.
+steps=() words=()
+flush_step() {
+  [ ${#words[@]} -gt 0 ] || { echo "gpu_run.sh: an empty step (two '+' in a row, or one at an end)"; exit 2; }
+  local IFS=$'\x1f'
+  steps+=("${words[*]}")
+  words=()
+}
+for word in "$@"; do
+  if [ "$word" = + ]; then flush_step; else words+=("$word"); fi
+done
+flush_step
+
+# Every step's arguments are checked before anything is built or run: a mistake found after the
+# build would cost the GPU machine's time.
+declare -A seen=()
+labels=()
+for step in "${steps[@]}"; do
+  IFS=$'\x1f' read -ra w <<<"$step"
+  name=${w[0]} args=("${w[@]:1}")
+  case $name in
+    test | sanitize)
+      if [[ "${args[*]:-}" == *[\[\]]* ]]; then
+        echo "gpu_run.sh $name: GoogleTest filters have only * and ? (no [...] classes): ${args[*]}"
+        exit 2
+      fi
+      if [ "$name" = sanitize ] && [[ "${args[0]:-}" == contract* ]] && ! [[ ${args[0]} =~ ^contract:[1-9][0-9]*$ ]]; then
+        echo "gpu_run.sh sanitize: contract:N with N a count of cases (got: ${args[0]})"
+        exit 2
+      fi ;;
+    ab)
+      if ! [[ " ${args[*]:-} " =~ \ --kernels[\ =][^,\ ]+,[^,\ ]+\  ]]; then
+        echo "gpu_run.sh ab: name two kernels with --kernels A,B (got: ${args[*]:-nothing})"
+        exit 2
+      fi ;;
+    ncu) [ ${#args[@]} -gt 0 ] || { echo "gpu_run.sh ncu: give hattn-bench flags for one small call"; exit 2; } ;;
+    py)
+      case ${args[0]:-} in
+        bench | bench_backward | bench_fp8 | kernel_times) ;;
+        *) echo "gpu_run.sh py: MODULE is one of bench, bench_backward, bench_fp8, kernel_times (got: ${args[0]:-nothing})"
+          exit 2 ;;
+      esac ;;
+    capstone)
+      [ ${#args[@]} -eq 0 ] || [ ${#args[@]} -eq 3 ] ||
+        { echo "gpu_run.sh capstone: MODEL SIZE REPS, or nothing for the two default runs"; exit 2; } ;;
+    bench | bench-backward | python) ;;
+    *) echo "gpu_run.sh: unknown step '$name' (test, bench, bench-backward, ab, ncu, sanitize, python, py, capstone)"
+      exit 2 ;;
+  esac
+  # The step's label names its files: the step (and a py step's module), numbered when repeated.
+  label=${name//-/_}
+  [ "$name" = py ] && label=py_${args[0]}
+  seen[$label]=$((${seen[$label]:-0} + 1))
+  [ "${seen[$label]}" -gt 1 ] && label+="_${seen[$label]}"
+  labels+=("$label")
+done
+
+if [ "$dry_run" = 1 ]; then
+  echo "output: $out${prebuilt:+; prebuilt: $prebuilt}"
+  for i in "${!steps[@]}"; do
+    IFS=$'\x1f' read -ra w <<<"${steps[$i]}"
+    printf '%s:' "${labels[$i]}"
+    printf ' %q' "${w[@]}"
+    echo
+  done
+  exit 0
+fi
+
 mkdir -p "$out"
-commit_given=${HATTN_COMMIT:-}
-export HATTN_COMMIT=${HATTN_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+export HATTN_COMMIT=${commit_given:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 jobs=$(nproc 2>/dev/null || echo 2)
 summary=()
 note() { summary+=("$*"); echo "== $*"; }
-
-# GoogleTest filters know only * and ?: a bracket class would match nothing, silently, after
-# the device time is spent. Refuse it before anything runs.
-for name in GTEST_FILTER SANITIZE_FILTER; do
-  if [[ "${!name:-}" == *[\[\]]* ]]; then
-    echo "$name: GoogleTest filters have only * and ? (no [...] classes): ${!name}"
-    exit 2
-  fi
-done
+tables=()  # logs whose "# TFLOP/s" tables the summary repeats
 
 # --- machine --------------------------------------------------------------------------------
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv 2>&1; nvcc --version | tail -1; } |
   tee "$out/machine.txt"
 
 # --- build (ptxas report kept for registers and spills) --------------------------------------
-build="build-gpu"
-if [ -n "${PREBUILT:-}" ]; then
-  # Binaries built elsewhere (scripts/prebuild.sh): unpacked, not rebuilt.
-  if ! { mkdir -p "$build" && tar xJf "$PREBUILT" -C "$build"; }; then
-    echo "PREBUILT: cannot unpack $PREBUILT"
+if [ -n "$prebuilt" ]; then
+  if ! { mkdir -p "$build" && tar xJf "$prebuilt" -C "$build"; }; then
+    echo "--prebuilt: cannot unpack $prebuilt"
     exit 1
   fi
   cp "$build/prebuild.log" "$out/build.log"
-  # The binaries' own commit, unless the caller named one.
   [ -n "$commit_given" ] || HATTN_COMMIT=$(cat "$build/prebuild_commit.txt")
   note "prebuilt binaries of $(cat "$build/prebuild_commit.txt") ($(grep -c 'registers' "$out/build.log") ptxas reports in build.log)"
 else
-  rm -f "$build"/prebuild_*.txt  # an earlier PREBUILT run's, which would describe another build
+  rm -f "$build"/prebuild_*.txt  # an earlier prebuilt run's, which would describe another build
   if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHATTN_PTXAS_VERBOSE=ON >"$out/build.log" 2>&1 &&
     cmake --build "$build" -j "$jobs" >>"$out/build.log" 2>&1; }; then
     tail -40 "$out/build.log"
@@ -99,10 +176,9 @@ else
   fi
   note "build ok ($(grep -c 'registers' "$out/build.log") ptxas reports in build.log)"
 fi
-# Register/spill report per kernel: the function name line followed by its usage lines.
+# Register/spill report per kernel, and spills against tools/spill_budget.txt as scripts/test.sh
+# checks them (with the nvcc version this build recorded).
 grep -E "Compiling entry function|registers|spill" "$out/build.log" >"$out/ptxas.txt" || true
-# Spills against tools/spill_budget.txt, as scripts/test.sh checks them on a CPU machine (the
-# same nvcc version: the one CMake recorded for this build).
 nvcc_version=$(cat "$build"/prebuild_nvcc.txt 2>/dev/null ||
   grep -ho 'CMAKE_CUDA_COMPILER_VERSION "[0-9.]*"' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake |
   head -1 | grep -o '[0-9][0-9.]*' || true)
@@ -115,10 +191,10 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 
 # --- disassembly: which MMA instructions each kernel uses, and no local memory -------------
-# It takes a couple of minutes of CPU, so it runs beside the tests and sanitizers; the timed
-# runs below wait for it first (sass_wait), so that it does not share the host with them.
+# A couple of minutes of CPU, so it runs beside the first steps; a timed step waits for it first
+# (sass_wait), so that it does not share the host with the timing.
 sass_pid=
-if [ "${SKIP_SASS:-0}" != 1 ] && command -v cuobjdump >/dev/null; then
+if [ "$sass" = 1 ] && command -v cuobjdump >/dev/null; then
   (
     sass_of="$build/libhattn.a"
     [ -f "$sass_of" ] || sass_of="$build/hattn_tests"  # prebuilt: the test binary holds every kernel
@@ -145,163 +221,183 @@ sass_wait() {
   note "sass: $(wc -l <"$out/sass_summary.txt") kernels summarized in sass_summary.txt"
 }
 
-# --- GPU tests -------------------------------------------------------------------------------
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout "${TEST_TIMEOUT:-1200}" "$build/hattn_tests" --gtest_filter="${GTEST_FILTER:-*}" --gtest_brief=1 >"$out/tests.log" 2>&1
-  rc=$?
-  tail -5 "$out/tests.log"
-  grep -E "^\[  FAILED  \]" "$out/tests.log" | head -20
-  note "gtest: rc=$rc, $(grep -Eo '[0-9]+ tests?, listed below' "$out/tests.log" | head -1 || true) $(grep -E '^\[  PASSED  \]' "$out/tests.log")"
-fi
+bench_bin="$build/hattn-bench"
+tests_bin="$build/hattn_tests"
 
-# --- sanitizers on small shapes ----------------------------------------------------------------
-if [ "${SANITIZE:-0}" = 1 ]; then
-  filter=${SANITIZE_FILTER:-'AllKernels/KernelTest.MatchesFp64Reference/*_4_*:*MatchesFp64Reference/*_7_*:*MatchesFp64Reference/*_12_*'}
-  if [ -n "${SANITIZE_SHAPES:-}" ]; then
-    kernel=${SANITIZE_SHAPES%%:*}
-    mapfile -t names < <("$build/hattn_tests" --gtest_list_tests \
-      --gtest_filter="Shapes/BackwardTest.MatchesFp64Reference/${kernel}_*" | grep -Eo "MatchesFp64Reference/${kernel}_[0-9]+")
-    IFS=, read -ra picks <<<"${SANITIZE_SHAPES#*:}"
-    filter=""
-    for i in "${picks[@]}"; do
-      [ -n "${names[$i]:-}" ] && filter+="${filter:+:}Shapes/BackwardTest.${names[$i]}"
-    done
-    note "SANITIZE_SHAPES $SANITIZE_SHAPES: ${filter:-no such kernel or shapes}"
-  fi
-  for tool in memcheck racecheck; do
-    timeout "${TEST_TIMEOUT:-1200}" compute-sanitizer --tool $tool --error-exitcode 9 "$build/hattn_tests" \
-      --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1
-    note "compute-sanitizer $tool: rc=$? ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards? displayed' "$out/sanitizer_$tool.log" | tail -1))"
-  done
-fi
+# --- steps ---------------------------------------------------------------------------------------
+step_test() {  # LABEL [FILTER]
+  local log="$out/$1.log"
+  timeout "$timeout_s" "$tests_bin" --gtest_filter="${2:-*}" --gtest_brief=1 >"$log" 2>&1
+  local rc=$?
+  tail -5 "$log"
+  grep -E "^\[  FAILED  \]" "$log" | head -20
+  note "$1 (${2:-*}): rc=$rc, $(grep -Eo '[0-9]+ tests?, listed below' "$log" | head -1 || true) $(grep -E '^\[  PASSED  \]' "$log")"
+}
 
-# --- benchmark ---------------------------------------------------------------------------------
-sass_wait
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
+step_bench() {  # LABEL [FLAGS]: the defaults when no flags are given
+  local label=$1
+  shift
   # Each point after 0.5 s of untimed calls: sustained figures, as the committed lineage
   # (results/evidence/clock_carryover/ says why the default 20 calls read high).
-  # shellcheck disable=SC2086
-  "$build/hattn-bench" --csv "$out/bench.csv" ${BENCH_ARGS---settle 0.5} 2>&1 | tee "$out/bench.log"
-  note "bench: rc=${PIPESTATUS[0]} -> $out/bench.csv"
-  # The backward lineage from B02 (B01, on CUDA cores, takes minutes a shape): every backward
-  # kernel the binary registers, from its --list, so that a new step is timed without an edit here.
-  backward_kernels=$("$build/hattn-bench" --list | sed -n '/^backward kernels/,$p' |
+  [ $# -gt 0 ] || set -- --settle 0.5
+  sass_wait
+  "$bench_bin" --csv "$out/$label.csv" "$@" 2>&1 | tee "$out/$label.log"
+  note "$label: rc=${PIPESTATUS[0]} -> $out/$label.csv"
+  tables+=("$out/$label.log")
+}
+
+step_bench_backward() {  # LABEL [FLAGS]: added to the defaults
+  local label=$1 kernels
+  shift
+  # Every backward kernel the binary registers from B02 on, from its --list, so that a new step
+  # is timed without an edit here.
+  kernels=$("$bench_bin" --list | sed -n '/^backward kernels/,$p' |
     grep -Eo '^  bwd_[0-9a-z_]+' | grep -v 'bwd_01_' | tr -d ' ' | paste -sd, -)
-  # shellcheck disable=SC2086
-  "$build/hattn-bench" --backward --kernels "$backward_kernels" --dims 64,128,256 \
-    --seqlens 1024,4096,16384 --no-gemm --csv "$out/bench_backward.csv" ${BACKWARD_BENCH_ARGS:-} 2>&1 |
-    tee "$out/bench_backward.log"
-  note "backward bench: rc=${PIPESTATUS[0]} -> $out/bench_backward.csv"
-fi
-if [ -n "${AB_ARGS:-}" ]; then
-  ab_kernels=$(printf '%s\n' "$AB_ARGS" | sed -n 's/.*--kernels[ =]\([^ ]*\).*/\1/p')
-  ba_kernels=$(printf '%s\n' "$ab_kernels" | tr ',' '\n' | tac | paste -sd, -)
+  sass_wait
+  "$bench_bin" --backward --kernels "$kernels" --dims 64,128,256 --seqlens 1024,4096,16384 --no-gemm \
+    --csv "$out/$label.csv" "$@" 2>&1 | tee "$out/$label.log"
+  note "$label: rc=${PIPESTATUS[0]} -> $out/$label.csv"
+  tables+=("$out/$label.log")
+}
+
+step_ab() {  # LABEL FLAGS (with --kernels A,B)
+  local label=$1 order swapped=()
+  shift
+  sass_wait
   for order in ab ba; do
-    args=$AB_ARGS
-    [ "$order" = ba ] && args=${AB_ARGS/--kernels $ab_kernels/--kernels $ba_kernels}
-    # shellcheck disable=SC2086
-    "$build/hattn-bench" --csv "$out/$order.csv" $args >"$out/$order.log" 2>&1
-    note "A/B ($order): rc=$? -> $out/$order.csv"
-    sed -n '/^# TFLOP\/s/,$p' "$out/$order.log"
+    if [ "$order" = ba ]; then  # the same flags, the two kernels' order reversed
+      swapped=()
+      local prev=
+      for word in "$@"; do
+        if [ "$prev" = --kernels ]; then word=${word#*,},${word%%,*}; fi
+        [[ $word == --kernels=* ]] && { word=${word#--kernels=}; word=--kernels=${word#*,},${word%%,*}; }
+        swapped+=("$word")
+        prev=$word
+      done
+      set -- "${swapped[@]}"
+    fi
+    "$bench_bin" --csv "$out/${label}_$order.csv" "$@" >"$out/${label}_$order.log" 2>&1
+    note "$label ($order): rc=$? -> $out/${label}_$order.csv"
+    sed -n '/^# TFLOP\/s/,$p' "$out/${label}_$order.log"
   done
-fi
-if [ -n "${NCU_ARGS:-}" ]; then
+}
+
+step_ncu() {  # LABEL FLAGS
+  local label=$1 metrics
+  shift
+  sass_wait
   metrics=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed
   metrics+=,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_red.sum
   metrics+=,smsp__warp_issue_stalled_barrier_per_warp_active.pct
   metrics+=,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct
-  # shellcheck disable=SC2086
-  ncu --metrics "$metrics" "$build/hattn-bench" $NCU_ARGS --reps 1 >"$out/ncu.txt" 2>&1
-  note "ncu: rc=$? -> $out/ncu.txt"
-  grep -E "^  [a-z_ ]*[(<]|^  void|duration|tensor_op" "$out/ncu.txt" | head -40
-fi
-for n in 2 3; do
-  args_var="BENCH${n}_ARGS"
-  [ -n "${!args_var:-}" ] || continue
-  # shellcheck disable=SC2086
-  "$build/hattn-bench" --csv "$out/bench$n.csv" ${!args_var} >"$out/bench$n.log" 2>&1
-  note "bench $n: rc=$? -> $out/bench$n.csv"
-  sed -n '/^# TFLOP\/s/,$p' "$out/bench$n.log"
-done
+  ncu --metrics "$metrics" "$bench_bin" "$@" --reps 1 >"$out/$label.txt" 2>&1
+  note "$label: rc=$? -> $out/$label.txt"
+  grep -E "^  [a-z_ ]*[(<]|^  void|duration|tensor_op" "$out/$label.txt" | head -40
+}
 
-# --- Python package ------------------------------------------------------------------------------
-if [ "${PYTHON:-0}" = 1 ]; then
+step_sanitize() {  # LABEL [FILTER | KERNEL:I,J,...]
+  local label=$1 filter=${2:-'AllKernels/KernelTest.MatchesFp64Reference/*_4_*:*MatchesFp64Reference/*_7_*:*MatchesFp64Reference/*_12_*'}
+  if [[ $filter =~ ^[a-z0-9_]+:[0-9,]+$ ]]; then
+    # Backward kernel KERNEL on the backward suite's dense shapes I, J, ... (their test indices
+    # shift as kernels and shapes are added, so they are looked up in the binary's list).
+    local kernel=${filter%%:*} names picks i
+    mapfile -t names < <("$tests_bin" --gtest_list_tests \
+      --gtest_filter="Shapes/BackwardTest.MatchesFp64Reference/${kernel}_*" | grep -Eo "MatchesFp64Reference/${kernel}_[0-9]+")
+    IFS=, read -ra picks <<<"${filter#*:}"
+    filter=""
+    for i in "${picks[@]}"; do
+      [ -n "${names[$i]:-}" ] && filter+="${filter:+:}Shapes/BackwardTest.${names[$i]}"
+    done
+    note "$label ${2}: ${filter:-no such kernel or shapes}"
+    [ -n "$filter" ] || return
+  fi
+  local tool target=("$tests_bin" --gtest_filter="$filter")
+  if [[ $filter == contract:* ]]; then  # the randomized cases, through the Python package
+    ensure_python
+    export HATTN_CONTRACT_CASES=${filter#contract:} HATTN_CONTRACT_BWD_CASES=$(((${filter#contract:} + 3) / 4))
+    target=(python3 -m pytest -q python/tests/test_contract.py)
+  fi
+  for tool in memcheck racecheck synccheck initcheck; do
+    timeout "$timeout_s" compute-sanitizer --tool $tool --error-exitcode 9 "${target[@]}" \
+      >"$out/${label}_$tool.log" 2>&1
+    note "$label $tool: rc=$? ($(grep -Eo 'ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: [0-9]+ hazards? displayed' "$out/${label}_$tool.log" | tail -1))"
+  done
+}
+
+python_ready=0
+ensure_python() {
+  [ "$python_ready" = 0 ] || return 0
+  python_ready=1
   # A wheel built elsewhere for this Python (scripts/build_wheel.sh, dist/ carried) installs
   # without compiling; else the package is built here, with the lineage (its tests and
   # benchmarks cover every step).
+  local py_tag wheel
   py_tag=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+  # shellcheck disable=SC2012  # the newest wheel; the names have no odd characters
   wheel=$(ls -t dist/hattn-*-"$py_tag"-*.whl 2>/dev/null | head -1 || true)
   if [ -n "$wheel" ]; then
     python3 -m pip install --no-deps --force-reinstall -q "$wheel" >"$out/pip.log" 2>&1
-    rc=$?
-    note "pip install $wheel (built at $(cat "$wheel.commit" 2>/dev/null || echo unknown)): rc=$rc"
+    note "pip install $wheel (built at $(cat "$wheel.commit" 2>/dev/null || echo unknown)): rc=$?"
   else
     python3 -m pip install --no-build-isolation --no-deps -q --config-settings=cmake.define.HATTN_LINEAGE=ON . \
       >"$out/pip.log" 2>&1
     note "pip install: rc=$?"
   fi
-  # FlashAttention-3, timed beside hattn by the Python benchmarks when given: HATTN_FA3_LIB, else
-  # the library unpacked from .anchors/ (copied there from ../shared/anchors/fa3/, whose README
-  # says how; git-ignored). A measuring stick only: nothing builds or tests against it.
   if [ -z "${HATTN_FA3_LIB:-}" ] && [ -f .anchors/flash_attn_3_sm90.so.xz ]; then
     xz -dkf .anchors/flash_attn_3_sm90.so.xz && export HATTN_FA3_LIB=$PWD/.anchors/flash_attn_3_sm90.so
   fi
   note "FlashAttention-3 for the benchmarks: ${HATTN_FA3_LIB:-not given}"
-  if [ -d .whl ]; then  # diffusers for the capstone and its tests, carried as wheels (scripts/fetch_wheels.sh)
+  if [ -d .whl ]; then  # diffusers for the capstone and its tests, carried as wheels
     python3 -m pip install --no-index --find-links .whl -q 'diffusers==0.42.1' >"$out/pip_diffusers.log" 2>&1
     note "pip install diffusers from .whl: rc=$?"
   fi
-  # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT:-1200}" python3 -m pytest -q ${PYTEST_ARGS:-python/tests} >"$out/pytest.log" 2>&1
-  note "pytest: rc=$? $(tail -1 "$out/pytest.log")"
-  if [ -n "${PY_BENCH_ARGS+x}" ]; then
-    # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 python3 -m hattn.bench --out "$out" ${PY_BENCH_ARGS} 2>&1 | tee "$out/py_bench.log"
-    note "python bench: rc=${PIPESTATUS[0]}"
-  fi
-  if [ -n "${PY_VARLEN:-}" ]; then
-    # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 python3 -m hattn.bench --varlen "$PY_VARLEN" --out "$out" ${PY_VARLEN_ARGS:-} 2>&1 |
-      tee "$out/py_bench_varlen_$PY_VARLEN.log"
-    note "python varlen bench ($PY_VARLEN): rc=${PIPESTATUS[0]}"
-  fi
-  for n in "" 2 3; do
-    var="PY_BACKWARD${n}_ARGS"
-    [ -n "${!var+x}" ] || continue
-    # shellcheck disable=SC2086  # the flags are words
-    PYTHONUNBUFFERED=1 python3 -m hattn.bench_backward --out "$out" ${!var} 2>&1 |
-      tee "$out/py_bench_backward$n.log"
-    note "python backward bench${n:+ $n} (${!var}): rc=${PIPESTATUS[0]}"
+}
+
+step_python() {  # LABEL [PYTEST ARGS]
+  local label=$1
+  shift
+  [ $# -gt 0 ] || set -- python/tests
+  ensure_python
+  timeout "$timeout_s" python3 -m pytest -q "$@" >"$out/$label.log" 2>&1
+  note "$label: rc=$? $(tail -1 "$out/$label.log")"
+}
+
+step_py() {  # LABEL MODULE [FLAGS]
+  local label=$1 module=$2
+  shift 2
+  ensure_python
+  sass_wait
+  PYTHONUNBUFFERED=1 python3 -m "hattn.$module" --out "$out/$label" "$@" 2>&1 | tee "$out/$label.log"
+  note "$label ($*): rc=${PIPESTATUS[0]} -> $out/$label/"
+}
+
+step_capstone() {  # LABEL [MODEL SIZE REPS]
+  local label=$1 runs spec
+  shift
+  ensure_python
+  sass_wait
+  if [ $# -eq 3 ]; then runs=("$*"); else runs=("wan2.1-1.3b 480p 5" "wan2.1-14b 720p 3"); fi
+  for spec in "${runs[@]}"; do
+    # shellcheck disable=SC2086  # the spec's words: MODEL SIZE REPS
+    set -- $spec
+    python3 -m hattn.capstone --model "$1" --size "$2" --reps "$3" --out "$out/${label}_$1_$2" \
+      >"$out/${label}_$1_$2.log" 2>&1
+    note "$label $1 $2: rc=$?; hattn's speedup over $(grep -E '^(torch_|fa3)' "$out/${label}_$1_$2.log" |
+      awk '{printf "%s %s; ", $1, $3}')"
   done
-  if [ -n "${PY_FP8_ARGS+x}" ]; then
-    # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 python3 -m hattn.bench_fp8 --out "$out" ${PY_FP8_ARGS} 2>&1 | tee "$out/py_bench_fp8.log"
-    note "python FP8 bench: rc=${PIPESTATUS[0]}"
-  fi
-  if [ -n "${PY_KERNEL_TIMES_ARGS+x}" ]; then
-    # shellcheck disable=SC2086
-    PYTHONUNBUFFERED=1 python3 -m hattn.kernel_times --out "$out" ${PY_KERNEL_TIMES_ARGS} 2>&1 |
-      tee "$out/kernel_times.log"
-    note "python kernel times: rc=${PIPESTATUS[0]}"
-  fi
-  if [ "${CAPSTONE:-0}" = 1 ]; then
-    IFS=';' read -ra specs <<<"${CAPSTONE_SPECS:-wan2.1-1.3b 480p 5;wan2.1-14b 720p 3}"
-    for spec in "${specs[@]}"; do
-      # shellcheck disable=SC2086  # the spec's words are the arguments
-      set -- $spec
-      python3 -m hattn.capstone --model "$1" --size "$2" --reps "$3" --out "$out/capstone_$1_$2" \
-        >"$out/capstone_$1_$2.log" 2>&1
-      note "capstone $1 $2: rc=$?; hattn's speedup over $(grep -E '^(torch_|fa3)' "$out/capstone_$1_$2.log" |
-        awk '{printf "%s %s; ", $1, $3}')"
-    done
-  fi
-fi
+}
+
+for i in "${!steps[@]}"; do
+  IFS=$'\x1f' read -ra w <<<"${steps[$i]}"
+  name=${w[0]//-/_}
+  "step_$name" "${labels[$i]}" "${w[@]:1}"
+done
+sass_wait
 
 echo
 echo "================ summary (commit $HATTN_COMMIT) ================"
-[ -f "$out/bench.log" ] && sed -n '/^# TFLOP\/s/,$p' "$out/bench.log"
-[ -f "$out/bench_backward.log" ] && sed -n '/^# TFLOP\/s/,$p' "$out/bench_backward.log"
+for log in "${tables[@]}"; do sed -n '/^# TFLOP\/s/,$p' "$log"; done
 printf '%s\n' "${summary[@]}"
-if [ "${PACK:-0}" = 1 ]; then  # after the summary, which reads bench.log
+if [ "$pack" = 1 ]; then  # after the summary, which reads the logs
   tar czf "${out%/}.tgz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out" && echo "packed into ${out%/}.tgz"
 fi

@@ -4,12 +4,12 @@
 # building (its build takes about two minutes of GPU-machine time on 16 cores):
 #
 #   scripts/prebuild.sh                          # -> .prebuilt/build-gpu.tar.xz
-#   PREBUILT=.prebuilt/build-gpu.tar.xz scripts/gpu_run.sh [OUT_DIR]    # on the GPU machine
+#   scripts/gpu_run.sh --prebuilt .prebuilt/build-gpu.tar.xz [STEPS]    # on the GPU machine
 #
 # The archive holds hattn_tests, hattn-bench, the build's log (ptxas's register and spill
 # reports for the files this build compiled: all of them after a clean build, FRESH=1) and the
 # commit. The GPU machine needs the same CUDA major version (the binaries load libcudart.so.13
-# and, for hattn-bench, cuBLAS). Python's extension is still built there (PYTHON=1).
+# and, for hattn-bench, cuBLAS). Python's extension comes from scripts/build_wheel.sh, or is built there.
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}

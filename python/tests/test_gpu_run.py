@@ -1,0 +1,109 @@
+"""scripts/gpu_run.sh on a machine without a GPU: its arguments, and its steps run against stand-in
+binaries (a prebuilt archive of scripts that log how they were called), so that a mistake in the
+script shows here and not after a GPU machine's build."""
+
+import os
+import shlex
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_run.sh"
+
+
+def run(*args, env=None):
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_dry_run_lists_the_default_steps():
+    r = run("--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1:] == ["test: test", "bench: bench", "bench_backward: bench-backward"]
+
+
+def test_dry_run_numbers_repeated_steps_and_keeps_words():
+    r = run("--dry-run", "py", "bench_backward", "--dims", "64", "+", "py", "bench_backward", "--gqa", "4",
+            "+", "python", "python/tests", "-k", "a or b")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()[1:]
+    assert lines[0] == "py_bench_backward: py bench_backward --dims 64"
+    assert lines[1] == "py_bench_backward_2: py bench_backward --gqa 4"
+    assert shlex.split(lines[2].split(":", 1)[1]) == ["python", "python/tests", "-k", "a or b"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ab", "--kernels", "one"], "name two kernels"),
+    (["py", "nope"], "MODULE is one of"),
+    (["frob"], "unknown step 'frob'"),
+    (["test", "+", "+", "bench"], "an empty step"),
+    (["test", "+"], "an empty step"),
+    (["test", "a[b]"], "only * and ?"),
+    (["capstone", "a", "b"], "MODEL SIZE REPS"),
+    (["ncu"], "give hattn-bench flags"),
+    (["sanitize", "contract:x"], "contract:N with N a count"),
+    (["--zap"], "unknown option --zap"),
+])
+def test_bad_arguments_are_refused_before_anything_runs(args, message):
+    r = run("--dry-run", *args)
+    assert r.returncode == 2
+    assert message in r.stdout
+
+
+def _stub(path, body):
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_steps_call_the_binaries_as_documented(tmp_path):
+    calls = tmp_path / "calls.txt"
+    record = f'printf "%s" "$(basename "$0")" >>{calls}; printf " %s" "$@" >>{calls}; echo >>{calls}\n'
+    bins = tmp_path / "bins"
+    bins.mkdir()
+    _stub(bins / "hattn_tests", record + 'echo "[  PASSED  ] 3 tests."\n')
+    _stub(bins / "hattn-bench", record + """
+if [ "${1:-}" = --list ]; then printf 'forward kernels:\\n  01_naive\\nbackward kernels:\\n  bwd_01_cuda_core\\n  bwd_02_mma_sync\\n  bwd_sm90\\n'; exit 0; fi
+for a in "$@"; do [ "${prev:-}" = --csv ] && echo "kernel,tflops" >"$a"; prev=$a; done
+echo "# TFLOP/s"; echo "table row"
+""")
+    (bins / "prebuild.log").write_text("ptxas info    : Used 128 registers\n")
+    (bins / "prebuild_commit.txt").write_text("abc123\n")
+    (bins / "prebuild_nvcc.txt").write_text("13.0\n")
+    archive = tmp_path / "prebuilt.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        for f in bins.iterdir():
+            tar.add(f, arcname=f.name)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _stub(tools / "nvidia-smi", record + 'echo "NVIDIA H200, 1980 MHz"\n')
+    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
+    _stub(tools / "compute-sanitizer", record + 'echo "========= ERROR SUMMARY: 0 errors"\n')
+    _stub(tools / "ncu", record)
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    out = tmp_path / "out"
+    r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
+            "test", "*Window*", "+", "bench", "+", "bench-backward", "--gqa", "4",
+            "+", "ab", "--kernels", "fwd_sm90,16_coalesced_store", "--dims", "128",
+            "+", "sanitize", "+", "ncu", "--dims", "64", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = [line.split() for line in calls.read_text().splitlines() if not line.startswith("nvidia-smi")]
+    assert log[0] == ["hattn_tests", "--gtest_filter=*Window*", "--gtest_brief=1"]
+    assert log[1][0] == "hattn-bench" and log[1][-2:] == ["--settle", "0.5"]  # the default flags
+    backward = log[3]  # after the --list that finds the backward kernels
+    assert log[2] == ["hattn-bench", "--list"]
+    assert backward[backward.index("--kernels") + 1] == "bwd_02_mma_sync,bwd_sm90"  # no B01
+    assert backward[-2:] == ["--gqa", "4"]
+    assert log[4][log[4].index("--kernels") + 1] == "fwd_sm90,16_coalesced_store"
+    assert log[5][log[5].index("--kernels") + 1] == "16_coalesced_store,fwd_sm90"  # swapped
+    tools_run = [entry[2] for entry in log[6:10]]
+    assert tools_run == ["memcheck", "racecheck", "synccheck", "initcheck"]
+    assert log[10][0] == "ncu" and log[10][-2:] == ["--reps", "1"]
+    for name in ("test.log", "bench.csv", "bench_backward.csv", "ab_ab.csv", "ab_ba.csv",
+                 "sanitize_memcheck.log", "ncu.txt"):
+        assert (out / name).exists(), name
+    summary = r.stdout[r.stdout.index("==== summary (commit abc123)"):]
+    assert summary.count("table row") == 2  # the two benchmarks' tables
+    assert "sanitize memcheck: rc=0 (ERROR SUMMARY: 0 errors)" in summary
