@@ -330,8 +330,9 @@ ensure_python() {
   python_ready=1
   # A wheel built elsewhere for this Python (scripts/build_wheel.sh, dist/ carried) installs
   # without compiling; else the package is built here, with the lineage (its tests and
-  # benchmarks cover every step).
-  local py_tag wheel
+  # benchmarks cover every step), in the C++ build's tree when there is one, so that only the
+  # binding compiles.
+  local py_tag wheel settings=(--config-settings=cmake.define.HATTN_LINEAGE=ON)
   py_tag=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
   # shellcheck disable=SC2012  # the newest wheel; the names have no odd characters
   wheel=$(ls -t dist/hattn-*-"$py_tag"-*.whl 2>/dev/null | head -1 || true)
@@ -339,8 +340,11 @@ ensure_python() {
     python3 -m pip install --no-deps --force-reinstall -q "$wheel" >"$out/pip.log" 2>&1
     note "pip install $wheel (built at $(cat "$wheel.commit" 2>/dev/null || echo unknown)): rc=$?"
   else
-    python3 -m pip install --no-build-isolation --no-deps -q --config-settings=cmake.define.HATTN_LINEAGE=ON . \
-      >"$out/pip.log" 2>&1
+    if [ -f "$build/CMakeCache.txt" ]; then
+      settings+=("--config-settings=build-dir=$(cd "$build" && pwd)" --config-settings=cmake.define.HATTN_PTXAS_VERBOSE=ON
+        --config-settings=cmake.define.HATTN_BUILD_TESTS=ON --config-settings=cmake.define.HATTN_BUILD_BENCH=ON)
+    fi
+    python3 -m pip install --no-build-isolation --no-deps -q "${settings[@]}" . >"$out/pip.log" 2>&1
     note "pip install: rc=$?"
   fi
   if [ -z "${HATTN_FA3_LIB:-}" ] && [ -f .anchors/flash_attn_3_sm90.so.xz ]; then

@@ -9,6 +9,10 @@
 #   PYTHON           the interpreter that creates it (default: python3)
 #   HATTN_TORCH      the torch version to install when the venv has none (default: 2.11.0)
 #   HATTN_TORCH_FULL 1: install torch with all its nvidia-* wheels instead of the light route below
+#   HATTN_CMAKE_BUILD
+#                    a CMake build tree of this checkout (scripts/test.sh passes its own): the package
+#                    is built in it with the same options, so only the binding compiles; else in
+#                    <repo>/build-py/
 #
 # torch from PyPI: the default Linux wheel pulls ~3 GB of nvidia-* CUDA wheels (4.6 GB venv, about
 # 90 s here). The CPU tests need none of them to *run*, but libtorch links a few CUDA libraries at
@@ -57,8 +61,15 @@ pip_install 'scikit-build-core>=0.10' 'nanobind>=2.0' pytest numpy matplotlib 'd
 
 # --no-build-isolation: build with the tools above (works offline too); --no-deps: torch is there,
 # and the resolver must not pull the nvidia-* wheels that the light route left out.
-log "building and installing hattn (CMake build tree: $root/build-py/)"
-pip_install --no-build-isolation --no-deps --config-settings=cmake.define.HATTN_LINEAGE=ON "$root"  # the tests cover every step
+settings=(--config-settings=cmake.define.HATTN_LINEAGE=ON)  # the tests cover every step
+if [ -n "${HATTN_CMAKE_BUILD:-}" ]; then
+  # The C++ build's own options, so that its kernels are reused rather than compiled again.
+  settings+=("--config-settings=build-dir=$HATTN_CMAKE_BUILD"
+    --config-settings=cmake.define.HATTN_BUILD_TESTS=ON --config-settings=cmake.define.HATTN_BUILD_BENCH=ON
+    --config-settings=cmake.define.HATTN_PTXAS_VERBOSE=ON)
+fi
+log "building and installing hattn (CMake build tree: ${HATTN_CMAKE_BUILD:-$root/build-py/})"
+pip_install --no-build-isolation --no-deps "${settings[@]}" "$root"
 
 log "running pytest"
 cd "$root"
