@@ -55,6 +55,29 @@ def _flash_window(window_size, causal) -> Tuple[int, int]:
     return left, right
 
 
+# deterministic=True asks for a deterministic backward; the forward is deterministic already.
+_DETERMINISTIC = "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
+
+
+def _fp8_unsupported(window_size, causal, softcap) -> List[str]:
+    """What an FP8 call asks for that hattn.attention_fp8 lacks: a window other than the causal
+    mask's (-1, 0), softcapping."""
+    unsupported = []
+    left, right = _flash_window(window_size, causal)
+    if left != -1 or right not in (-1, 0):
+        unsupported.append(f"window_size={tuple(window_size)} with FP8 inputs (hattn.attention_fp8 has no window)")
+    if softcap != 0.0:
+        unsupported.append(f"softcap={softcap} with FP8 inputs (hattn.attention_fp8 has no softcapping)")
+    return unsupported
+
+
+def _check_no_descales(q, q_descale, k_descale, v_descale) -> None:
+    """FP8's dequantization scales with bf16/fp16 inputs: a ValueError naming the first."""
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is not None and isinstance(q, torch.Tensor):
+            raise ValueError(f"{name}: only with torch.float8_e4m3fn q, k and v, got q of dtype {q.dtype}")
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -92,18 +115,13 @@ def flash_attn_func(
     dropout. No sliding window then: window_size must be (-1, -1), or (-1, 0), which
     is the causal mask. Descales with bf16/fp16 inputs raise ValueError.
     """
-    needs_grad = _needs_grad(q, k, v)
     unsupported = _unsupported(dropout_p, alibi_slopes)
-    if deterministic and needs_grad:
-        unsupported.append(
-            "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
-        )
+    if deterministic and _needs_grad(q, k, v):
+        unsupported.append(_DETERMINISTIC)
     fp8 = isinstance(q, torch.Tensor) and q.dtype == _FP8_DTYPE
     window = _flash_window(window_size, causal)
-    if fp8 and (window[0] != -1 or window[1] not in (-1, 0)):
-        unsupported.append(f"window_size={tuple(window_size)} with FP8 inputs (hattn.attention_fp8 has no window)")
-    if fp8 and softcap != 0.0:
-        unsupported.append(f"softcap={softcap} with FP8 inputs (hattn.attention_fp8 has no softcapping)")
+    if fp8:
+        unsupported += _fp8_unsupported(window_size, causal, softcap)
     if fp8 and return_attn_probs:
         unsupported.append("return_attn_probs=True with FP8 inputs (hattn.attention_fp8 returns out only)")
     if unsupported:
@@ -114,9 +132,7 @@ def flash_attn_func(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, causal=window[1] == 0,
             softmax_scale=softmax_scale,
         )  # fmt: skip
-    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if t is not None and isinstance(q, torch.Tensor):
-            raise ValueError(f"{name}: only with torch.float8_e4m3fn q, k and v, got q of dtype {q.dtype}")
+    _check_no_descales(q, q_descale, k_descale, v_descale)
     if return_attn_probs:  # FlashAttention-2's (out, softmax_lse, S_dmask); no dropout, so no S_dmask
         out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window,
                              softcap=softcap, return_lse=True)  # fmt: skip
@@ -153,12 +169,9 @@ def flash_attn_varlen_func(
     beyond those and softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
     """
-    needs_grad = _needs_grad(q, k, v)
     unsupported = _unsupported(dropout_p, alibi_slopes)
-    if deterministic and needs_grad:
-        unsupported.append(
-            "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
-        )
+    if deterministic and _needs_grad(q, k, v):
+        unsupported.append(_DETERMINISTIC)
     if block_table is not None:
         unsupported.append("block_table (no paged KV with a variable-length batch; flash_attn_with_kvcache has it)")
     if unsupported:
