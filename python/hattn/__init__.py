@@ -18,7 +18,8 @@ hattn.scaled_dot_product_attention takes torch SDPA's arguments ([B, H, L, E] te
 the calls hattn supports, handing the others to torch; `with hattn.patch_sdpa():` puts it in
 place of torch.nn.functional.scaled_dot_product_attention. hattn.flash_attn_func,
 hattn.flash_attn_varlen_func and hattn.flash_attn_with_kvcache take the arguments of
-FlashAttention-2's functions of those names.
+FlashAttention-2's functions of those names; hattn.flash_attn_interface is FlashAttention-3's
+module of that name (`from hattn import flash_attn_interface`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import List, NamedTuple
 # torch first: it loads the CUDA runtime that the extension module shares with it.
 import torch  # noqa: F401
 
-from . import _C
+from . import _C, flash_attn_interface
 from .flash_attn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
                          flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
 from .ops import (attention, attention_fp8, attention_paged, attention_varlen, checking, launch, resolve_kernel,
@@ -43,6 +44,7 @@ __all__ = [
     "attention_varlen",
     "checking",
     "flash_attn_func",
+    "flash_attn_interface",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
