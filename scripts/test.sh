@@ -33,6 +33,7 @@ scripts/test_install.sh build
 # current and every evidence entry is cited.
 python3 tools/gen_docs.py --check
 python3 tools/check_excerpts.py
+python3 tools/check_figures.py
 python3 tools/lineage_diffs.py --check
 python3 tools/evidence_index.py --check
 if [ -x scripts/test_python.sh ]; then

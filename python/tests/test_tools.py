@@ -1,5 +1,6 @@
-"""tools/ctest_summary.py and tools/evidence_index.py (CPU only): what test.sh prints of a ctest
-run, and how citations of results/evidence are read."""
+"""tools/ctest_summary.py, tools/evidence_index.py and tools/check_figures.py (CPU only): what
+test.sh prints of a ctest run, how citations of results/evidence are read, and which collisions of
+text the figure checker reports."""
 
 import importlib.util
 import pathlib
@@ -16,6 +17,7 @@ def load(name):
 
 ctest_summary = load("ctest_summary")
 evidence_index = load("evidence_index")
+check_figures = load("check_figures")
 
 LOG = """\
    1/4 Test    #1: Reference.TwoKeys ....................................   Passed    0.03 sec
@@ -53,3 +55,51 @@ def test_the_index_is_current():
     res = subprocess.run([sys.executable, str(ROOT / "tools" / "evidence_index.py"), "--check"], capture_output=True,
                          text=True, cwd=ROOT)  # fmt: skip
     assert res.returncode == 0, res.stderr
+
+
+def figure(tmp_path, body, name="f.svg"):
+    """A 300 x 100 figure at font-size 12, as the guide's are written."""
+    path = tmp_path / name
+    path.write_text('<svg xmlns="http://www.w3.org/2000/svg" width="300" height="100" viewBox="0 0 300 100" '
+                    f'font-family="sans-serif" font-size="12">{body}</svg>')
+    return path
+
+
+def test_check_figures_passes_a_clean_figure(tmp_path):
+    body = ('<rect x="10" y="10" width="120" height="30" fill="#eee" stroke="#888"/>'
+            '<text x="70" y="30" text-anchor="middle">fits its box</text>'
+            '<line x1="130" y1="25" x2="200" y2="25" stroke="#444"/>'
+            '<g font-size="10"><text x="205" y="29">label</text></g>'
+            '<text x="20" y="70" font-weight="bold">a caption<tspan font-weight="normal"> below</tspan></text>'
+            # a line under an opaque label background does not cross the label
+            '<line x1="150" y1="80" x2="290" y2="80" stroke="#444"/><rect x="180" y="70" width="80" height="16" fill="#fff"/>'
+            '<text x="220" y="82" text-anchor="middle">on a line</text>')
+    assert check_figures.check(figure(tmp_path, body)) == []
+
+
+def test_check_figures_reports_each_collision(tmp_path):
+    overflow = ('<rect x="80" y="10" width="60" height="30" fill="#eee"/>'
+                '<text x="110" y="30" text-anchor="middle">far too long for it</text>')
+    overlap = '<text x="20" y="50">first label</text><text x="60" y="54">second</text>'
+    crossed = '<text x="20" y="50">crossed</text><line x1="10" y1="40" x2="200" y2="50" stroke="#444"/>'
+    outside = '<text x="250" y="50">past the edge</text>'
+    for body, expected in ((overflow, "runs out of its box"), (overlap, "texts overlap"),
+                           (crossed, "a line crosses 'crossed'"), (outside, "outside the figure")):
+        problems = check_figures.check(figure(tmp_path, body))
+        assert len(problems) == 1 and expected in problems[0], (body, problems)
+
+
+def test_check_figures_exit_status(tmp_path, capsys):
+    clean = figure(tmp_path, '<text x="20" y="50">ok</text>', "clean.svg")
+    bad = figure(tmp_path, '<text x="20" y="50">one</text><text x="22" y="50">two</text>', "bad.svg")
+    assert check_figures.main(["--list", str(clean)]) == 0
+    assert check_figures.main([str(clean), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "1 figures checked, 0 with problems" in out and "bad.svg: texts overlap: 'one' and 'two'" in out
+
+
+def test_the_guide_figures_pass():
+    """scripts/test.sh runs the same check; here a failure carries the test's name."""
+    figures = sorted(check_figures.FIGURES.glob("*.svg"))
+    assert figures
+    assert [p for f in figures for p in check_figures.check(f)] == []
