@@ -23,18 +23,37 @@ so the gradients may differ in their last bits from run to run; hence the last r
 
 The output is a [B, H, L, E] view of a [B, L, H, E] tensor, as torch's own flash and cuDNN
 backends return it, so `out.transpose(1, 2).reshape(B, L, H * E)` needs no copy.
+
+With torch 2.10 or newer, hattn is also a flash-attention implementation in torch's registry
+(torch.nn.attention.register_flash_attention_impl), registered as "hattn" when hattn is imported:
+
+    import hattn
+    torch.nn.attention.activate_flash_attention_impl("hattn")   # the user's choice, never hattn's
+    with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # runs hattn
+    torch.nn.attention.restore_flash_attention_impl()           # torch's FlashAttention-2 again
+
+Activation puts hattn's kernels in torch's dispatcher in place of the CUDA kernels of the four
+ops of SDPA's flash backend (aten._scaled_dot_product_flash_attention, its _backward, and
+aten._flash_attention_forward / _backward, which torch's varlen_attn and nested tensors call).
+Only calls that torch sends to its flash backend reach them; flash_fallback_reason says which of
+those hattn hands back to torch's own flash kernel (taken before the override). See
+register_flash_impl and python/README.md.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
-from typing import Iterator, Optional
+import math
+import warnings
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .ops import _DTYPE_NAMES, _needs_grad, attention
+from .ops import _DTYPE_NAMES, _as_kernel_input, _forward, _kernel_layout_ok, _needs_grad, attention, attention_bwd
 
 # torch's function, taken before anything can patch it: the fallback, and what patch_sdpa restores.
 _torch_sdpa = F.scaled_dot_product_attention
@@ -69,6 +88,14 @@ def sdpa_fallback_reason(
 
     check_device=False skips the device rule (the tensors' device and the GPU's architecture).
     """
+    why = _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device)
+    if why is None and _needs_grad(query, key, value) and torch.are_deterministic_algorithms_enabled():
+        return "an input requires grad under torch.use_deterministic_algorithms; hattn's backward uses atomic adds"
+    return why
+
+
+def _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device) -> Optional[str]:
+    """sdpa_fallback_reason's rules on the call itself ([B, H, L, E] tensors), without the one on gradients."""
     tensors = {"query": query, "key": key, "value": value}
     for name, t in tensors.items():
         if t.dim() != 4:
@@ -97,8 +124,6 @@ def sdpa_fallback_reason(
     if is_causal and seqlen_q != seqlen_k:
         return (f"is_causal with L = {seqlen_q} != S = {seqlen_k}: SDPA's mask is top-left aligned, "
                 "hattn's bottom-right")
-    if _needs_grad(*tensors.values()) and torch.are_deterministic_algorithms_enabled():
-        return "an input requires grad under torch.use_deterministic_algorithms; hattn's backward uses atomic adds"
     return None
 
 
@@ -142,3 +167,307 @@ def patch_sdpa() -> Iterator[None]:
         yield
     finally:
         F.scaled_dot_product_attention = previous
+
+
+# --- hattn as a flash-attention implementation in torch's registry (torch >= 2.10) -------------------
+#
+# torch.nn.attention keeps a registry of flash-attention implementations: a provider registers a
+# function under a name, and torch.nn.attention.activate_flash_attention_impl(name) calls it. That
+# function puts the provider's kernels in the dispatcher in place of torch's CUDA kernels of the
+# flash backend's ops and returns a handle whose remove() takes them out again
+# (torch.nn.attention.restore_flash_attention_impl calls it). torch's FA3 and FA4 providers
+# (torch/nn/attention/_fa3.py, _fa4.py) override the same four ops as hattn does below.
+#
+# SDPA's flash path runs aten._scaled_dot_product_flash_attention ([B, H, L, E] tensors), whose
+# autograd formula calls aten._scaled_dot_product_flash_attention_backward; torch's CUDA kernels of
+# the two transpose to [B, L, H, E] and call aten._flash_attention_forward / _backward, which
+# torch.nn.attention.varlen and nested tensors call directly. hattn overrides all four, so a call
+# reaches it whichever entry it comes in by, and a call hattn hands back at the upper level meets
+# the same rules at the lower one. A call hattn does not run goes to torch's own kernel for that op
+# and dispatch key, taken with torch.library.get_kernel before the override.
+#
+# The semantics are those of torch's flash kernels (FlashAttention-2), which hattn's match: a
+# causal mask aligned to the bottom-right corner at every level (SDPA sends flash no causal call
+# with L != S), GQA when the query heads are a multiple of the K/V heads, FlashAttention's
+# window (a negative side is open; causal makes the right side 0), and the row log-sum-exp as fp32
+# [B, Hq, Lq] in natural log of the scaled scores. The backward decides by the same rules as the
+# forward, from the same arguments; the LSE of either forward serves either backward.
+
+FLASH_IMPL = "hattn"  # the name in torch's registry
+
+_FLASH_OPS = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+    "_flash_attention_forward",
+    "_flash_attention_backward",
+)
+
+# Calls of the overridden ops since import, by who ran them: "hattn_forward", "hattn_backward",
+# "torch_forward", "torch_backward". A call hattn hands back at the SDPA level counts once there
+# and once at the level below, where torch's kernel calls _flash_attention_forward / _backward.
+_CALLS: collections.Counter = collections.Counter()
+
+
+def flash_impl_calls() -> Dict[str, int]:
+    """How many calls of the overridden flash ops hattn ran and handed to torch since import.
+
+    Keys "hattn_forward", "hattn_backward", "torch_forward", "torch_backward". Counted only while
+    the implementation is active (torch.nn.attention.activate_flash_attention_impl("hattn")).
+    """
+    return {key: _CALLS[key] for key in ("hattn_forward", "hattn_backward", "torch_forward", "torch_backward")}
+
+
+def flash_fallback_reason(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    *,
+    return_debug_mask: bool = False,
+    scale: Optional[float] = None,
+    cum_seq_q: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    check_device: bool = True,
+) -> Optional[str]:
+    """Why the active "hattn" flash implementation hands a call to torch's flash kernel; None if hattn runs it.
+
+    query, key, value are [B, L, H, E], as aten._flash_attention_forward takes them (the SDPA-level
+    op's [B, H, L, E] tensors transposed). The rules are scaled_dot_product_attention's
+    (sdpa_fallback_reason), with GQA always allowed and no rule on causal L != S (at this level
+    torch's causal mask is bottom-right aligned, as hattn's), plus those of the op's extra
+    arguments: no varlen batch (cum_seq_q), no seqused_k, no ALiBi, no debug mask, a finite scale.
+    torch.use_deterministic_algorithms sends the backward to torch (it is checked there).
+    check_device=False skips the device rule.
+    """
+    if cum_seq_q is not None:
+        return "a variable-length batch (cum_seq_q); hattn's flash implementation runs dense batches"
+    if seqused_k is not None:
+        return "seqused_k is given; hattn's flash implementation takes every key"
+    if alibi_slopes is not None:
+        return "alibi_slopes is given; hattn has no ALiBi"
+    if return_debug_mask:
+        return "return_debug_mask is set; hattn returns no attention probabilities"
+    if scale is not None and not math.isfinite(scale):
+        return f"scale is {scale}; hattn takes a finite scale"
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 4:
+            return f"{name} is {t.dim()}-D; hattn takes 4-D [B, L, H, E]"
+    return _call_reason(*_transposed(query, key, value), None, dropout_p, False, True, check_device)
+
+
+def _transposed(*tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """[B, H, L, E] <-> [B, L, H, E] views (SDPA's layout and the flash kernels')."""
+    return tuple(t.transpose(1, 2) for t in tensors)
+
+
+_DETERMINISTIC = "torch.use_deterministic_algorithms is on; hattn's backward sums with atomic adds"
+
+
+def _backward_reason(query, key, value, dropout_p, scale, cum_seq_q) -> Optional[str]:
+    """Why the backward of a [B, L, H, E] call goes to torch: the forward's rules, then determinism
+    (_DETERMINISTIC: the forward may have been hattn's)."""
+    if query.dim() != 4:
+        return f"query is {query.dim()}-D; hattn takes 4-D [B, L, H, E]"
+    why = flash_fallback_reason(query, key, value, dropout_p, scale=scale, cum_seq_q=cum_seq_q)
+    if why is None and torch.are_deterministic_algorithms_enabled():
+        return _DETERMINISTIC
+    return why
+
+
+def _flash_window(is_causal: bool, left: Optional[int], right: Optional[int]) -> Tuple[int, int]:
+    """FlashAttention-2's window (None or a negative value: that side open; causal: right side 0) as hattn's."""
+    left = -1 if left is None or left < 0 else int(left)
+    right = 0 if is_causal else -1 if right is None or right < 0 else int(right)
+    return left, right
+
+
+def _run_hattn_forward(q, k, v, out, causal, scale, window) -> torch.Tensor:
+    """hattn's forward of [B, L, H, E] q, k, v into out (a [B, L, H, E] view of any layout); returns
+    the LSE, fp32 [B, Hq, Lq]. Inputs the kernels cannot read in place are copied, as by hattn.attention."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    q, k, v = (_as_kernel_input(t) for t in (q, k, v))
+    target = out if _kernel_layout_ok(out) else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    _forward(q, k, v, target, lse, causal, scale, "auto", window)
+    if target is not out:
+        out.copy_(target)
+    return lse
+
+
+def _run_hattn_backward(dout, q, k, v, out, lse, causal, scale, window) -> Tuple[torch.Tensor, ...]:
+    """(dq, dk, dv), contiguous [B, L, H, E], of [B, L, H, E] tensors: the op hattn::attention_bwd,
+    hattn.attention's backward."""
+    return attention_bwd(dout, q, k, v, out, lse, causal, scale, *window)
+
+
+def _laid_out_like(grads, inputs) -> Tuple[torch.Tensor, ...]:
+    """Each gradient with the strides of empty_like(its input), as torch's flash kernels and their
+    meta functions give it (torch.compile's code checks them): as it is where they already match
+    (inputs that are [B, L, H, E] storage, as a projection's views are), else copied."""
+    laid_out = []
+    for g, t in zip(grads, inputs):
+        if g.stride() != torch.empty_like(t, device="meta").stride():
+            g = torch.empty_like(t).copy_(g)
+        laid_out.append(g)
+    return tuple(laid_out)
+
+
+def _no_dropout_outputs(query: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward's rng_state, unused and debug_attn_mask outputs without dropout, shaped and typed as
+    torch's meta functions give them (torch/_meta_registrations.py)."""
+    rng_state = torch.empty((2,), dtype=torch.uint64, device=query.device)
+    unused = torch.empty((), dtype=torch.uint64, device=query.device)
+    return rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
+
+
+def _lse_for_torch(logsumexp: torch.Tensor) -> torch.Tensor:
+    """The LSE handed to torch's flash backward: hattn's gives -inf for a row that sees no key,
+    FlashAttention-2's +inf (its backward then computes zero weights; with -inf it would give NaN)."""
+    return logsumexp.masked_fill(torch.isneginf(logsumexp), float("inf"))
+
+
+class _FlashImpl:
+    """An active "hattn" flash implementation: hattn's kernels for _FLASH_OPS on one dispatch key,
+    and torch's kernels they hand calls to. remove() takes hattn's out of the dispatcher.
+
+    dispatch_key and torch_kernels are for the CPU tests, which put stand-ins on "CPU"; activation
+    takes "CUDA" and torch's kernels as get_kernel finds them before the override.
+    """
+
+    def __init__(self, dispatch_key: str = "CUDA", torch_kernels: Optional[dict] = None) -> None:
+        if torch_kernels is None:
+            torch_kernels = {name: torch.library.get_kernel(f"aten::{name}", dispatch_key) for name in _FLASH_OPS}
+        self.torch_kernels = torch_kernels
+        self.library = torch.library.Library("aten", "IMPL")  # noqa: TOR901 (an aten op's kernel, on purpose)
+        kernels = (self._sdpa_forward, self._sdpa_backward, self._flash_forward, self._flash_backward)
+        with warnings.catch_warnings():
+            # The dispatcher's "Overriding a previously registered kernel": here that is the point.
+            warnings.filterwarnings("ignore", message="Warning only once for all operators")
+            for name, kernel in zip(_FLASH_OPS, kernels):
+                self.library.impl(name, kernel, dispatch_key, with_keyset=True)
+
+    def remove(self) -> None:
+        if self.library is not None:
+            self.library._destroy()
+            self.library = None
+
+    def _torch(self, name: str, counter: str, keyset, *args, **kwargs):
+        _CALLS[counter] += 1
+        return self.torch_kernels[name].call_boxed(keyset, *args, **kwargs)
+
+    def _torch_backward(self, name: str, why: str, keyset, grad_out, query, key, value, out, logsumexp, *args,
+                        **kwargs):  # fmt: skip
+        if why == _DETERMINISTIC:  # the forward may have been hattn's, whose LSE torch's backward reads otherwise
+            logsumexp = _lse_for_torch(logsumexp)
+        return self._torch(name, "torch_backward", keyset, grad_out, query, key, value, out, logsumexp, *args, **kwargs)
+
+    # aten::_scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.,
+    #     bool is_causal=False, bool return_debug_mask=False, *, float? scale=None)
+    #   -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k,
+    #       Tensor rng_state, Tensor unused, Tensor debug_attn_mask)
+    def _sdpa_forward(self, keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                      scale=None):  # fmt: skip
+        if query.dim() != 4 or flash_fallback_reason(
+            *_transposed(query, key, value), dropout_p, return_debug_mask=return_debug_mask, scale=scale
+        ) is not None:  # fmt: skip
+            return self._torch(_FLASH_OPS[0], "torch_forward", keyset, query, key, value, dropout_p, is_causal,
+                               return_debug_mask, scale=scale)  # fmt: skip
+        _CALLS["hattn_forward"] += 1
+        out = torch.empty_like(query)  # [B, H, L, E] with query's strides, as torch's kernel and meta give it
+        lse = _run_hattn_forward(*_transposed(query, key, value, out), is_causal, scale,
+                                 _flash_window(is_causal, None, None))  # fmt: skip
+        return (out, lse, None, None, query.shape[2], key.shape[2], *_no_dropout_outputs(query))
+
+    # aten::_scaled_dot_product_flash_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value,
+    #     Tensor out, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k,
+    #     float dropout_p, bool is_causal, Tensor philox_seed, Tensor philox_offset, *, float? scale=None)
+    #   -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)
+    def _sdpa_backward(self, keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                       dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):  # fmt: skip
+        why = _backward_reason(*_transposed(query, key, value), dropout_p, scale, cum_seq_q)
+        if why is not None:
+            return self._torch_backward(_FLASH_OPS[1], why, keyset, grad_out, query, key, value, out, logsumexp,
+                                        cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
+                                        philox_offset, scale=scale)  # fmt: skip
+        _CALLS["hattn_backward"] += 1
+        grads = _run_hattn_backward(*_transposed(grad_out, query, key, value, out), logsumexp, is_causal, scale,
+                                    _flash_window(is_causal, None, None))  # fmt: skip
+        return _laid_out_like(_transposed(*grads), (query, key, value))
+
+    # aten::_flash_attention_forward(Tensor query, Tensor key, Tensor value, Tensor? cum_seq_q, Tensor? cum_seq_k,
+    #     SymInt max_q, SymInt max_k, float dropout_p, bool is_causal, bool return_debug_mask, *, float? scale=None,
+    #     SymInt? window_size_left=None, SymInt? window_size_right=None, Tensor? seqused_k=None,
+    #     Tensor? alibi_slopes=None)
+    #   -> (Tensor output, Tensor softmax_logsumexp, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)
+    def _flash_forward(self, keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                       return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None, seqused_k=None,
+                       alibi_slopes=None):  # fmt: skip
+        if flash_fallback_reason(query, key, value, dropout_p, return_debug_mask=return_debug_mask, scale=scale,
+                                 cum_seq_q=cum_seq_q, seqused_k=seqused_k, alibi_slopes=alibi_slopes) is not None:
+            return self._torch(_FLASH_OPS[2], "torch_forward", keyset, query, key, value, cum_seq_q, cum_seq_k, max_q,
+                               max_k, dropout_p, is_causal, return_debug_mask, scale=scale,
+                               window_size_left=window_size_left, window_size_right=window_size_right,
+                               seqused_k=seqused_k, alibi_slopes=alibi_slopes)  # fmt: skip
+        _CALLS["hattn_forward"] += 1
+        out = torch.empty_like(query)  # [B, L, H, E] with query's strides, as torch's kernel and meta give it
+        lse = _run_hattn_forward(query, key, value, out, is_causal, scale,
+                                 _flash_window(is_causal, window_size_left, window_size_right))  # fmt: skip
+        return (out, lse, *_no_dropout_outputs(query))
+
+    # aten::_flash_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor out,
+    #     Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k, float dropout_p,
+    #     bool is_causal, Tensor rng_state, Tensor unused, *, float? scale=None, SymInt? window_size_left=None,
+    #     SymInt? window_size_right=None)
+    #   -> (Tensor, Tensor, Tensor)
+    def _flash_backward(self, keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                        dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
+                        window_size_right=None):  # fmt: skip
+        why = _backward_reason(query, key, value, dropout_p, scale, cum_seq_q)
+        if why is not None:
+            return self._torch_backward(_FLASH_OPS[3], why, keyset, grad_out, query, key, value, out, logsumexp,
+                                        cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state, unused,
+                                        scale=scale, window_size_left=window_size_left,
+                                        window_size_right=window_size_right)  # fmt: skip
+        _CALLS["hattn_backward"] += 1
+        grads = _run_hattn_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale,
+                                    _flash_window(is_causal, window_size_left, window_size_right))  # fmt: skip
+        return _laid_out_like(grads, (query, key, value))
+
+
+def _activate() -> _FlashImpl:
+    """The register_fn of "hattn": torch.nn.attention.activate_flash_attention_impl("hattn") calls it,
+    and torch's registry keeps the handle until restore_flash_attention_impl() calls its remove()."""
+    return _FlashImpl()
+
+
+def _torch_registry():
+    """torch.nn.attention where it has the flash-attention registry and torch.library.get_kernel; else None."""
+    try:
+        import torch.nn.attention as attention
+    except ImportError:  # pragma: no cover (torch < 2.2)
+        return None
+    if not hasattr(attention, "register_flash_attention_impl") or not hasattr(torch.library, "get_kernel"):
+        return None
+    return attention
+
+
+def register_flash_impl() -> bool:
+    """Registers hattn as flash-attention implementation "hattn" in torch's registry; False where torch has none.
+
+    `import hattn` calls it; a second call changes nothing. Registering only names hattn in
+    torch.nn.attention.list_flash_attention_impls(): nothing in the dispatcher changes until the
+    user calls torch.nn.attention.activate_flash_attention_impl("hattn"), and
+    torch.nn.attention.restore_flash_attention_impl() (torch >= 2.11) puts torch's kernels back.
+    torch's registry and torch.library.get_kernel came with torch 2.10 (get_kernel with 2.9);
+    older torch keeps hattn.patch_sdpa.
+    """
+    attention = _torch_registry()
+    if attention is None:
+        return False
+    if FLASH_IMPL not in attention.list_flash_attention_impls():
+        attention.register_flash_attention_impl(FLASH_IMPL, register_fn=_activate)
+    return True
+
+
+register_flash_impl()
