@@ -34,6 +34,7 @@ const char* status_code_name(StatusCode code) {
     case StatusCode::not_supported: return "not_supported";
     case StatusCode::no_device: return "no_device";
     case StatusCode::cuda_error: return "cuda_error";
+    case StatusCode::out_of_memory: return "out_of_memory";
   }
   return "unknown";
 }
@@ -346,6 +347,8 @@ Status validate_arguments(const AttentionProblem& p) {
                    std::to_string(p.num_splits) + ")");
   if (p.workspace != nullptr && reinterpret_cast<uintptr_t>(p.workspace) % kRowAlignBytes != 0)
     return invalid("workspace: pointer must be 16-byte aligned");
+  if (p.allocator != nullptr && (p.allocator->allocate == nullptr || p.allocator->release == nullptr))
+    return invalid("allocator: needs both allocate and release");
   if (p.workspace == nullptr && p.workspace_bytes != 0)
     return invalid("workspace_bytes: " + std::to_string(p.workspace_bytes) + " given without a workspace pointer");
   if (p.seqlens_k != nullptr && reinterpret_cast<uintptr_t>(p.seqlens_k) % alignof(int32_t) != 0)

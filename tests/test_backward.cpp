@@ -17,6 +17,7 @@
 
 #include "../src/common/backward.h"
 #include "../tools/harness.h"
+#include "counting_scratch.h"
 #include "fake_problem.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
@@ -467,12 +468,9 @@ struct BackwardBuffers {
   }
 };
 
-class BackwardTest : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
-
-TEST_P(BackwardTest, MatchesFp64Reference) {
-  const std::string skip = testing::gpu_skip_reason();
-  if (!skip.empty()) GTEST_SKIP() << skip;
-  const auto& [kernel, c] = GetParam();
+// Runs `kernel` on case `c` (scratch from `allocator`; null: the stream's pool) and checks the
+// gradients against the fp64 reference; skips a case the kernel does not run. Needs a GPU.
+void check_backward_case(const std::string& kernel, const Case& c, const ScratchAllocator* allocator = nullptr) {
   SCOPED_TRACE(kernel + ": " + describe(c));
   const int D = c.head_dim;
   const size_t q_elems = size_t(c.batch) * c.seqlen_q * c.heads_q * D;
@@ -534,6 +532,7 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   p.window_left = c.window_left;
   p.softcap = c.softcap;
   d.point(&b, h.q_strides, h.k_strides, dq_strides, dk_strides);
+  p.allocator = allocator;
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
@@ -544,6 +543,41 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   check_gradient("dq", d.dq, dq_strides, c.batch, c.seqlen_q, c.heads_q, D, c.dtype, dq_ref);
   check_gradient("dk", d.dk, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dk_ref);
   check_gradient("dv", d.dv, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dv_ref);
+}
+
+class BackwardTest : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
+
+TEST_P(BackwardTest, MatchesFp64Reference) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const auto& [kernel, c] = GetParam();
+  check_backward_case(kernel, c);
+}
+
+// The fp32 sums come from the problem's allocator, one block a call, all of it given back; an
+// allocator with nothing to give makes the call fail with out_of_memory before any launch.
+TEST(BackwardScratch, ComesFromTheProblemsAllocator) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const std::pair<const char*, Case> cases[] = {
+      {"bwd_sm90", Case{2, 37, 53, 4, 2, 64, false, -1, DType::bf16, false}},
+      {"bwd_sm90", Case{1, 200, 300, 4, 2, 128, true, -1, DType::fp16, true}},
+      {"bwd_12_dkdv_pipeline", Case{2, 300, 260, 4, 2, 256, true, -1, DType::bf16, true}},
+      {"bwd_10_dq_pass", Case{1, 150, 90, 2, 2, 256, false, -1, DType::bf16, false}}};
+  for (const auto& [kernel, c] : cases) {
+    testing::CountingScratch scratch;
+    ASSERT_NO_FATAL_FAILURE(check_backward_case(kernel, c, &scratch.allocator));
+    EXPECT_EQ(scratch.taken, 1) << kernel;
+    EXPECT_EQ(scratch.given_back, 1) << kernel;
+    EXPECT_EQ(scratch.bytes_given_back, scratch.bytes_taken) << kernel;
+  }
+  testing::CountingScratch empty;
+  empty.fail = true;
+  BackwardProblem b = valid_backward();  // fake pointers: nothing may be launched on them
+  b.forward.allocator = &empty.allocator;
+  const Status s = backward(b);
+  EXPECT_EQ(s.code(), StatusCode::out_of_memory) << s.to_string();
+  EXPECT_NE(s.message().find("fp32 sums"), std::string::npos) << s.message();
 }
 
 const DType bf = DType::bf16, fp = DType::fp16;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../tools/harness.h"
+#include "counting_scratch.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 
@@ -508,6 +509,42 @@ TEST(SplitKv, CutsTheLastRound) {
     bytes = 1;
     ASSERT_TRUE(workspace_size(p, &bytes).ok());
     EXPECT_EQ(bytes, 0u);
+  }
+}
+
+// Without a workspace, the memory a forward needs beside its tensors (split-KV's partial results,
+// the sign-flipped q of a negative scale) comes from the problem's allocator, and all of it goes
+// back; an allocator with nothing to give makes the call fail with out_of_memory, naming what.
+TEST(Scratch, ComesFromTheProblemsAllocator) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  Shape decoding = make(2, 1, 5000, 8, 2, 128, false, DType::bf16, Layout::contiguous);  // splits its keys
+  Shape negative = make(2, 130, 300, 8, 2, 256, false, DType::bf16, Layout::padded);
+  negative.scale = -0.2f;
+  for (const Shape& shape : {decoding, negative}) {
+    SCOPED_TRACE(harness::describe(shape));
+    harness::Workload w;
+    ASSERT_TRUE(harness::make_workload(shape, 17, &w).ok());
+    ASSERT_TRUE(harness::poison_outputs(&w).ok());
+    testing::CountingScratch scratch;
+    AttentionProblem p = w.problem;
+    p.allocator = &scratch.allocator;
+    Status s = forward(p);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+    EXPECT_GE(scratch.taken, 1);
+    EXPECT_EQ(scratch.given_back, scratch.taken);
+    EXPECT_EQ(scratch.bytes_given_back, scratch.bytes_taken);
+    const harness::CheckResult r = harness::check_outputs(w, harness::sample_rows(shape, 16, 3));
+    EXPECT_TRUE(r.passed) << r.summary();
+
+    testing::CountingScratch empty;
+    empty.fail = true;
+    p.allocator = &empty.allocator;
+    s = forward(p);
+    EXPECT_EQ(s.code(), StatusCode::out_of_memory) << s.to_string();
+    EXPECT_NE(s.message().find("scratch allocator"), std::string::npos) << s.message();
+    EXPECT_EQ(empty.given_back, 0);
   }
 }
 

@@ -438,6 +438,17 @@ TEST(Validation, BadWorkspace) {
   EXPECT_EQ(bytes, 0u);
 }
 
+// A scratch allocator must have both halves.
+TEST(Validation, HalfAScratchAllocator) {
+  AttentionProblem p = valid_problem();
+  ScratchAllocator allocator;
+  allocator.allocate = [](void*, size_t, cudaStream_t) -> void* { return nullptr; };
+  p.allocator = &allocator;
+  expect_invalid(p, "allocator");
+  allocator.release = [](void*, void*, size_t, cudaStream_t) {};
+  EXPECT_TRUE(validate_arguments(p).ok());
+}
+
 // Only the production forward has variable-length batches: "auto" picks it, a lineage kernel says no.
 TEST(Dispatch, VarlenGoesToTheFinalKernelOnly) {
   AttentionProblem p = varlen_problem();

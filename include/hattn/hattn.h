@@ -34,6 +34,7 @@ enum class StatusCode : int {
   not_supported,     // well-formed, but the chosen kernel (or any kernel, for "auto") can't run it
   no_device,         // no usable CUDA device (none present, or not Hopper sm_90)
   cuda_error,        // a CUDA call failed; the message carries the CUDA error string
+  out_of_memory,     // the scratch allocator (or the stream's pool) had no memory for a call
 };
 
 const char* status_code_name(StatusCode code);
@@ -64,6 +65,23 @@ struct Strides {
 
 // Strides of a contiguous [B, S, H, D] tensor.
 Strides contiguous_bshd(int seqlen, int heads, int head_dim);
+
+// Where a call takes the device memory it needs beside its tensors: split-KV's partial results
+// and FP8's transposed V (when no workspace is given), the sign-flipped copy of q for a negative
+// scale, the backward's fp32 sums. Without one (AttentionProblem::allocator null) the library
+// takes it from the stream's pool with cudaMallocAsync. The memory is used in the call's stream
+// order: taken before the call's first launch, given back once its last launch is enqueued (the
+// work may still run), so an allocator that hands a block out again only to work later in that
+// stream's order (a stream-ordered pool, torch's caching allocator on the call's stream) is
+// safe. The Python package passes torch's.
+struct ScratchAllocator {
+  // `bytes` (> 0) of device memory, 16-byte aligned, or null when there is none: the call then
+  // returns out_of_memory, naming what it needed.
+  void* (*allocate)(void* context, size_t bytes, cudaStream_t stream) = nullptr;
+  // Takes back what allocate gave, with the same bytes and stream.
+  void (*release)(void* context, void* ptr, size_t bytes, cudaStream_t stream) = nullptr;
+  void* context = nullptr;  // passed to both
+};
 
 // The most parts AttentionProblem::num_splits may ask for.
 inline constexpr int kMaxSplits = 64;
@@ -160,7 +178,7 @@ struct AttentionProblem {
   // fewer when a block has fewer K/V tiles). With 0 the production forward also cuts the last round
   // of its persistent grid when it would leave most SMs idle (the tail split: dense batches
   // without a mask); 1 turns that off too. The partial results live in a workspace the
-  // library takes with cudaMallocAsync on the call's stream, unless the caller gives one below.
+  // library takes from `allocator` on the call's stream, unless the caller gives one below.
   // A hint: the lineage kernels ignore it.
   int num_splits = 0;
 
@@ -174,10 +192,14 @@ struct AttentionProblem {
 
   // Device memory for split-KV's partial results (or the FP8 forward's transposed V), owned by
   // the caller and used in the call's stream order (16-byte aligned): at least workspace_size()
-  // bytes, or the call fails naming workspace_bytes. Null: the library allocates it itself
-  // (cudaMallocAsync) when it needs one.
+  // bytes, or the call fails naming workspace_bytes. Null: the library takes it from
+  // `allocator` when it needs one.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+
+  // Scratch memory (see ScratchAllocator), for this call and the backward of this problem. Null:
+  // the stream's pool (cudaMallocAsync). Not owned; it must outlive the call.
+  const ScratchAllocator* allocator = nullptr;
 
   // FP8 (dtype e4m3): the inputs' dequantization scales, as FlashAttention-3's q_descale,
   // k_descale and v_descale: device fp32 arrays [batch, heads_kv]. Query head h of batch b
@@ -252,13 +274,15 @@ struct BackwardProblem {
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that supports the problem: up to D = 128 bwd_15_tma_sums, dense or
-// variable-length; at D = 256 bwd_12_dkdv_pipeline for a dense batch and bwd_10_dq_pass for a
+// (the newest kernel that supports the problem: up to D = 128 the production backward bwd_sm90,
+// dense or variable-length; at D = 256 bwd_12_dkdv_pipeline for a dense batch and bwd_10_dq_pass for a
 // variable-length one) or one of backward_kernel_names(); a kernel that cannot run the problem
-// returns not_supported and says why (bwd_03_wgmma to bwd_08_dq_overlap, bwd_13 to bwd_15: D <= 128;
+// returns not_supported and says why (bwd_03_wgmma to bwd_08_dq_overlap, bwd_13 to bwd_15 and
+// bwd_sm90: D <= 128;
 // bwd_09 to bwd_12: D = 256; bwd_03_wgmma, bwd_05_tma_dq to bwd_07_dkdv_direct, bwd_09, bwd_11
 // and bwd_12: no variable-length batch).
-// Takes fp32 scratch memory with cudaMallocAsync on the stream. Asynchronous, like forward().
+// Takes fp32 scratch memory from forward.allocator (default: the stream's pool). Asynchronous,
+// like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
 // The backward kernels in lineage order.

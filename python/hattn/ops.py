@@ -443,7 +443,15 @@ def _launch(kwargs, needed: int, device: torch.device) -> None:
     if needed:
         workspace = torch.empty(needed, dtype=torch.uint8, device=device)
         kwargs.update(workspace=workspace.data_ptr(), workspace_bytes=needed)
-    _C.forward(**kwargs, stream=_current_stream(device))
+    _C.forward(**kwargs, stream=_current_stream(device), scratch=_scratch)
+
+
+def _scratch(nbytes: int) -> torch.Tensor:
+    """_C's `scratch`: memory a call needs beside its tensors (the backward's fp32 sums, the sign-flipped
+    q of a negative scale) from torch's caching allocator on the current device, used on the current
+    stream: stream-ordered like the launch, recorded by CUDA graph captures, counted in torch's memory
+    stats. _C keeps the tensor until the call has enqueued its work."""
+    return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
 
 def _current_stream(device: torch.device) -> int:
@@ -731,7 +739,7 @@ def attention_bwd(
             q, k, v, out, lse, causal, softmax_scale, "auto", (window_left, window_right), softcap=softcap
         )  # fmt: skip
         grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
-        _C.backward(**kwargs, grads=grads, stream=torch.cuda.current_stream(q.device).cuda_stream)
+        _C.backward(**kwargs, grads=grads, stream=_current_stream(q.device), scratch=_scratch)
     return dq, dk, dv
 
 
@@ -959,7 +967,7 @@ def attention_varlen_bwd(
             q, k, v, out, lse, causal, softmax_scale, "auto", (window_left, window_right), varlen, softcap=softcap
         )  # fmt: skip
         grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
-        _C.backward(**kwargs, grads=grads, stream=torch.cuda.current_stream(q.device).cuda_stream)
+        _C.backward(**kwargs, grads=grads, stream=_current_stream(q.device), scratch=_scratch)
     return dq, dk, dv
 
 

@@ -10,6 +10,7 @@
 //                                              "auto", refuses it)
 //   no_device        -> RuntimeError          (no CUDA device, or not a Hopper sm_90 GPU)
 //   cuda_error       -> RuntimeError          (a CUDA call failed)
+//   out_of_memory    -> RuntimeError          (no scratch memory; torch's own OOM error is a RuntimeError too)
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -56,12 +57,61 @@ hattn::DType parse_dtype(const std::string& name) {
   throw nb::python_error();
 }
 
+// Scratch memory from a Python callable: scratch(bytes) returns an object with data_ptr() (the
+// package passes torch.empty(bytes, dtype=torch.uint8) on the current device: torch's caching
+// allocator, on the call's stream), kept alive until the library gives it back. None: the
+// library's default (the stream's pool). The callbacks run inside a call that released the GIL,
+// so they take it back.
+class PythonScratch {
+ public:
+  explicit PythonScratch(nb::object fn) : fn_(std::move(fn)) {
+    allocator_.allocate = &allocate;
+    allocator_.release = &release;
+    allocator_.context = this;
+  }
+  const hattn::ScratchAllocator* allocator() const { return fn_.is_none() ? nullptr : &allocator_; }
+  // What the callable raised when it gave no memory (e.g. torch's out-of-memory message).
+  const std::string& error() const { return error_; }
+
+ private:
+  static void* allocate(void* context, size_t bytes, cudaStream_t /*stream*/) {
+    auto* self = static_cast<PythonScratch*>(context);
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::object block = self->fn_(bytes);
+      void* ptr = reinterpret_cast<void*>(nb::cast<uintptr_t>(block.attr("data_ptr")()));
+      if (ptr != nullptr) self->live_.emplace_back(ptr, std::move(block));
+      return ptr;
+    } catch (const nb::python_error& e) {  // its Python error is held here, not pending
+      self->error_ = std::string(nb::type_name(e.type()).c_str()) + ": " + nb::str(e.value()).c_str();
+    } catch (const std::exception& e) {  // data_ptr() gave no int
+      self->error_ = std::string("data_ptr(): ") + e.what();
+    }
+    return nullptr;
+  }
+  static void release(void* context, void* ptr, size_t /*bytes*/, cudaStream_t /*stream*/) {
+    auto* self = static_cast<PythonScratch*>(context);
+    nb::gil_scoped_acquire gil;
+    for (auto it = self->live_.begin(); it != self->live_.end(); ++it) {
+      if (it->first == ptr) {
+        self->live_.erase(it);  // drops the block: torch may reuse it for later work on the stream
+        return;
+      }
+    }
+  }
+
+  nb::object fn_;
+  hattn::ScratchAllocator allocator_;
+  std::vector<std::pair<void*, nb::object>> live_;
+  std::string error_;
+};
+
 // The backward's tensors: (dout, dout_strides, dq, dq_strides, dk, dk_strides, dv, dv_strides).
 using GradArgs = std::tuple<uintptr_t, StrideTuple, uintptr_t, StrideTuple, uintptr_t, StrideTuple, uintptr_t, StrideTuple>;
 
 // Defines `name` on `m` with the keyword signature of a problem plus grads (only backward
-// takes them), kernel and stream, and calls fn(problem, grads, kernel, stream). The Python side
-// passes keywords; the signature is written once.
+// takes them), kernel, stream and scratch, and calls fn(problem, grads, kernel, stream) with
+// problem.allocator from scratch. The Python side passes keywords; the signature is written once.
 template <typename Fn>
 void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* doc) {
   m.def(
@@ -74,8 +124,10 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
            uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, uintptr_t kv_batch_idx,
            int kv_batch, uintptr_t leftpad_k, int num_splits,
            uintptr_t workspace, size_t workspace_bytes, uintptr_t q_descale, uintptr_t k_descale, uintptr_t v_descale,
-           const std::optional<GradArgs>& grads, const std::string& kernel, uintptr_t stream) {
+           const std::optional<GradArgs>& grads, const std::string& kernel, uintptr_t stream, nb::object scratch) {
+        PythonScratch python_scratch(std::move(scratch));
         hattn::AttentionProblem p;
+        p.allocator = python_scratch.allocator();
         p.dtype = parse_dtype(dtype);
         p.batch = batch;
         p.seqlen_q = seqlen_q;
@@ -115,7 +167,16 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
         p.q_descale = reinterpret_cast<const float*>(q_descale);
         p.k_descale = reinterpret_cast<const float*>(k_descale);
         p.v_descale = reinterpret_cast<const float*>(v_descale);
-        return fn(p, grads, kernel, stream);
+        try {
+          return fn(p, grads, kernel, stream);
+        } catch (const nb::python_error& e) {
+          if (python_scratch.error().empty()) throw;
+          // The call found no scratch: its status names what it needed, the callable's error why.
+          const std::string message =
+              std::string(nb::str(e.value()).c_str()) + " (scratch raised " + python_scratch.error() + ")";
+          PyErr_SetString(PyExc_RuntimeError, message.c_str());
+          throw nb::python_error();
+        }
       },
       nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
       nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("q"), nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"),
@@ -126,7 +187,8 @@ void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* d
       nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("kv_batch_idx") = 0, nb::arg("kv_batch") = 0,
       nb::arg("leftpad_k") = 0, nb::arg("num_splits") = 0, nb::arg("workspace") = 0,
       nb::arg("workspace_bytes") = 0, nb::arg("q_descale") = 0, nb::arg("k_descale") = 0, nb::arg("v_descale") = 0,
-      nb::arg("grads") = nb::none(), nb::arg("kernel") = "auto", nb::arg("stream") = 0, doc);
+      nb::arg("grads") = nb::none(), nb::arg("kernel") = "auto", nb::arg("stream") = 0, nb::arg("scratch") = nb::none(),
+      doc);
 }
 
 // Refuses gradients given to a function other than backward.
@@ -259,7 +321,7 @@ NB_MODULE(_C, m) {
   m.doc() =
       "hattn._C: raw-pointer bindings of the hopper-attention C++ API. Use hattn.attention() for tensors.\n"
       "Errors: ValueError (invalid_argument), NotImplementedError (not_supported), "
-      "RuntimeError (no_device, cuda_error); the text starts with the status code.";
+      "RuntimeError (no_device, cuda_error, out_of_memory); the text starts with the status code.";
   def_problem_function(
       m, "forward", &forward,
       "Validates the problem and launches `kernel` on `stream` (a cudaStream_t as int). Asynchronous.\n"
@@ -273,7 +335,9 @@ NB_MODULE(_C, m) {
       "kv_batch_idx: device int32 [batch], each sequence's cache entry (a batch entry of k/v, or a block_table\n"
       "row) among kv_batch; leftpad_k: device int32 [batch], each sequence's first key.\n"
       "workspace/workspace_bytes: device memory for split-KV's partial results or FP8's transposed V\n"
-      "(workspace_size()); 0: the library allocates it.\n"
+      "(workspace_size()); 0: the library takes it as scratch.\n"
+      "scratch: None (the stream's pool) or a callable bytes -> an object with data_ptr() (e.g. a uint8 torch\n"
+      "tensor) for the memory a call needs beside its tensors, kept alive until the call has enqueued its work.\n"
       "FP8: dtype 'e4m3' (q, k, v float8_e4m3fn, out bf16, D = 128, dense); q_descale/k_descale/v_descale:\n"
       "0 (scale 1) or device fp32 [batch, heads_kv] contiguous dequantization scales (FlashAttention-3's).");
   def_problem_function(

@@ -185,3 +185,42 @@ def test_no_grad_keeps_the_forward_alone():
     with torch.no_grad():
         out = hattn.attention(q, k, v)
     assert out.grad_fn is None
+
+
+@requires_hopper
+def test_scratch_comes_from_torch(monkeypatch):
+    """The backward's fp32 sums (and a negative scale's sign-flipped q in the forward) come from
+    torch's caching allocator through hattn.ops._scratch; when it raises, the call raises
+    RuntimeError naming what it needed and what the allocator said."""
+    import hattn.ops as ops
+
+    calls = []
+    real = ops._scratch
+
+    def counting(nbytes):
+        calls.append(nbytes)
+        return real(nbytes)
+
+    monkeypatch.setattr(ops, "_scratch", counting)
+    q, k, v = (torch.randn(1, 40, 2, 64, device="cuda", dtype=torch.bfloat16) + INPUT_MEAN for _ in range(3))
+    dout = torch.randn_like(q)
+    got = gradients(lambda q, k, v: hattn.attention(q, k, v, causal=True), q, k, v, dout)
+    assert len(calls) == 1 and calls[0] > 0  # one block: the sums and the row sums
+    want = gradients(
+        lambda q, k, v: attention_ref(q, k, v, causal=True)[0], q.double(), k.double(), v.double(), dout.double()
+    )  # fmt: skip
+    check_gradients(got, want, torch.bfloat16)
+    calls.clear()
+    out = hattn.attention(q, k, v, softmax_scale=-0.1)
+    assert len(calls) == 1 and calls[0] == q.numel() * q.element_size()  # q's sign-flipped copy
+    ref, _ = attention_ref(q.double(), k.double(), v.double(), softmax_scale=-0.1)
+    assert torch.allclose(out.double(), ref, atol=3e-2, rtol=0)
+
+    def empty(nbytes):
+        raise RuntimeError(f"no {nbytes} bytes here")
+
+    monkeypatch.setattr(ops, "_scratch", empty)
+    q.requires_grad_(True)
+    out = hattn.attention(q, k, v)
+    with pytest.raises(RuntimeError, match=r"out_of_memory: .*fp32 sums.*scratch raised RuntimeError: no \d+ bytes here"):
+        out.backward(dout)

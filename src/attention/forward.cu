@@ -7,6 +7,7 @@
 #include <string>
 
 #include "../common/common.cuh"
+#include "../common/scratch.h"
 #include "../common/tile_scheduler.cuh"
 #include "../registry.h"
 #include "../tensor_map.h"
@@ -23,7 +24,7 @@ constexpr const char* kName = "fwd_sm90";
 
 // `fp` is make_plan(problem): split.splits > 1 (run-time bounds kernels only): split-KV with
 // that many parts; or split.tail_parts > 1 (not the window's kernels): the tail split. Either
-// in the caller's workspace or, without one, in memory taken here when it can be had.
+// in the caller's workspace or, without one, in scratch from the problem's allocator.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cudaStream_t stream) {
   const AttentionParams& params = fp.params;
@@ -59,27 +60,27 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
   // FP8: V is read through its transposed copy (8-bit wgmma operands are K-major only), made
-  // first in the caller's workspace or in memory taken here on the stream (after every step
-  // that can fail without freeing it).
+  // first in the caller's workspace or in scratch (taken after every step that can fail without
+  // giving it back).
+  const ScratchAllocator* allocator = problem.allocator;
   uint8_t* vt = nullptr;
-  bool vt_owned = false;
+  void* vt_scratch = nullptr;  // taken here, given back here
+  const size_t vt_bytes = fp.workspace_bytes;  // V^T's copy (FP8 only)
   if constexpr (kIsFp8<T>) {
     const int keys = vt_keys(problem.seqlen_k);
     if (problem.workspace != nullptr) {  // forward() checked its size
       vt = static_cast<uint8_t*>(problem.workspace);
     } else {
-      const size_t bytes = fp.workspace_bytes;  // V^T's copy
-      s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&vt), bytes, stream),
-                      std::string(kName) + ": cudaMallocAsync(V^T, " + std::to_string(bytes) + " bytes)");
+      s = take_scratch(allocator, vt_bytes, stream, std::string(kName) + ": V^T", &vt_scratch);
       if (!s.ok()) return s;
-      vt_owned = true;
+      vt = static_cast<uint8_t*>(vt_scratch);
     }
     transpose_v_kernel<D><<<dim3(unsigned(keys / kVtTileKeys), unsigned(problem.heads_kv), unsigned(problem.batch)), 256,
                             0, stream>>>(params, vt, keys);
     s = launch_status(kName);
     if (s.ok()) s = make_transposed_tensor_map(&maps.v, vt, problem.batch, problem.heads_kv, D, keys, kVtTileKeys);
     if (!s.ok()) {
-      if (vt_owned) cudaFreeAsync(vt, stream);
+      give_back_scratch(allocator, vt_scratch, vt_bytes, stream, kName, "V^T");
       return {s.code(), std::string(kName) + ": V^T: " + s.message()};
     }
   }
@@ -93,22 +94,19 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   const int64_t rows_all = split.rows_all;
   bool tail = false;  // the tail split runs: its parts are in the work list
   float* workspace = nullptr;
-  bool owned = false;  // taken here, freed here
+  void* split_scratch = nullptr;  // taken here, given back here
   if ((kRuntimeBounds && splits > 1) || (!kWindow && split.tail_parts > 1)) {
     if (problem.workspace != nullptr) {  // forward() checked its size
       workspace = static_cast<float*>(problem.workspace);
     } else {
-      // Stream-ordered, so the pool hands the memory back to the next call on the stream, and a
-      // CUDA graph capture records it. A failure is the caller's to see (out of memory), not a
-      // silent switch to the unsplit plan.
-      Status st = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&workspace), split.bytes, stream),
-                              std::string(kName) + ": cudaMallocAsync(split-KV workspace, " +
-                                  std::to_string(split.bytes) + " bytes)");
+      // A failure is the caller's to see (out of memory), not a silent switch to the unsplit plan.
+      Status st = take_scratch(allocator, split.bytes, stream, std::string(kName) + ": split-KV workspace",
+                               &split_scratch);
       if (!st.ok()) {
-        if (vt_owned) cudaFreeAsync(vt, stream);
+        give_back_scratch(allocator, vt_scratch, vt_bytes, stream, kName, "V^T");
         return st;
       }
-      owned = true;
+      workspace = static_cast<float*>(split_scratch);
     }
     if (workspace != nullptr && split.tail_parts > 1) {
       // The tail split: the parts of the cut items, [tail item][part][row of the block].
@@ -155,16 +153,11 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
       s = cuda_status(cudaLaunchKernelEx(&config, combine_splits_kernel<OutType<T>, D>, kernel_params, rows_all),
                       std::string(kName) + ": launching the split-KV combine");
     }
-    if (owned) {
-      const Status freed = cuda_status(cudaFreeAsync(workspace, stream), std::string(kName) + ": cudaFreeAsync(workspace)");
-      if (s.ok()) s = freed;
-    }
   }
-  if (vt_owned) {
-    const Status freed = cuda_status(cudaFreeAsync(vt, stream), std::string(kName) + ": cudaFreeAsync(V^T)");
-    if (s.ok()) s = freed;
-  }
-  return s;
+  const Status split_back = give_back_scratch(allocator, split_scratch, split.bytes, stream, kName, "split-KV workspace");
+  const Status vt_back = give_back_scratch(allocator, vt_scratch, vt_bytes, stream, kName, "V^T");
+  if (s.ok()) s = split_back;
+  return s.ok() ? vt_back : s;
 }
 
 static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultiple % Config<128, false, 2>::kBlockN == 0 &&
@@ -209,15 +202,14 @@ Status launch_variant(const AttentionProblem& problem, const ForwardPlan& fp, cu
 Status launch(const AttentionProblem& problem, cudaStream_t stream);
 
 // scale < 0: the same problem on a sign-flipped copy of q with |scale| (negated_q.cuh). The
-// copy comes from the stream's pool (cudaMallocAsync) and goes back to it after the call.
+// copy is scratch from the problem's allocator, given back after the call.
 Status launch_with_negated_q(const AttentionProblem& problem, cudaStream_t stream) {
   const int elem_bytes = problem.dtype == DType::e4m3 ? 1 : 2;
   const int64_t rows = int64_t(problem.tensor_batch()) * problem.tensor_rows_q() * problem.heads_q;
   const size_t bytes = size_t(rows) * problem.head_dim * elem_bytes;
   void* copy = nullptr;
-  Status s = cuda_status(cudaMallocAsync(&copy, bytes, stream),
-                         std::string(kName) + ": cudaMallocAsync(q with its signs flipped, " + std::to_string(bytes) +
-                             " bytes, for softmax_scale < 0)");
+  Status s = take_scratch(problem.allocator, bytes, stream,
+                          std::string(kName) + ": q with its signs flipped (softmax_scale < 0)", &copy);
   if (!s.ok()) return s;
   const int64_t chunks = rows * problem.head_dim * elem_bytes / 16;
   const unsigned blocks = unsigned(std::min<int64_t>((chunks + 255) / 256, 65535));
@@ -231,7 +223,7 @@ Status launch_with_negated_q(const AttentionProblem& problem, cudaStream_t strea
     flipped.softmax_scale = -problem.scale();
     s = launch(flipped, stream);
   }
-  const Status freed = cuda_status(cudaFreeAsync(copy, stream), std::string(kName) + ": cudaFreeAsync(q copy)");
+  const Status freed = give_back_scratch(problem.allocator, copy, bytes, stream, kName, "q copy");
   return s.ok() ? freed : s;
 }
 

@@ -19,6 +19,7 @@
 #include "fragment.cuh"
 #include "hattn/hattn.h"
 #include "params.h"
+#include "scratch.h"
 #include "ptx/ex2.cuh"
 #include "ptx/tma.cuh"
 #include "sequence.cuh"
@@ -333,8 +334,8 @@ Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem,
   return launch_with_smem(kernel, grid, threads, smem, stream, name, args...);
 }
 
-// The host side of a backward: scratch for the fp32 sums and delta (cudaMallocAsync on the
-// stream), zeroed; delta; then launch_main.template operator()<T, D>(params), which launches the
+// The host side of a backward: scratch for the fp32 sums and delta (from the problem's
+// allocator, scratch.h), zeroed; delta; then launch_main.template operator()<T, D>(params), which launches the
 // kernel's main pass and returns its Status; then the conversions; then the free.
 // With dkdv_written_by_kernel, dK and dV get no sums (params.dk_accum and dv_accum are null)
 // and no conversion: the kernel writes params.dk and dv. dq_written_by_kernel does the same for
@@ -369,10 +370,11 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   const int64_t rows_q_sums = dq_written_by_kernel ? 0 : rows_q;     // rows of the dQ sum
   const int64_t rows_k_sums = dkdv_written_by_kernel ? 0 : rows_k;  // rows of the dK and dV sums
   const size_t floats = size_t(rows_q) + size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
-  float* scratch = nullptr;
-  Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scratch), floats * sizeof(float), stream),
-                         std::string(name) + ": cudaMallocAsync(scratch)");
+  void* taken = nullptr;
+  Status s = take_scratch(fwd.allocator, floats * sizeof(float), stream, std::string(name) + ": fp32 sums and delta",
+                          &taken);
   if (!s.ok()) return s;
+  float* scratch = static_cast<float*>(taken);
   // [dQ sum][dK sum][dV sum][delta], each sum only where the kernel does not write the gradient.
   p.dq_accum = dq_written_by_kernel ? nullptr : scratch;
   p.dk_accum = dkdv_written_by_kernel ? nullptr : scratch + rows_q_sums * fwd.head_dim;
@@ -406,7 +408,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
       return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides);
     });
   }
-  const Status freed = cuda_status(cudaFreeAsync(scratch, stream), std::string(name) + ": cudaFreeAsync(scratch)");
+  const Status freed = give_back_scratch(fwd.allocator, taken, floats * sizeof(float), stream, name, "fp32 sums and delta");
   return s.ok() ? freed : s;
 }
 
