@@ -41,6 +41,7 @@ import os
 from typing import Optional, Tuple
 
 import torch
+import torch.autograd.profiler as _profiler  # _is_profiler_enabled: a plain module flag, set while one runs
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _C
@@ -73,8 +74,9 @@ def _direct_call_ok(args) -> bool:
     no dispatch or torch-function mode, plain CUDA tensors and no gradient being recorded. The
     dispatcher's Python wrapper of a custom op costs tens of microseconds a call, as much as a
     decoding step's kernel; anything that needs the op itself (torch.compile, fake tensors,
-    tensor subclasses, modes, autograd) still goes through it."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+    tensor subclasses, modes, autograd, a running torch.profiler, which then records the calls as
+    hattn::... ops) still goes through it."""
+    if _profiler._is_profiler_enabled or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return False
     if torch._C._is_torch_function_mode_enabled():
         return False

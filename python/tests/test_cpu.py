@@ -270,3 +270,14 @@ def test_binding_refuses_without_a_usable_gpu():
             _C.forward(**problem())
         with pytest.raises(RuntimeError, match=r"^no_device: "):
             _C.workspace_size(**problem())
+
+
+def test_calls_go_through_the_op_while_the_profiler_runs():
+    """Eager calls may skip the dispatcher (hattn.ops._direct_call_ok), except while torch.profiler
+    runs: then they go through the op so that the profile shows hattn::... (test_gpu checks the names)."""
+    import hattn.ops as ops
+
+    assert ops._direct_call_ok(())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert not ops._direct_call_ok(())
+    assert ops._direct_call_ok(())

@@ -330,3 +330,16 @@ def test_empty_tensors_give_empty_results(batch, seqlen_q, seqlen_k):
     out.float().sum().backward()
     for t in (q, k, v):
         assert t.grad.shape == t.shape and torch.all(t.grad == 0)
+
+
+def test_profiler_sees_the_ops():
+    """An eager call skips the dispatcher (_direct_call_ok) except while torch.profiler runs: then it
+    goes through the op, and the profile names it (forward, and the backward through autograd)."""
+    q, k, v = make_qkv(1, 64, 64, 2, 2, 64, torch.bfloat16)
+    hattn.attention(q, k, v)  # outside the profiler: the direct call (and its launch cache)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        hattn.attention(q, k, v, causal=True)
+        q.requires_grad_(True)
+        hattn.attention(q, k, v).float().sum().backward()
+    names = {e.key for e in prof.key_averages()}
+    assert {"hattn::attention_fwd", "hattn::attention_bwd"} <= names, sorted(n for n in names if "hattn" in n)
