@@ -31,6 +31,7 @@ from typing import List, NamedTuple
 import torch  # noqa: F401
 
 from . import _C, flash_attn_interface
+from . import distributed  # noqa: F401  sequence-parallel attention over torch.distributed (hattn.distributed)
 from .flash_attn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
                          flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
 from .ops import (attention, attention_fp8, attention_paged, attention_varlen, checking, launch, resolve_kernel,
