@@ -37,6 +37,7 @@ from .flash_attn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_q
 from .ops import (attention, attention_fp8, attention_paged, attention_varlen, checking, launch, resolve_kernel,
                   set_checking)
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
+from .diffusers_backend import register_diffusers_backend  # imports diffusers only when called
 
 __all__ = [
     "attention",
@@ -56,6 +57,7 @@ __all__ = [
     "KernelInfo",
     "launch",
     "patch_sdpa",
+    "register_diffusers_backend",
     "resolve_kernel",
     "scaled_dot_product_attention",
     "set_checking",
