@@ -146,6 +146,28 @@ def test_zigzag_round_trip_and_layout():
 
 
 @pytest.mark.parametrize("layout", hd.LAYOUTS)
+def test_ring_blocks_are_the_causal_mask(layout):
+    """Each ring step's one call (rows, keys, causal or not) covers exactly the query-key pairs the
+    global causal mask allows between this rank's and the source rank's tokens: the zigzag reasoning,
+    checked on the positions for worlds 1 to 6."""
+    for world in range(1, 7):
+        seqlen = 2 * world * 3
+        positions = [hd.usp_shard(torch.arange(seqlen), 0, 1, r, world, layout, dim=0) for r in range(world)]
+        for rank in range(world):
+            for src in range(world):
+                want = positions[src][None, :] <= positions[rank][:, None]  # [local q, local k]
+                got = torch.zeros_like(want)
+                blk = hd._block(layout, True, rank, src, len(positions[rank]), len(positions[src]))
+                if blk is not None:
+                    rows = torch.arange(len(positions[rank]))[blk.q_rows]
+                    cols = torch.arange(len(positions[src]))[blk.kv_rows]
+                    shift = len(cols) - len(rows)  # bottom-right alignment of the call's causal mask
+                    seen = cols[None, :] - cols[0] <= rows[:, None] - rows[0] + shift if blk.causal else True
+                    got[rows[:, None], cols[None, :]] = seen
+                assert torch.equal(got, want), f"{layout} world {world}: rank {rank}, block of rank {src}"
+
+
+@pytest.mark.parametrize("layout", hd.LAYOUTS)
 def test_usp_shard_round_trip(layout):
     x = torch.randn(1, 48, 2, 4)
     for ulysses, ring in ((1, 4), (4, 1), (2, 2), (2, 3), (3, 2)):
