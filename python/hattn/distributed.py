@@ -409,8 +409,8 @@ def _wait(works: Optional[List[dist.Work]]) -> None:
 
 
 class _Block(NamedTuple):
-    """Which part of one ring step's problem is computed: local query rows [q0, q1), received
-    key rows [k0, k1), with or without the causal mask."""
+    """The one attention call of a ring step: these local query rows against these rows of the
+    received K/V block, with or without the (bottom-right) causal mask."""
 
     q_rows: slice
     kv_rows: slice
