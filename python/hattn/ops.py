@@ -179,8 +179,8 @@ def _check_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) ->
     here would synchronize the host with the GPU)."""
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         _check_int32_tensor(name, t)
-        if t.dim() != 1 or t.shape[0] < 2:
-            raise ValueError(f"{name}: must be 1-D [batch + 1] with batch >= 1, got shape {tuple(t.shape)}")
+        if t.dim() != 1 or t.shape[0] < 1:
+            raise ValueError(f"{name}: must be 1-D [batch + 1], got shape {tuple(t.shape)}")
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
         raise ValueError(
             f"cu_seqlens_k: length {cu_seqlens_k.shape[0]} must equal cu_seqlens_q's length {cu_seqlens_q.shape[0]} "
@@ -193,8 +193,8 @@ def _check_max_seqlen(name: str, value) -> None:
     # would need a host synchronization).
     if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
         raise TypeError(f"{name}: must be an int (the longest sequence's length), got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: must be >= 1, got {value}")
+    if value < 0:
+        raise ValueError(f"{name}: must be >= 0, got {value}")
 
 
 def _check_seqlens_k(seqlens_k: torch.Tensor, batch: int, name: str = "seqlens_k") -> None:
@@ -890,6 +890,11 @@ def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     _check_max_seqlen("max_seqlen_k", max_seqlen_k)
 
 
+def _varlen_empty(q, k, cu_seqlens_q, max_seqlen_q: int, max_seqlen_k: int) -> bool:
+    """A variable-length batch with nothing to compute: no sequence, no query or no key in any."""
+    return cu_seqlens_q.shape[0] == 1 or max_seqlen_q == 0 or max_seqlen_k == 0 or q.shape[0] == 0 or k.shape[0] == 0
+
+
 def _attention_varlen_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -916,6 +921,10 @@ def _attention_varlen_fwd(
     total_q, heads_q, head_dim = q.shape
     out = torch.empty((total_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if _varlen_empty(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
+        out.zero_()  # rows that see no key (or belong to no sequence): out 0, LSE -inf; no kernel
+        lse.fill_(float("-inf"))
+        return out, lse
     window, varlen = (window_left, window_right), (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _forward(q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, window, varlen, softcap=softcap)
     return out, lse
@@ -959,6 +968,8 @@ def attention_varlen_bwd(
     (dk and dv sum over a K/V head's query heads; rows in no sequence get 0)."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, "auto")
     _check_device(q, k, v, out=out, lse=lse, dout=dout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    if _varlen_empty(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):  # see attention_varlen_fwd: every gradient is 0
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, out, dout = (_as_kernel_input(t) for t in (q, k, v, out, dout))
     lse = lse.contiguous()
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -1030,13 +1041,15 @@ def attention_varlen(
     Args:
         q: [total_q, Hq, D] CUDA tensor, torch.bfloat16 or torch.float16; D in {64, 128, 256}.
         k, v: [total_k, Hkv, D], same dtype and device; Hq % Hkv == 0 (GQA/MQA).
-        cu_seqlens_q, cu_seqlens_k: torch.int32 [batch + 1] on q's device, batch >= 1. Sequence
+        cu_seqlens_q, cu_seqlens_k: torch.int32 [batch + 1] on q's device, batch >= 0. Sequence
             b's queries are rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q, its keys the
             rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k and v. Non-decreasing from 0 to
             total_q (total_k); a sequence may be empty on either side (no keys: its rows give
             output 0 and LSE -inf).
-        max_seqlen_q, max_seqlen_k: ints >= 1, the longest sequence's query and key lengths
-            (FlashAttention's max_seqlen_q/k); the kernel plans its work by them.
+        max_seqlen_q, max_seqlen_k: ints >= 0, the longest sequence's query and key lengths
+            (FlashAttention's max_seqlen_q/k); the kernel plans its work by them. A batch with
+            nothing to compute (batch 0, or either one 0) gives out 0 and LSE -inf (gradients 0)
+            without a kernel.
         causal: bottom-right aligned within each sequence: its query i sees its key j iff
             j <= i + Sk_b - Sq_b. Rows that see no key give output 0 and LSE -inf.
         softmax_scale: default 1/sqrt(D).

@@ -101,17 +101,17 @@ def test_op_schema():
             r"cu_seqlens_k: length 3 must equal cu_seqlens_q's length 4 \(batch \+ 1\)",
         ),
         (
-            lambda a: replace(a, cu_seqlens_q=a[3][:1], cu_seqlens_k=a[4][:1]),
+            lambda a: replace(a, cu_seqlens_q=a[3][:0], cu_seqlens_k=a[4][:0]),
             ValueError,
-            r"cu_seqlens_q: must be 1-D \[batch \+ 1\] with batch >= 1, got shape \(1,\)",
+            r"cu_seqlens_q: must be 1-D \[batch \+ 1\], got shape \(0,\)",
         ),
         (
             lambda a: replace(a, cu_seqlens_k=a[4][None]),
             ValueError,
-            r"cu_seqlens_k: must be 1-D \[batch \+ 1\] with batch >= 1, got shape \(1, 4\)",
+            r"cu_seqlens_k: must be 1-D \[batch \+ 1\], got shape \(1, 4\)",
         ),
-        (lambda a: replace(a, max_seqlen_q=0), ValueError, r"max_seqlen_q: must be >= 1, got 0"),
-        (lambda a: replace(a, max_seqlen_k=-3), ValueError, r"max_seqlen_k: must be >= 1, got -3"),
+        (lambda a: replace(a, max_seqlen_q=-1), ValueError, r"max_seqlen_q: must be >= 0, got -1"),
+        (lambda a: replace(a, max_seqlen_k=-3), ValueError, r"max_seqlen_k: must be >= 0, got -3"),
         (lambda a: replace(a, max_seqlen_k=120.0), TypeError, r"max_seqlen_k: must be an int .*, got float"),
         (
             lambda a: replace(a, max_seqlen_q=torch.tensor(100)),
@@ -166,8 +166,8 @@ def test_meta_validates_too():
     args = varlen_args(device="meta")
     with pytest.raises(ValueError, match=r"cu_seqlens_k: length 2 must equal cu_seqlens_q's length 4"):
         torch.ops.hattn.attention_varlen_fwd(*replace(args, cu_seqlens_k=args[4][:2]), False, None, "auto", False)
-    with pytest.raises(ValueError, match=r"max_seqlen_q: must be >= 1, got 0"):
-        torch.ops.hattn.attention_varlen_fwd(*replace(args, max_seqlen_q=0), False, None, "auto", False)
+    with pytest.raises(ValueError, match=r"max_seqlen_q: must be >= 0, got -1"):
+        torch.ops.hattn.attention_varlen_fwd(*replace(args, max_seqlen_q=-1), False, None, "auto", False)
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
@@ -485,3 +485,40 @@ def test_opcheck():
     for causal, scale, return_lse in ((False, None, True), (True, 0.2, False)):
         args = (q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, scale, "auto", return_lse)
         torch.library.opcheck(torch.ops.hattn.attention_varlen_fwd.default, args)
+
+
+@pytest.mark.parametrize(
+    "lens_q, lens_k",
+    [([], []), ([0, 0], [5, 7]), ([3, 4], [0, 0]), ([0], [0])],
+    ids=["no-sequence", "no-queries", "no-keys", "empty-sequence"],
+)
+def test_meta_accepts_empty_batches(lens_q, lens_k):
+    """Nothing to compute (no sequence, no query or no key in any) is a valid call (see the GPU test)."""
+    total_q, total_k = sum(lens_q), sum(lens_k)
+    q = torch.empty(total_q, 4, 64, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(total_k, 2, 64, device="meta", dtype=torch.bfloat16)
+    cu = torch.empty(len(lens_q) + 1, device="meta", dtype=torch.int32)
+    out, lse = torch.ops.hattn.attention_varlen_fwd(q, k, k, cu, cu, max(lens_q, default=0), max(lens_k, default=0),
+                                                     False, None, "auto", True)
+    assert out.shape == q.shape and lse.shape == (4, total_q)
+
+
+@requires_hopper
+@pytest.mark.parametrize(
+    "lens_q, lens_k",
+    [([], []), ([0, 0], [5, 7]), ([3, 4], [0, 0]), ([0], [0])],
+    ids=["no-sequence", "no-queries", "no-keys", "empty-sequence"],
+)
+def test_empty_batches_give_empty_results(lens_q, lens_k):
+    """As the dense op: rows that see no key give out 0 and LSE -inf, and every gradient is 0; no
+    kernel runs, and nothing raises."""
+    make = lambda rows, h: torch.randn(rows, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    q, k, v = make(sum(lens_q), 4), make(sum(lens_k), 2), make(sum(lens_k), 2)
+    cu_q, cu_k = cu_seqlens_of(lens_q), cu_seqlens_of(lens_k)
+    out, lse = hattn.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q, default=0), max(lens_k, default=0),
+                                      causal=True, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+    out.float().sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and torch.all(t.grad == 0)
