@@ -209,8 +209,9 @@ Status check_device() {
   return Status::Ok();
 }
 
-// A host pointer handed to a kernel would fault the whole context: refuse it here.
-Status check_device_pointer(const char* name, const void* ptr) {
+// A host pointer handed to a kernel would fault the whole context, and another GPU's memory
+// would be read over the interconnect or fault: refuse both here.
+Status check_device_pointer(const char* name, const void* ptr, int device) {
   if (ptr == nullptr) return Status::Ok();
   cudaPointerAttributes attr{};
   cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
@@ -220,6 +221,9 @@ Status check_device_pointer(const char* name, const void* ptr) {
   }
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
     return invalid(std::string(name) + ": pointer is not GPU memory (device or managed)");
+  if (attr.type == cudaMemoryTypeDevice && attr.device != device)
+    return invalid(std::string(name) + ": pointer is memory of GPU " + std::to_string(attr.device) +
+                   ", but the call runs on GPU " + std::to_string(device) + " (the current device)");
   return Status::Ok();
 }
 
@@ -239,8 +243,13 @@ Status check_cache_entries(const int32_t* kv_batch_idx, int kv_batch) {
 Status check_device_and_pointers(std::initializer_list<std::pair<const char*, const void*>> pointers) {
   Status s = check_device();
   if (!s.ok()) return s;
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    cudaGetLastError();
+    return {StatusCode::cuda_error, std::string("querying the current device: ") + cudaGetErrorString(err)};
+  }
   for (const auto& [name, ptr] : pointers)
-    if (!(s = check_device_pointer(name, ptr)).ok()) return s;
+    if (!(s = check_device_pointer(name, ptr, device)).ok()) return s;
   return Status::Ok();
 }
 
@@ -431,6 +440,8 @@ Status forward(const AttentionProblem& problem, const Options& options) {
       return invalid("workspace_bytes: " + std::to_string(problem.workspace_bytes) + " bytes given; " +
                      entry->name + " needs " + std::to_string(needed) + " for this problem (workspace_size())");
   }
+  if ((options.check || checking_from_environment()) && !(s = check_promises_on(problem, options.stream)).ok())
+    return s;
   return entry->launch(problem, options.stream);
 }
 
@@ -542,6 +553,7 @@ Status backward(const BackwardProblem& problem, const Options& options) {
                                  {"cu_seqlens_k", p.cu_seqlens_k}, {"dout", problem.dout}, {"dq", problem.dq},
                                  {"dk", problem.dk},   {"dv", problem.dv}});
   if (!s.ok()) return s;
+  if ((options.check || checking_from_environment()) && !(s = check_promises_on(p, options.stream)).ok()) return s;
   return kernel->launch(problem, options.stream);
 }
 

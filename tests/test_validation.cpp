@@ -15,6 +15,8 @@ namespace {
 
 using testing::fake_ptr;
 using testing::valid_problem;
+using testing::varlen_problem;
+using testing::paged_problem;
 
 void expect_invalid(const AttentionProblem& p, const std::string& argument) {
   Status s = validate_arguments(p);
@@ -215,18 +217,6 @@ TEST(Dispatch, WindowGoesToTheFinalKernelOnly) {
   EXPECT_TRUE(resolve_kernel(p, "15_three_consumers", &resolved).ok());
 }
 
-// A variable-length batch of 3 sequences: 500 query rows and 700 key rows in all.
-AttentionProblem varlen_problem() {
-  AttentionProblem p = valid_problem();
-  p.batch = 3;
-  p.cu_seqlens_q = static_cast<const int32_t*>(fake_ptr(5));
-  p.cu_seqlens_k = static_cast<const int32_t*>(fake_ptr(6));
-  p.total_q = 500;
-  p.total_k = 700;
-  p.q_strides.batch = p.k_strides.batch = p.v_strides.batch = p.out_strides.batch = 0;  // not used
-  return p;
-}
-
 TEST(Validation, VarlenProblemPasses) { EXPECT_TRUE(validate_arguments(varlen_problem()).ok()); }
 
 TEST(Validation, BadVarlen) {
@@ -254,18 +244,6 @@ TEST(Validation, BadVarlen) {
   p = varlen_problem();  // out's rows must not overlap across the packed rows
   p.out_strides.seq = 8;
   expect_invalid(p, "out");
-}
-
-// A paged cache of 40 pages of 128 keys, 4 pages per sequence.
-AttentionProblem paged_problem() {
-  AttentionProblem p = valid_problem();
-  p.seqlens_k = static_cast<const int32_t*>(fake_ptr(7));
-  p.block_table = static_cast<const int32_t*>(fake_ptr(8));
-  p.page_size = 128;
-  p.num_pages = 40;
-  p.max_pages_per_seq = 4;  // 512 keys >= seqlen_k 130
-  p.k_strides = p.v_strides = contiguous_bshd(128, p.heads_kv, p.head_dim);
-  return p;
 }
 
 TEST(Validation, PagedProblemPasses) { EXPECT_TRUE(validate_arguments(paged_problem()).ok()); }

@@ -235,6 +235,11 @@ struct AttentionProblem {
 struct Options {
   std::string kernel = "auto";  // a registered kernel's name, or "auto" for the best that supports the problem
   cudaStream_t stream = nullptr;
+  // The checking mode: before launching, the promises the problem's device arrays make are
+  // read back on `stream` and checked (check_promises()); a broken one is refused with
+  // invalid_argument naming it. Off by default: it costs a few small copies and a host
+  // synchronization per call. HATTN_CHECK=1 in the environment turns it on for every call.
+  bool check = false;
 };
 
 // Validates `problem`, picks the kernel and launches it on `options.stream`. Asynchronous:
@@ -243,6 +248,16 @@ Status forward(const AttentionProblem& problem, const Options& options = {});
 
 // The same checks as forward() (arguments, kernel support, device), without launching.
 Status check(const AttentionProblem& problem, const std::string& kernel = "auto");
+
+// The checking mode's checks (Options::check) alone. The promises the kernels rely on but the
+// host cannot see without reading device memory, read back on `stream` (which is then waited
+// for): cu_seqlens_q/k start at 0, never decrease and end within total_q/k, and no sequence is
+// longer than seqlen_q/k; seqlens_k within [0, seqlen_k]; kv_batch_idx within the kv_batch
+// entries; leftpad_k within each sequence's keys; the block_table pages each sequence uses
+// (those holding its keys in use) within num_pages; the FP8 descales finite and > 0. A broken
+// promise gives invalid_argument naming the argument (and the entry). Validates the problem
+// and the device first.
+Status check_promises(const AttentionProblem& problem, cudaStream_t stream = nullptr);
 
 // Bytes of workspace forward() needs for this problem beside its tensors (split-KV's partial
 // results; 0 when it runs unsplit), after the same checks. The answer depends on the problem's
