@@ -164,7 +164,8 @@ def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None) ->
     longest sequence), the same for queries and keys."""
     import hattn
     from hattn import _C
-    from hattn.ops import _problem_kwargs, _strides
+    from hattn.ops.checks import _strides
+    from hattn.ops.runner import _problem_kwargs
 
     with torch.no_grad():
         if varlen is None:

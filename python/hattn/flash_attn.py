@@ -31,11 +31,12 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .ops import (
-    _FP8_DTYPE, _PAGED_NAMES, _check_block_table, _check_device, _check_inputs, _check_seqlens_k, _needs_grad,
-    _launch_key, _window, _append_kv, _call, append_kv, attention, attention_fp8,
-    attention_paged, attention_varlen,
+from .ops import append_kv, attention, attention_fp8, attention_paged, attention_varlen
+from .ops.checks import (
+    _FP8_DTYPE, _PAGED_NAMES, _check_block_table, _check_device, _check_inputs, _check_seqlens_k, _needs_grad, _window,
 )  # fmt: skip
+from .ops.kvcache import _append_kv
+from .ops.runner import _call, _launch_key
 
 
 def _unsupported(dropout_p, alibi_slopes) -> List[str]:

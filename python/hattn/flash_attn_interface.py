@@ -47,9 +47,8 @@ from .flash_attn import (
     _DETERMINISTIC, _check_no_descales, _flash_window, _fp8_unsupported, _unpack,
     flash_attn_with_kvcache as _flash_attn_with_kvcache,
 )  # fmt: skip
-from .ops import (
-    _FP8_DTYPE, _MAX_SPLITS, _check_int32_tensor, _needs_grad, attention, attention_fp8, attention_varlen,
-)  # fmt: skip
+from .ops import attention, attention_fp8, attention_varlen
+from .ops.checks import _FP8_DTYPE, _MAX_SPLITS, _check_int32_tensor, _needs_grad
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 

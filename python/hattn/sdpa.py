@@ -53,7 +53,9 @@ from typing import Dict, Iterator, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .ops import _DTYPE_NAMES, _as_kernel_input, _forward, _kernel_layout_ok, _needs_grad, attention, attention_bwd
+from .ops import attention, attention_bwd
+from .ops.checks import _DTYPE_NAMES, _as_kernel_input, _kernel_layout_ok, _needs_grad
+from .ops.runner import _forward
 
 # torch's function, taken before anything can patch it: the fallback, and what patch_sdpa restores.
 _torch_sdpa = F.scaled_dot_product_attention

@@ -2,7 +2,7 @@
 //
 // It binds at the level of raw device pointers and integer element strides, so it needs no
 // torch headers: the build stays fast and works with any torch version. The torch op in
-// python/hattn/ops.py turns tensors into these arguments.
+// python/hattn/ops/ turns tensors into these arguments (runner.py).
 //
 // Errors become Python exceptions whose text is Status::to_string() ("code: message"):
 //   invalid_argument -> ValueError            (the problem is malformed; the message names the argument)

@@ -190,9 +190,9 @@ def test_no_grad_keeps_the_forward_alone():
 @requires_hopper
 def test_scratch_comes_from_torch(monkeypatch):
     """The backward's fp32 sums (and a negative scale's sign-flipped q in the forward) come from
-    torch's caching allocator through hattn.ops._scratch; when it raises, the call raises
+    torch's caching allocator through hattn.ops.runner._scratch; when it raises, the call raises
     RuntimeError naming what it needed and what the allocator said."""
-    import hattn.ops as ops
+    import hattn.ops.runner as ops
 
     calls = []
     real = ops._scratch

@@ -5,7 +5,7 @@ the checks themselves; an op's call runs on the GPU."""
 import hattn
 import pytest
 import torch
-from hattn import ops
+from hattn.ops import checks as ops
 from helpers import requires_hopper
 
 

@@ -7,7 +7,7 @@ import hattn
 import pytest
 import torch
 from hattn import _C
-from hattn.ops import _as_kernel_input, _kernel_layout_ok
+from hattn.ops.checks import _as_kernel_input, _kernel_layout_ok
 from helpers import hopper_skip_reason
 
 B, SQ, SK, HQ, HKV, D = 2, 100, 120, 8, 2, 64
@@ -273,9 +273,9 @@ def test_binding_refuses_without_a_usable_gpu():
 
 
 def test_calls_go_through_the_op_while_the_profiler_runs():
-    """Eager calls may skip the dispatcher (hattn.ops._direct_call_ok), except while torch.profiler
+    """Eager calls may skip the dispatcher (hattn.ops.runner._direct_call_ok), except while torch.profiler
     runs: then they go through the op so that the profile shows hattn::... (test_gpu checks the names)."""
-    import hattn.ops as ops
+    import hattn.ops.runner as ops
 
     assert ops._direct_call_ok(())
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):

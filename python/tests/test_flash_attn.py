@@ -962,7 +962,7 @@ def test_kvcache_append_repeated_layout_reads_the_new_tensors(paged):
     and the attention from remembered arguments with the new tensors' pointers: the caches,
     out and lse equal those of a step with every check, bit for bit."""
     from hattn.flash_attn import _CHECKED
-    from hattn.ops import _LAUNCHES
+    from hattn.ops.runner import _LAUNCHES
 
     def inputs(seed):
         q, k_pages, v_pages, table, k_dense, v_dense, seqlens = gpu_kvcache([10, 200, 0], seqlen_q=1, seed=seed)

@@ -13,7 +13,7 @@ import hattn
 import pytest
 import torch
 from hattn import _C
-from hattn.ops import _kernel_layout_ok
+from hattn.ops.checks import _kernel_layout_ok
 from helpers import attention_ref, hopper_skip_reason, masked_rows, requires_hopper, visible_mask
 
 FP8 = torch.float8_e4m3fn

@@ -152,19 +152,19 @@ def test_strided_views(kernel, causal):
     B, S, H, D = 2, 333, 4, 128
     qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.bfloat16) + 0.5  # packed projection
     q, k, v = qkv.unbind(2)
-    assert all(hattn.ops._kernel_layout_ok(t) for t in (q, k, v))
+    assert all(hattn.ops.checks._kernel_layout_ok(t) for t in (q, k, v))
     check(q, k, v, *run(q, k, v, kernel, causal), causal=causal)
 
     bhsd = torch.randn(3, B, H, S, D, device="cuda", dtype=torch.bfloat16) + 0.5
     q, k, v = (t.transpose(1, 2) for t in bhsd)  # [B, S, H, D] views of BHSD storage
-    assert all(hattn.ops._kernel_layout_ok(t) for t in (q, k, v))
+    assert all(hattn.ops.checks._kernel_layout_ok(t) for t in (q, k, v))
     check(q, k, v, *run(q, k, v, kernel, causal), causal=causal)
 
     wide = torch.randn(B, S, H, D + 4, device="cuda", dtype=torch.bfloat16) + 0.5
     q = wide[..., :D]  # strides not multiples of 8: copied
     k = (torch.randn(B, S, H, 2 * D, device="cuda", dtype=torch.bfloat16) + 0.5)[..., ::2]  # D strided: copied
     v = (torch.randn(B, S, 1, D, device="cuda", dtype=torch.bfloat16) + 0.5).expand(B, S, H, D)  # stride 0: copied
-    assert not any(hattn.ops._kernel_layout_ok(t) for t in (q, k, v))
+    assert not any(hattn.ops.checks._kernel_layout_ok(t) for t in (q, k, v))
     check(q, k, v, *run(q, k, v, kernel, causal), causal=causal)
 
 

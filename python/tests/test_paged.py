@@ -15,7 +15,8 @@ import hattn
 import pytest
 import torch
 from hattn import _C
-from hattn.ops import _kernel_layout_ok, _problem_kwargs
+from hattn.ops.checks import _kernel_layout_ok
+from hattn.ops.runner import _problem_kwargs
 from helpers import INPUT_MEAN, check_sequence, requires_hopper
 
 B, SQ, HQ, HKV, D = 3, 4, 8, 2, 64
@@ -888,10 +889,10 @@ def test_split_workspace_comes_from_torch():
 @requires_hopper
 @pytest.mark.parametrize("paged", [False, True], ids=["dense_seqlens_k", "paged"])
 def test_a_repeated_layout_reads_the_new_tensors(paged):
-    """The second call with one layout launches from remembered arguments (hattn.ops._LAUNCHES)
+    """The second call with one layout launches from remembered arguments (hattn.ops.runner._LAUNCHES)
     with the new tensors' pointers: its out equals a first call's on those tensors, bit for bit.
     A view of another alignment is another layout."""
-    from hattn.ops import _LAUNCHES
+    from hattn.ops.runner import _LAUNCHES
 
     def call(q, k, v, table, lens):
         # Entries in reverse order (a table or cache of the same rows, flipped), and for the dense

@@ -10,7 +10,8 @@ import hattn
 import pytest
 import torch
 from hattn import _C
-from hattn.ops import _as_kernel_input, _kernel_layout_ok, _problem_kwargs, _strides
+from hattn.ops.checks import _as_kernel_input, _kernel_layout_ok, _strides
+from hattn.ops.runner import _problem_kwargs
 from helpers import INPUT_MEAN, check_sequence, cu_seqlens_of, requires_hopper
 
 HQ, HKV, D = 8, 2, 64
