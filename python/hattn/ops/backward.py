@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .checks import _check_device, _check_inputs, _check_varlen_inputs, _varlen_empty
+from .checks import _check_device, _check_inputs, _check_problem, _check_varlen_inputs, _varlen_empty
 from .runner import _backward
 
 
@@ -28,6 +28,7 @@ def attention_bwd(
     """hattn::attention_bwd: (dq, dk, dv) of hattn::attention_fwd's q, k, v given dL/d out, from the
     forward's out and lse (dense batches; dk and dv sum over a K/V head's query heads)."""
     _check_inputs(q, k, v, "auto")
+    _check_problem(q, "auto", causal, softmax_scale, (window_left, window_right), softcap)
     _check_device(q, k, v, out=out, lse=lse, dout=dout)
     if q.numel() == 0 or k.numel() == 0:  # empty tensors (see attention_fwd): every gradient is 0
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -37,6 +38,7 @@ def attention_bwd(
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1, softcap=0.0):
     _check_inputs(q, k, v, "auto")
+    _check_problem(q, "auto", causal, softmax_scale, (window_left, window_right), softcap)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -62,6 +64,7 @@ def attention_varlen_bwd(
     hattn::attention_varlen_fwd's q, k, v given dL/d out, from the forward's out and lse [Hq, total_q]
     (dk and dv sum over a K/V head's query heads; rows in no sequence get 0)."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, "auto")
+    _check_problem(q, "auto", causal, softmax_scale, (window_left, window_right), softcap, ("varlen",))
     _check_device(q, k, v, out=out, lse=lse, dout=dout, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     if _varlen_empty(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):  # see attention_varlen_fwd: every gradient is 0
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -76,4 +79,5 @@ def _attention_varlen_bwd_fake(
     window_left=-1, window_right=-1, softcap=0.0,
 ):  # fmt: skip
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, "auto")
+    _check_problem(q, "auto", causal, softmax_scale, (window_left, window_right), softcap, ("varlen",))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -260,6 +260,7 @@ def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx
 
 
 _HEAD_DIMS = (64, 128, 256)
+_FLT_MAX = 3.4028234663852886e38
 
 # The checking mode: the promises the kernels take on trust (offsets, lengths, page and cache
 # indices, descales live on the GPU and are never read on the host) are read back and checked
@@ -353,15 +354,22 @@ def _check_problem(
 ) -> None:  # fmt: skip
     """The library's checks that need only shapes and arguments, in Python, so that the fake (meta)
     implementations make them too and torch.compile fails where the GPU would: the head dim, the
-    scale, the window, and a named lineage kernel asked for a feature only the production forward
-    has. `features`: the names of the features the call uses beyond the window and softcap
-    (e.g. "seqlens_k"). The messages are the library's (ValueError for invalid arguments,
-    NotImplementedError for what a kernel does not run)."""
+    scale, the softcap, the window, and a named lineage kernel asked for a feature only the production
+    forward has (or, from step 07 on, a scale <= 0). `features`: the names of the features the call
+    uses beyond the window and softcap ("varlen", "seqlens_k", "kv_batch_idx", "leftpad_k", "fp8").
+    The messages are the library's (ValueError for invalid arguments, NotImplementedError for what a
+    kernel does not run)."""
     head_dim = q.shape[-1]
     if head_dim not in _HEAD_DIMS:
         raise ValueError(f"invalid_argument: head_dim: must be 64, 128 or 256 (got {head_dim})")
     if softmax_scale is not None and not math.isfinite(softmax_scale):
         raise ValueError("invalid_argument: softmax_scale: must be finite")
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    if not 0 <= softcap < math.inf:  # NaN fails both comparisons
+        raise ValueError(f"invalid_argument: softcap: must be finite and >= 0 (0: off), got {softcap:.6f}")
+    if softcap > 0 and abs(scale) / softcap > _FLT_MAX:  # the kernels' tanh argument, s * scale / softcap
+        raise ValueError(f"invalid_argument: softcap: {softcap:.6f} is too small for the softmax scale "
+                         "(scale / softcap overflows fp32)")
     left, right = window
     if left < -1 or right < -1:
         side = "window_left" if left < -1 else "window_right"
@@ -372,18 +380,28 @@ def _check_problem(
         )
     production = kernel_names()[-1]
     if kernel in ("auto", production):
+        if "fp8" in features and head_dim not in (64, 128):
+            why = f"{production}: e4m3 (FP8) inputs run at head_dim 64 and 128; got {head_dim}"
+            raise NotImplementedError(why if kernel == production else f"kernel: no kernel supports this problem: {why}")
         return
     # The library's refusals, in its order (registry.h's supports()).
     refusals = [
         ((left, right) != (-1, -1), "no sliding window (window_left / window_right); the production forward {} has it"),
+        ("varlen" in features,
+         "no variable-length batch (cu_seqlens_q / cu_seqlens_k); the production forward {} has it"),
         ("seqlens_k" in features, "no seqlens_k or paged KV cache (block_table); the production forward {} has them"),
         ("kv_batch_idx" in features or "leftpad_k" in features,
          "no kv_batch_idx or leftpad_k (KV cache entries, left padding); the production forward {} has them"),
         (bool(softcap), "no softcap; the production forward {} has it"),
+        ("fp8" in features, "no e4m3 (FP8) inputs; the production forward {} has them"),
     ]  # fmt: skip
     for used, message in refusals:
         if used:
             raise NotImplementedError(f"{kernel}: " + message.format(production))
+    # Steps 07 on take the running max on unscaled scores and fold the scale into the exponent.
+    if kernel[:2].isdigit() and int(kernel[:2]) >= 7 and not scale > 0:
+        raise NotImplementedError(f"{kernel}: softmax_scale must be > 0 (the running max is taken on unscaled scores); "
+                                  f"got {scale:.6f}")
 
 
 def _needs_grad(*tensors) -> bool:

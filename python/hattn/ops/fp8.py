@@ -7,7 +7,8 @@ from typing import Optional, Tuple
 import torch
 
 from .checks import (
-    _FP8_OUT_DTYPE, _as_kernel_input, _check_device, _check_fp8_inputs, _check_promises, _check_types, _needs_grad,
+    _FP8_OUT_DTYPE, _as_kernel_input, _check_device, _check_fp8_inputs, _check_problem, _check_promises, _check_types,
+    _needs_grad,
 )
 from .runner import _bshd_outputs_like, _call, _forward
 
@@ -27,6 +28,7 @@ def _attention_fp8_fwd(
     """hattn::attention_fp8_fwd: (out [B, Sq, Hq, D] bf16, lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
     descales = (q_descale, k_descale, v_descale)
     _check_fp8_inputs(q, k, v, descales, kernel)
+    _check_problem(q, kernel, causal, softmax_scale, features=("fp8",))
     _check_device(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     _check_promises(descales=tuple(zip(("q_descale", "k_descale", "v_descale"), descales)))
     q, k, v = (_as_kernel_input(t) for t in (q, k, v))
@@ -46,6 +48,7 @@ attention_fp8_fwd = torch.library.custom_op("hattn::attention_fp8_fwd", mutates_
 @attention_fp8_fwd.register_fake
 def _attention_fp8_fwd_fake(q, k, v, q_descale, k_descale, v_descale, causal, softmax_scale, kernel, return_lse):
     _check_fp8_inputs(q, k, v, (q_descale, k_descale, v_descale), kernel)
+    _check_problem(q, kernel, causal, softmax_scale, features=("fp8",))
     return _bshd_outputs_like(q, return_lse, _FP8_OUT_DTYPE)
 
 

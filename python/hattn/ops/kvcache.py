@@ -9,8 +9,9 @@ import torch
 
 from .. import _C
 from .checks import (
-    _DTYPE_NAMES, _PAGED_NAMES, _as_kernel_input, _check_device, _check_num_splits, _check_paged_inputs,
-    _check_promises, _check_softcap, _check_types, _kernel_layout_ok, _strides, _window,
+    _DTYPE_NAMES, _PAGED_NAMES, _as_kernel_input, _cache_features, _check_device, _check_num_splits,
+    _check_paged_inputs, _check_problem, _check_promises, _check_softcap, _check_types, _kernel_layout_ok, _strides,
+    _window,
 )
 from .runner import (
     _LAUNCHES, _MAX_LAUNCHES, _bshd_outputs_like, _call, _current_stream, _forward, _forward_again, _launch_key,
@@ -42,6 +43,8 @@ def _attention_paged_fwd(
     indices = {"block_table": block_table, "seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx}
     if remembered is None:
         _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx)
+        _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
+                       _cache_features(seqlens_k, kv_batch_idx, None))  # fmt: skip
         _check_device(q, k_cache, v_cache, _PAGED_NAMES, **indices)
         if not all(_kernel_layout_ok(t) for t in (q, k_cache, v_cache)) or not all(
             t is None or t.is_contiguous() for t in indices.values()
@@ -76,6 +79,8 @@ def _attention_paged_fwd_fake(
     window_left=-1, window_right=-1, num_splits=0, kv_batch_idx=None, softcap=0.0,
 ):  # fmt: skip
     _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx)
+    _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
+                   _cache_features(seqlens_k, kv_batch_idx, None))  # fmt: skip
     return _bshd_outputs_like(q, return_lse)
 
 

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 
 from .checks import (
-    _as_kernel_input, _check_device, _check_max_seqlen, _check_promises, _check_softcap, _check_types,
+    _as_kernel_input, _check_device, _check_max_seqlen, _check_problem, _check_promises, _check_softcap, _check_types,
     _check_varlen_inputs, _needs_grad, _varlen_empty, _window,
 )
 from .runner import _backward_needed, _call, _forward
@@ -32,6 +32,7 @@ def _attention_varlen_fwd(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::attention_varlen_fwd: (out [total_q, Hq, D], lse [Hq, total_q] fp32, or empty when not return_lse)."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
+    _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap, ("varlen",))
     _check_device(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     _check_promises(varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), totals=(q.shape[0], k.shape[0]))
     q, k, v = (_as_kernel_input(t) for t in (q, k, v))
@@ -58,6 +59,7 @@ def _attention_varlen_fwd_fake(
     window_left=-1, window_right=-1, softcap=0.0,
 ):  # fmt: skip
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
+    _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap, ("varlen",))
     total_q, heads_q, head_dim = q.shape
     out = q.new_empty((total_q, heads_q, head_dim))
     lse = q.new_empty((heads_q, total_q) if return_lse else (0,), dtype=torch.float32)
