@@ -164,8 +164,7 @@ def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None) ->
     longest sequence), the same for queries and keys."""
     import hattn
     from hattn import _C
-    from hattn.ops.checks import _strides
-    from hattn.ops.runner import _problem_kwargs
+    from hattn.ops.runner import _backward_problem, _problem, _problem_kwargs
 
     with torch.no_grad():
         if varlen is None:
@@ -175,15 +174,15 @@ def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None) ->
             out, lse = hattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     problem_varlen = None if varlen is None else (cu, cu, longest, longest)
-    kwargs = _problem_kwargs(q, k, v, out, lse, causal, None, kernel, varlen=problem_varlen)
-    grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
+    problem, kernel = _problem(_problem_kwargs(q, k, v, out, lse, causal, None, kernel, varlen=problem_varlen))
+    grads = _backward_problem(problem, dout, dq, dk, dv)
     stream = torch.cuda.current_stream().cuda_stream
 
     def call():
-        _C.backward(**kwargs, grads=grads, stream=stream)
+        _C.backward(grads, kernel, stream)
         return dq, dk, dv
 
-    # kwargs holds only the addresses of out and lse (and cu_seqlens). Without a reference to
+    # The problem holds only the addresses of out and lse (and cu_seqlens). Without a reference to
     # the tensors their memory went back to torch's caching allocator when this function
     # returned, and the kernel read whatever was allocated there next (the "dv far off" of
     # da02153 and e979dbf).

@@ -1,8 +1,9 @@
 // hattn._C: the Python module over the public C++ API.
 //
 // It binds at the level of raw device pointers and integer element strides, so it needs no
-// torch headers: the build stays fast and works with any torch version. The torch op in
-// python/hattn/ops/ turns tensors into these arguments (runner.py).
+// torch headers: the build stays fast and works with any torch version. The problem types
+// (AttentionProblem, BackwardProblem) are bound once, as classes whose attributes are their
+// fields; python/hattn/ops/runner.py fills them from tensors.
 //
 // Errors become Python exceptions whose text is Status::to_string() ("code: message"):
 //   invalid_argument -> ValueError            (the problem is malformed; the message names the argument)
@@ -106,96 +107,40 @@ class PythonScratch {
   std::string error_;
 };
 
-// The backward's tensors: (dout, dout_strides, dq, dq_strides, dk, dk_strides, dv, dv_strides).
-using GradArgs = std::tuple<uintptr_t, StrideTuple, uintptr_t, StrideTuple, uintptr_t, StrideTuple, uintptr_t, StrideTuple>;
-
-// Defines `name` on `m` with the keyword signature of a problem plus grads (only backward
-// takes them), kernel, stream and scratch, and calls fn(problem, grads, kernel, stream) with
-// problem.allocator from scratch. The Python side passes keywords; the signature is written once.
-template <typename Fn>
-void def_problem_function(nb::module_& m, const char* name, Fn fn, const char* doc) {
-  m.def(
-      name,
-      [fn](const std::string& dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv, int head_dim,
-           uintptr_t q, const StrideTuple& q_strides, uintptr_t k, const StrideTuple& k_strides, uintptr_t v,
-           const StrideTuple& v_strides, uintptr_t out, const StrideTuple& out_strides, uintptr_t lse,
-           std::optional<float> softmax_scale, float softcap, bool causal, int window_left, int window_right,
-           uintptr_t cu_seqlens_q, uintptr_t cu_seqlens_k, int total_q, int total_k, uintptr_t seqlens_k,
-           uintptr_t block_table, int max_pages_per_seq, int num_pages, int page_size, uintptr_t kv_batch_idx,
-           int kv_batch, uintptr_t leftpad_k, int num_splits,
-           uintptr_t workspace, size_t workspace_bytes, uintptr_t q_descale, uintptr_t k_descale, uintptr_t v_descale,
-           const std::optional<GradArgs>& grads, const std::string& kernel, uintptr_t stream, nb::object scratch) {
-        PythonScratch python_scratch(std::move(scratch));
-        hattn::AttentionProblem p;
-        p.allocator = python_scratch.allocator();
-        p.dtype = parse_dtype(dtype);
-        p.batch = batch;
-        p.seqlen_q = seqlen_q;
-        p.seqlen_k = seqlen_k;
-        p.heads_q = heads_q;
-        p.heads_kv = heads_kv;
-        p.head_dim = head_dim;
-        p.q = reinterpret_cast<const void*>(q);
-        p.q_strides = to_strides(q_strides);
-        p.k = reinterpret_cast<const void*>(k);
-        p.k_strides = to_strides(k_strides);
-        p.v = reinterpret_cast<const void*>(v);
-        p.v_strides = to_strides(v_strides);
-        p.out = reinterpret_cast<void*>(out);
-        p.out_strides = to_strides(out_strides);
-        p.lse = reinterpret_cast<float*>(lse);
-        p.softmax_scale = softmax_scale;
-        p.softcap = softcap;
-        p.causal = causal;
-        p.window_left = window_left;
-        p.window_right = window_right;
-        p.cu_seqlens_q = reinterpret_cast<const int32_t*>(cu_seqlens_q);
-        p.cu_seqlens_k = reinterpret_cast<const int32_t*>(cu_seqlens_k);
-        p.total_q = total_q;
-        p.total_k = total_k;
-        p.seqlens_k = reinterpret_cast<const int32_t*>(seqlens_k);
-        p.block_table = reinterpret_cast<const int32_t*>(block_table);
-        p.max_pages_per_seq = max_pages_per_seq;
-        p.num_pages = num_pages;
-        p.page_size = page_size;
-        p.kv_batch_idx = reinterpret_cast<const int32_t*>(kv_batch_idx);
-        p.kv_batch = kv_batch;
-        p.leftpad_k = reinterpret_cast<const int32_t*>(leftpad_k);
-        p.num_splits = num_splits;
-        p.workspace = reinterpret_cast<void*>(workspace);
-        p.workspace_bytes = workspace_bytes;
-        p.q_descale = reinterpret_cast<const float*>(q_descale);
-        p.k_descale = reinterpret_cast<const float*>(k_descale);
-        p.v_descale = reinterpret_cast<const float*>(v_descale);
-        try {
-          return fn(p, grads, kernel, stream);
-        } catch (const nb::python_error& e) {
-          if (python_scratch.error().empty()) throw;
-          // The call found no scratch: its status names what it needed, the callable's error why.
-          const std::string message =
-              std::string(nb::str(e.value()).c_str()) + " (scratch raised " + python_scratch.error() + ")";
-          PyErr_SetString(PyExc_RuntimeError, message.c_str());
-          throw nb::python_error();
-        }
-      },
-      nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_q"), nb::arg("seqlen_k"), nb::arg("heads_q"),
-      nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("q"), nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"),
-      nb::arg("v"), nb::arg("v_strides"), nb::arg("out"), nb::arg("out_strides"), nb::arg("lse") = 0,
-      nb::arg("softmax_scale") = nb::none(), nb::arg("softcap") = 0.f, nb::arg("causal") = false,
-      nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0,
-      nb::arg("total_q") = 0, nb::arg("total_k") = 0, nb::arg("seqlens_k") = 0, nb::arg("block_table") = 0, nb::arg("max_pages_per_seq") = 0,
-      nb::arg("num_pages") = 0, nb::arg("page_size") = 0, nb::arg("kv_batch_idx") = 0, nb::arg("kv_batch") = 0,
-      nb::arg("leftpad_k") = 0, nb::arg("num_splits") = 0, nb::arg("workspace") = 0,
-      nb::arg("workspace_bytes") = 0, nb::arg("q_descale") = 0, nb::arg("k_descale") = 0, nb::arg("v_descale") = 0,
-      nb::arg("grads") = nb::none(), nb::arg("kernel") = "auto", nb::arg("stream") = 0, nb::arg("scratch") = nb::none(),
-      doc);
+// A pointer field as an int (0: null), the Python side's data_ptr().
+template <typename Class, typename T>
+void def_pointer(nb::class_<Class>& c, const char* name, T* Class::*field) {
+  c.def_prop_rw(
+      name, [field](const Class& p) { return reinterpret_cast<uintptr_t>(p.*field); },
+      [field](Class& p, uintptr_t value) { p.*field = reinterpret_cast<T*>(value); });
 }
 
-// Refuses gradients given to a function other than backward.
-void no_grads(const std::optional<GradArgs>& grads) {
-  if (!grads) return;
-  PyErr_SetString(PyExc_ValueError, "grads: only hattn._C.backward takes gradient tensors");
-  throw nb::python_error();
+// A Strides field as a (batch, seq, head) tuple of element strides.
+template <typename Class>
+void def_strides(nb::class_<Class>& c, const char* name, hattn::Strides Class::*field) {
+  c.def_prop_rw(
+      name,
+      [field](const Class& p) {
+        const hattn::Strides& s = p.*field;
+        return StrideTuple{s.batch, s.seq, s.head};
+      },
+      [field](Class& p, const StrideTuple& t) { p.*field = to_strides(t); });
+}
+
+// `problem` with its allocator from `scratch`, for one call.
+template <typename Call>
+void with_scratch(nb::object scratch, Call&& call) {
+  PythonScratch python_scratch(std::move(scratch));
+  try {
+    call(python_scratch.allocator());
+  } catch (const nb::python_error& e) {
+    if (python_scratch.error().empty()) throw;
+    // The call found no scratch: its status names what it needed, the callable's error why.
+    const std::string message =
+        std::string(nb::str(e.value()).c_str()) + " (scratch raised " + python_scratch.error() + ")";
+    PyErr_SetString(PyExc_RuntimeError, message.c_str());
+    throw nb::python_error();
+  }
 }
 
 hattn::Options make_options(const std::string& kernel, uintptr_t stream) {
@@ -217,48 +162,92 @@ void without_gil(Call&& call) {
   if (!status.ok()) raise_status(status);
 }
 
-void forward(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads, const std::string& kernel,
-             uintptr_t stream) {
-  no_grads(grads);
-  without_gil([&] { return hattn::forward(problem, make_options(kernel, stream)); });
+void forward(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t stream, nb::object scratch) {
+  with_scratch(std::move(scratch), [&](const hattn::ScratchAllocator* allocator) {
+    hattn::AttentionProblem p = problem;
+    p.allocator = allocator;
+    without_gil([&] { return hattn::forward(p, make_options(kernel, stream)); });
+  });
 }
 
-std::string resolve_kernel(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads,
-                           const std::string& kernel, uintptr_t /*stream*/) {
-  no_grads(grads);
+void backward(const hattn::BackwardProblem& problem, const std::string& kernel, uintptr_t stream, nb::object scratch) {
+  with_scratch(std::move(scratch), [&](const hattn::ScratchAllocator* allocator) {
+    hattn::BackwardProblem b = problem;
+    b.forward.allocator = allocator;
+    without_gil([&] { return hattn::backward(b, make_options(kernel, stream)); });
+  });
+}
+
+std::string resolve_kernel(const hattn::AttentionProblem& problem, const std::string& kernel) {
   std::string resolved;
   const hattn::Status status = hattn::resolve_kernel(problem, kernel, &resolved);
   if (!status.ok()) raise_status(status);
   return resolved;
 }
 
-size_t workspace_size(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads,
-                      const std::string& kernel, uintptr_t /*stream*/) {
-  no_grads(grads);
+size_t workspace_size(const hattn::AttentionProblem& problem, const std::string& kernel) {
   size_t bytes = 0;
   without_gil([&] { return hattn::workspace_size(problem, &bytes, kernel); });
   return bytes;
 }
 
-void backward(const hattn::AttentionProblem& problem, const std::optional<GradArgs>& grads, const std::string& kernel,
-              uintptr_t stream) {
-  if (!grads) {
-    PyErr_SetString(PyExc_ValueError, "grads: backward needs (dout, dout_strides, dq, dq_strides, dk, dk_strides, dv, "
-                                      "dv_strides)");
-    throw nb::python_error();
-  }
-  hattn::BackwardProblem b;
-  b.forward = problem;
-  const auto& [dout, dout_strides, dq, dq_strides, dk, dk_strides, dv, dv_strides] = *grads;
-  b.dout = reinterpret_cast<const void*>(dout);
-  b.dout_strides = to_strides(dout_strides);
-  b.dq = reinterpret_cast<void*>(dq);
-  b.dq_strides = to_strides(dq_strides);
-  b.dk = reinterpret_cast<void*>(dk);
-  b.dk_strides = to_strides(dk_strides);
-  b.dv = reinterpret_cast<void*>(dv);
-  b.dv_strides = to_strides(dv_strides);
-  without_gil([&] { return hattn::backward(b, make_options(kernel, stream)); });
+// The problem types, bound once: fields as attributes (pointers as ints, strides as tuples),
+// as include/hattn/hattn.h describes them.
+void bind_problems(nb::module_& m) {
+  using P = hattn::AttentionProblem;
+  nb::class_<P> problem(m, "AttentionProblem",
+                        "hattn::AttentionProblem (include/hattn/hattn.h): every field as an attribute; pointers are "
+                        "device addresses as ints (0: none), strides (batch, seq, head) in elements.");
+  problem.def(nb::init<>())
+      .def_prop_rw(
+          "dtype", [](const P& p) { return std::string(hattn::dtype_name(p.dtype)); },
+          [](P& p, const std::string& name) { p.dtype = parse_dtype(name); })
+      .def_rw("batch", &P::batch)
+      .def_rw("seqlen_q", &P::seqlen_q)
+      .def_rw("seqlen_k", &P::seqlen_k)
+      .def_rw("heads_q", &P::heads_q)
+      .def_rw("heads_kv", &P::heads_kv)
+      .def_rw("head_dim", &P::head_dim)
+      .def_rw("softmax_scale", &P::softmax_scale)
+      .def_rw("softcap", &P::softcap)
+      .def_rw("causal", &P::causal)
+      .def_rw("window_left", &P::window_left)
+      .def_rw("window_right", &P::window_right)
+      .def_rw("total_q", &P::total_q)
+      .def_rw("total_k", &P::total_k)
+      .def_rw("max_pages_per_seq", &P::max_pages_per_seq)
+      .def_rw("num_pages", &P::num_pages)
+      .def_rw("page_size", &P::page_size)
+      .def_rw("kv_batch", &P::kv_batch)
+      .def_rw("num_splits", &P::num_splits)
+      .def_rw("pack_gqa", &P::pack_gqa)
+      .def_rw("workspace_bytes", &P::workspace_bytes)
+      .def("__copy__", [](const P& p) { return p; });
+  for (auto [name, field] : {std::pair{"q", &P::q}, {"k", &P::k}, {"v", &P::v}}) def_pointer(problem, name, field);
+  def_pointer(problem, "out", &P::out);
+  def_pointer(problem, "lse", &P::lse);
+  for (auto [name, field] : {std::pair{"cu_seqlens_q", &P::cu_seqlens_q}, {"cu_seqlens_k", &P::cu_seqlens_k},
+                             {"seqlens_k", &P::seqlens_k}, {"block_table", &P::block_table},
+                             {"kv_batch_idx", &P::kv_batch_idx}, {"leftpad_k", &P::leftpad_k}})
+    def_pointer(problem, name, field);
+  def_pointer(problem, "workspace", &P::workspace);
+  for (auto [name, field] : {std::pair{"q_descale", &P::q_descale}, {"k_descale", &P::k_descale},
+                             {"v_descale", &P::v_descale}})
+    def_pointer(problem, name, field);
+  for (auto [name, field] : {std::pair{"q_strides", &P::q_strides}, {"k_strides", &P::k_strides},
+                             {"v_strides", &P::v_strides}, {"out_strides", &P::out_strides}})
+    def_strides(problem, name, field);
+
+  using B = hattn::BackwardProblem;
+  nb::class_<B> grads(m, "BackwardProblem",
+                      "hattn::BackwardProblem: the forward problem (its out and lse are inputs) and the gradients' "
+                      "tensors, dout, dq, dk and dv, with their strides.");
+  grads.def(nb::init<>()).def_rw("forward", &B::forward).def("__copy__", [](const B& b) { return b; });
+  def_pointer(grads, "dout", &B::dout);
+  for (auto [name, field] : {std::pair{"dq", &B::dq}, {"dk", &B::dk}, {"dv", &B::dv}}) def_pointer(grads, name, field);
+  for (auto [name, field] : {std::pair{"dout_strides", &B::dout_strides}, {"dq_strides", &B::dq_strides},
+                             {"dk_strides", &B::dk_strides}, {"dv_strides", &B::dv_strides}})
+    def_strides(grads, name, field);
 }
 
 // append_kv's keywords: tensors as (pointer, (batch, seq, head) strides); 0 for an absent pointer.
@@ -322,39 +311,25 @@ NB_MODULE(_C, m) {
       "hattn._C: raw-pointer bindings of the hopper-attention C++ API. Use hattn.attention() for tensors.\n"
       "Errors: ValueError (invalid_argument), NotImplementedError (not_supported), "
       "RuntimeError (no_device, cuda_error, out_of_memory); the text starts with the status code.";
-  def_problem_function(
-      m, "forward", &forward,
-      "Validates the problem and launches `kernel` on `stream` (a cudaStream_t as int). Asynchronous.\n"
-      "Pointers are device addresses as ints; strides are (batch, seq, head) in elements, the head dim\n"
-      "contiguous; lse is 0 or a contiguous fp32 [B, Hq, Sq] buffer; softmax_scale None means 1/sqrt(D).\n"
-      "Variable-length batch: cu_seqlens_q/cu_seqlens_k are device int32 [batch + 1] offsets, total_q/total_k\n"
-      "the packed rows, seqlen_q/seqlen_k the longest lengths, lse [Hq, total_q] (see AttentionProblem).\n"
-      "softcap: scores s become softcap * tanh(s / softcap) (0: off; the production forward, forward).\n"
-      "seqlens_k: device int32 [batch], keys in use per sequence. Paged KV: block_table device int32\n"
-      "[batch, max_pages_per_seq], k/v [num_pages, page_size, Hkv, D]. num_splits: split-KV parts (0 auto).\n"
-      "kv_batch_idx: device int32 [batch], each sequence's cache entry (a batch entry of k/v, or a block_table\n"
-      "row) among kv_batch; leftpad_k: device int32 [batch], each sequence's first key.\n"
-      "workspace/workspace_bytes: device memory for split-KV's partial results or FP8's transposed V\n"
-      "(workspace_size()); 0: the library takes it as scratch.\n"
-      "scratch: None (the stream's pool) or a callable bytes -> an object with data_ptr() (e.g. a uint8 torch\n"
-      "tensor) for the memory a call needs beside its tensors, kept alive until the call has enqueued its work.\n"
-      "FP8: dtype 'e4m3' (q, k, v float8_e4m3fn, out bf16, D = 128, dense); q_descale/k_descale/v_descale:\n"
-      "0 (scale 1) or device fp32 [batch, heads_kv] contiguous dequantization scales (FlashAttention-3's).");
-  def_problem_function(
-      m, "workspace_size", &workspace_size,
-      "Bytes of workspace forward() needs for this problem (split-KV's partial results, or the FP8 path's\n"
-      "transposed V; 0 when it needs none), after the same checks. Pass a buffer of at least that size as\n"
-      "workspace/workspace_bytes.");
-  def_problem_function(
-      m, "backward", &backward,
-      "The gradients of the forward problem given (its out and lse are inputs here): grads = (dout,\n"
-      "dout_strides, dq, dq_strides, dk, dk_strides, dv, dv_strides), device pointers as ints and\n"
-      "(batch, seq, head) element strides; kernel 'auto'. A variable-length batch takes forward's\n"
-      "cu_seqlens_q/cu_seqlens_k/total_q/total_k, the gradients packed like q and k ([total, H, D], batch\n"
-      "stride unused) and lse [Hq, total_q]. Launches on `stream`; asynchronous.");
-  def_problem_function(
-      m, "resolve_kernel", &resolve_kernel,
-      "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");
+  bind_problems(m);
+  m.def("forward", &forward, nb::arg("problem"), nb::arg("kernel") = "auto", nb::arg("stream") = 0,
+        nb::arg("scratch") = nb::none(),
+        "Validates `problem` (an AttentionProblem) and launches `kernel` ('auto' or a name) on `stream` (a\n"
+        "cudaStream_t as int). Asynchronous. Without problem.workspace, split-KV's partial results and FP8's\n"
+        "transposed V are scratch. scratch: None (the stream's pool) or a callable bytes -> an object with\n"
+        "data_ptr() (e.g. a uint8 torch tensor) for the memory a call needs beside its tensors, kept alive\n"
+        "until the call has enqueued its work.");
+  m.def("workspace_size", &workspace_size, nb::arg("problem"), nb::arg("kernel") = "auto",
+        "Bytes of workspace forward() needs for this problem (split-KV's partial results, or the FP8 path's\n"
+        "transposed V; 0 when it needs none), after the same checks. Pass a buffer of at least that size as\n"
+        "problem.workspace / workspace_bytes.");
+  m.def("backward", &backward, nb::arg("problem"), nb::arg("kernel") = "auto", nb::arg("stream") = 0,
+        nb::arg("scratch") = nb::none(),
+        "The gradients of problem.forward (a BackwardProblem; the forward's out and lse are inputs here) into\n"
+        "dq, dk and dv. A variable-length batch takes the forward's cu_seqlens_q/k and total_q/k, the gradients\n"
+        "packed like q and k. Launches on `stream`; asynchronous; scratch as for forward().");
+  m.def("resolve_kernel", &resolve_kernel, nb::arg("problem"), nb::arg("kernel") = "auto",
+        "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");
   const StrideTuple none_strides{0, 0, 0};
   m.def("append_kv", &append_kv, nb::kw_only(), nb::arg("dtype"), nb::arg("batch"), nb::arg("seqlen_new"),
         nb::arg("heads_kv"), nb::arg("head_dim"), nb::arg("k_new"), nb::arg("k_new_strides"), nb::arg("v_new"),

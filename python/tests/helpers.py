@@ -25,6 +25,14 @@ requires_hopper = pytest.mark.skipif(hopper_skip_reason() is not None, reason=ho
 INPUT_MEAN = 0.5
 
 
+def binding(function, **fields):
+    """hattn._C `function` (forward, workspace_size or resolve_kernel) on an AttentionProblem with
+    these fields (hattn.ops.runner._problem_kwargs' names); a `kernel` entry names the kernel."""
+    from hattn.ops.runner import _problem
+
+    return function(*_problem(fields))
+
+
 def make_qkv(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, device="cuda", seed=0):
     gen = torch.Generator(device=device).manual_seed(seed)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hattn import _C
 from hattn.ops.checks import _as_kernel_input, _kernel_layout_ok
-from helpers import hopper_skip_reason
+from helpers import binding, hopper_skip_reason
 
 B, SQ, SK, HQ, HKV, D = 2, 100, 120, 8, 2, 64
 
@@ -240,22 +240,22 @@ def problem(**overrides):
 )
 def test_binding_invalid_argument_is_value_error(overrides, pattern):
     with pytest.raises(ValueError, match=pattern):
-        _C.forward(**problem(**overrides))
+        binding(_C.forward, **problem(**overrides))
     with pytest.raises(ValueError, match=pattern):
-        _C.resolve_kernel(**problem(**overrides))
+        binding(_C.resolve_kernel, **problem(**overrides))
     with pytest.raises(ValueError, match=pattern):
-        _C.workspace_size(**problem(**overrides))
+        binding(_C.workspace_size, **problem(**overrides))
 
 
 def test_binding_dtype_name():
     with pytest.raises(ValueError, match=r"dtype: must be 'bf16', 'fp16' or 'e4m3' \(got 'fp32'\)"):
-        _C.forward(**problem(dtype="fp32"))
+        binding(_C.forward, **problem(dtype="fp32"))
 
 
 def test_binding_resolves_without_gpu():
     names = [k.name for k in hattn.kernels()]
-    assert _C.resolve_kernel(**problem()) in names
-    assert _C.resolve_kernel(**problem(kernel=names[0])) == names[0]
+    assert binding(_C.resolve_kernel, **problem()) in names
+    assert binding(_C.resolve_kernel, **problem(kernel=names[0])) == names[0]
     q, k, v = cpu_qkv()
     assert hattn.resolve_kernel(q, k, v, causal=True) in names
 
@@ -264,12 +264,12 @@ def test_binding_refuses_without_a_usable_gpu():
     """Stand-in pointers: no_device without a Hopper GPU; with one, they are not GPU memory."""
     if hopper_skip_reason() is None:
         with pytest.raises(ValueError, match=r"^invalid_argument: q: pointer is not GPU memory"):
-            _C.forward(**problem())
+            binding(_C.forward, **problem())
     else:
         with pytest.raises(RuntimeError, match=r"^no_device: "):
-            _C.forward(**problem())
+            binding(_C.forward, **problem())
         with pytest.raises(RuntimeError, match=r"^no_device: "):
-            _C.workspace_size(**problem())
+            binding(_C.workspace_size, **problem())
 
 
 def test_calls_go_through_the_op_while_the_profiler_runs():
@@ -281,3 +281,23 @@ def test_calls_go_through_the_op_while_the_profiler_runs():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         assert not ops._direct_call_ok(())
     assert ops._direct_call_ok(())
+
+
+def test_problem_classes():
+    """hattn._C.AttentionProblem and BackwardProblem: the C++ structs, their fields as attributes."""
+    import copy
+
+    p = _C.AttentionProblem()
+    assert (p.dtype, p.batch, p.q, p.lse, p.softmax_scale, p.pack_gqa, p.window_left) == ("bf16", 0, 0, 0, None, None, -1)
+    p.dtype, p.batch, p.q, p.q_strides, p.softmax_scale, p.pack_gqa = "e4m3", 3, 1 << 40, (7, 5, 1), 0.25, True
+    assert (p.dtype, p.batch, p.q, p.q_strides, p.softmax_scale, p.pack_gqa) == ("e4m3", 3, 1 << 40, (7, 5, 1), 0.25, True)
+    with pytest.raises(ValueError, match=r"dtype: must be 'bf16', 'fp16' or 'e4m3' \(got 'fp32'\)"):
+        p.dtype = "fp32"
+    c = copy.copy(p)
+    c.q, c.batch = 2 << 40, 4
+    assert (p.q, p.batch) == (1 << 40, 3)  # a copy, not a view
+    b = _C.BackwardProblem()
+    b.forward = p
+    b.forward.head_dim = 128  # the nested problem is the backward problem's own
+    b.dq, b.dq_strides = 5 << 40, (1, 2, 3)
+    assert (b.forward.batch, b.forward.head_dim, p.head_dim, b.dq, b.dq_strides) == (3, 128, 0, 5 << 40, (1, 2, 3))

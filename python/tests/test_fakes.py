@@ -10,6 +10,7 @@ import pytest
 import torch
 from hattn import _C
 from hattn.ops.runner import _problem_kwargs
+from helpers import binding
 
 BF16, E4M3, I32 = torch.bfloat16, torch.float8_e4m3fn, torch.int32
 LINEAGE = "08_warp_specialization"
@@ -58,8 +59,8 @@ def library_call(op, a, kernel, causal, scale, window, softcap, num_splits):
         extra.update(block_table=a["block_table"], seqlens_k=a["seqlens_k"])
     if op == "fp8":
         extra = {}
-    kwargs = _problem_kwargs(a["q"], a["k"], a["v"], out, None, causal, scale, kernel, window, varlen, **extra)
-    return _C.resolve_kernel(**kwargs)
+    return binding(_C.resolve_kernel, **_problem_kwargs(a["q"], a["k"], a["v"], out, None, causal, scale, kernel, window,
+                                                       varlen, **extra))
 
 
 def outcome(call):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hattn import _C
 from hattn.ops.checks import _kernel_layout_ok
-from helpers import attention_ref, hopper_skip_reason, masked_rows, requires_hopper, visible_mask
+from helpers import attention_ref, binding, hopper_skip_reason, masked_rows, requires_hopper, visible_mask
 
 FP8 = torch.float8_e4m3fn
 D = 128
@@ -194,11 +194,11 @@ def fp8_problem(**overrides):
 
 
 def test_binding_resolves_e4m3_to_the_final_kernel():
-    assert _C.resolve_kernel(**fp8_problem()) == LAST
-    assert _C.resolve_kernel(**fp8_problem(dtype="float8_e4m3fn")) == LAST
+    assert binding(_C.resolve_kernel, **fp8_problem()) == LAST
+    assert binding(_C.resolve_kernel, **fp8_problem(dtype="float8_e4m3fn")) == LAST
     earlier = hattn.kernels()[-2].name
     with pytest.raises(NotImplementedError, match=rf"{earlier}: no e4m3"):
-        _C.resolve_kernel(**fp8_problem(kernel=earlier))
+        binding(_C.resolve_kernel, **fp8_problem(kernel=earlier))
 
 
 def test_binding_refuses_what_fp8_does_not_run():
@@ -206,33 +206,33 @@ def test_binding_refuses_what_fp8_does_not_run():
     d256 = dict(head_dim=256, q_strides=strides(100, 8), k_strides=strides(130, 2), v_strides=strides(130, 2),
                 out_strides=strides(100, 8))  # fmt: skip
     with pytest.raises(NotImplementedError, match=r"head_dim 64 and 128"):
-        _C.resolve_kernel(**fp8_problem(**d256))
+        binding(_C.resolve_kernel, **fp8_problem(**d256))
     with pytest.raises(NotImplementedError, match=r"dense batches only"):
-        _C.resolve_kernel(**fp8_problem(window_left=16))
+        binding(_C.resolve_kernel, **fp8_problem(window_left=16))
 
 
 def test_binding_descales_and_strides():
     with pytest.raises(ValueError, match=r"^invalid_argument: q_descale: "):
-        _C.resolve_kernel(**fp8_problem(dtype="bf16"))
+        binding(_C.resolve_kernel, **fp8_problem(dtype="bf16"))
     with pytest.raises(ValueError, match=r"^invalid_argument: v_descale: pointer must be 4-byte aligned"):
-        _C.resolve_kernel(**fp8_problem(v_descale=(7 << 20) + 2))
+        binding(_C.resolve_kernel, **fp8_problem(v_descale=(7 << 20) + 2))
     # 16 bytes are 16 e4m3 elements: a seq stride of 2 * 128 + 8 is not a multiple.
     with pytest.raises(ValueError, match=r"^invalid_argument: k: seq stride 264"):
-        _C.resolve_kernel(**fp8_problem(k_strides=(130 * 264, 264, 128)))
+        binding(_C.resolve_kernel, **fp8_problem(k_strides=(130 * 264, 264, 128)))
     # out is bf16: 8 elements are 16 bytes.
-    assert _C.resolve_kernel(**fp8_problem(out_strides=(100 * 8 * 136, 8 * 136, 136))) == LAST
+    assert binding(_C.resolve_kernel, **fp8_problem(out_strides=(100 * 8 * 136, 8 * 136, 136))) == LAST
 
 
 def test_binding_dtype_names():
     with pytest.raises(ValueError, match=r"dtype: must be 'bf16', 'fp16' or 'e4m3' \(got 'fp8'\)"):
-        _C.resolve_kernel(**fp8_problem(dtype="fp8"))
+        binding(_C.resolve_kernel, **fp8_problem(dtype="fp8"))
 
 
 def test_binding_without_a_usable_gpu():
     if hopper_skip_reason() is None:
         pytest.skip("a Hopper GPU is present (the GPU tests below run the op)")
     with pytest.raises(RuntimeError, match=r"^no_device: "):
-        _C.workspace_size(**fp8_problem())
+        binding(_C.workspace_size, **fp8_problem())
 
 
 def test_layout_rule_counts_bytes():

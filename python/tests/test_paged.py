@@ -17,7 +17,7 @@ import torch
 from hattn import _C
 from hattn.ops.checks import _kernel_layout_ok
 from hattn.ops.runner import _problem_kwargs
-from helpers import INPUT_MEAN, check_sequence, requires_hopper
+from helpers import INPUT_MEAN, binding, check_sequence, requires_hopper
 
 B, SQ, HQ, HKV, D = 3, 4, 8, 2, 64
 PAGE, NUM_PAGES, MAX_PAGES = 128, 10, 4
@@ -233,18 +233,18 @@ def test_cache_entries_and_left_padding_reach_the_binding():
                              leftpad_k=pad)  # fmt: skip
     assert kwargs["kv_batch_idx"] == index.data_ptr() and kwargs["kv_batch"] == 2
     assert kwargs["leftpad_k"] == pad.data_ptr() and kwargs["batch"] == 3
-    assert _C.resolve_kernel(**kwargs) == kernel_names()[-1]
+    assert binding(_C.resolve_kernel, **kwargs) == kernel_names()[-1]
     args = paged_args()
     q, k_cache, v_cache, table, lens = args
     kwargs = _problem_kwargs(q, k_cache, v_cache, torch.empty_like(q), None, False, None, "auto", seqlens_k=lens,
                              block_table=table.repeat(2, 1), kv_batch_idx=index)  # fmt: skip
     assert kwargs["kv_batch"] == 2 * B and kwargs["max_pages_per_seq"] == MAX_PAGES
     with pytest.raises(ValueError, match=r"leftpad_k: not with block_table"):
-        _C.resolve_kernel(**paged_kwargs(args), leftpad_k=pad.data_ptr())
+        binding(_C.resolve_kernel, **paged_kwargs(args), leftpad_k=pad.data_ptr())
     q, k, v, _ = dense_args()
     kwargs = _problem_kwargs(q, k, v, torch.empty_like(q), None, False, None, kernel_names()[-2], kv_batch_idx=index)
     with pytest.raises(NotImplementedError, match=r"no kv_batch_idx or leftpad_k"):
-        _C.resolve_kernel(**kwargs)
+        binding(_C.resolve_kernel, **kwargs)
 
 
 def test_attention_num_splits_errors():
@@ -354,7 +354,7 @@ def paged_kwargs(args, kernel="auto", causal=False, window=(-1, -1), num_splits=
 
 def resolve(args, **kwargs):
     """The kernel _C resolves a paged problem of these (CPU) tensors to; launches nothing."""
-    return _C.resolve_kernel(**paged_kwargs(args, **kwargs))
+    return binding(_C.resolve_kernel, **paged_kwargs(args, **kwargs))
 
 
 def test_problem_kwargs_of_a_paged_cache():
@@ -409,17 +409,17 @@ def test_binding_paged_errors():
     args = paged_args()
     kwargs = paged_kwargs(args)
     with pytest.raises(ValueError, match=r"^invalid_argument: seqlens_k: must be set with block_table"):
-        _C.resolve_kernel(**{**kwargs, "seqlens_k": 0})
+        binding(_C.resolve_kernel, **{**kwargs, "seqlens_k": 0})
     with pytest.raises(ValueError, match=r"^invalid_argument: block_table: a paged cache cannot be combined with cu_s"):
         cu = torch.tensor([0, 4, 8, 12], dtype=torch.int32)
-        _C.resolve_kernel(**{**kwargs, "cu_seqlens_q": cu.data_ptr(), "cu_seqlens_k": cu.data_ptr(),
+        binding(_C.resolve_kernel, **{**kwargs, "cu_seqlens_q": cu.data_ptr(), "cu_seqlens_k": cu.data_ptr(),
                              "total_q": 12, "total_k": 12})  # fmt: skip
     with pytest.raises(ValueError, match=r"^invalid_argument: seqlen_k: 513 keys do not fit in max_pages_per_seq"):
-        _C.resolve_kernel(**{**kwargs, "seqlen_k": MAX_PAGES * PAGE + 1})
+        binding(_C.resolve_kernel, **{**kwargs, "seqlen_k": MAX_PAGES * PAGE + 1})
     with pytest.raises(ValueError, match=r"^invalid_argument: page_size, num_pages, max_pages_per_seq: only with"):
-        _C.resolve_kernel(**{**kwargs, "block_table": 0})
+        binding(_C.resolve_kernel, **{**kwargs, "block_table": 0})
     with pytest.raises(ValueError, match=r"^invalid_argument: num_splits: must be 0 \(automatic\), 1 \(off\) or up"):
-        _C.resolve_kernel(**{**kwargs, "num_splits": 65})
+        binding(_C.resolve_kernel, **{**kwargs, "num_splits": 65})
 
 
 # --- GPU: each sequence against the fp64 reference on its gathered keys ---------------------------------
@@ -847,7 +847,7 @@ def test_split_decoding_replays_in_a_cuda_graph():
 
     q, k, v = fresh(2, 1, 8, 128), fresh(2, 5000, 2, 128), fresh(2, 5000, 2, 128)
     kwargs = _problem_kwargs(q, k, v, torch.empty_like(q), None, False, None, "auto")
-    assert _C.workspace_size(**kwargs) > 0, "16 items on an H200's 132 SMs split their keys"
+    assert binding(_C.workspace_size, **kwargs) > 0, "16 items on an H200's 132 SMs split their keys"
     hattn.attention(q, k, v)  # warm-up outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -871,12 +871,12 @@ def test_split_workspace_comes_from_torch():
     k, v = (torch.randn(2, 5000, 2, 128, device="cuda", dtype=torch.bfloat16) + INPUT_MEAN for _ in range(2))
     out = torch.empty_like(q)
     kwargs = _problem_kwargs(q, k, v, out, None, False, None, "auto")
-    needed = _C.workspace_size(**kwargs)
+    needed = binding(_C.workspace_size, **kwargs)
     assert needed > 0, "16 items on an H200's 132 SMs split their keys"
-    assert _C.workspace_size(**{**kwargs, "num_splits": 1}) == 0
+    assert binding(_C.workspace_size, **{**kwargs, "num_splits": 1}) == 0
     with pytest.raises(ValueError, match=r"^invalid_argument: workspace_bytes: \d+ bytes given; .* needs \d+"):
         small = torch.empty(needed, dtype=torch.uint8, device="cuda")
-        _C.forward(**kwargs, workspace=small.data_ptr(), workspace_bytes=needed - 16)
+        binding(_C.forward, **kwargs, workspace=small.data_ptr(), workspace_bytes=needed - 16)
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
     got = hattn.attention(q, k, v)

@@ -12,7 +12,7 @@ import torch
 from hattn import _C
 from hattn.ops.checks import _as_kernel_input, _kernel_layout_ok, _strides
 from hattn.ops.runner import _problem_kwargs
-from helpers import INPUT_MEAN, check_sequence, cu_seqlens_of, requires_hopper
+from helpers import INPUT_MEAN, binding, check_sequence, cu_seqlens_of, requires_hopper
 
 HQ, HKV, D = 8, 2, 64
 LENS_Q, LENS_K = [100, 0, 37], [120, 5, 0]  # an empty query side and an empty key side
@@ -196,7 +196,7 @@ def resolve(args, kernel="auto", causal=False, window=(-1, -1)):
     """The kernel _C resolves a varlen problem of these (CPU) tensors to; launches nothing."""
     q, k, v, cu_q, cu_k, max_q, max_k = args
     kwargs = _problem_kwargs(q, k, v, torch.empty_like(q), None, causal, None, kernel, window, (cu_q, cu_k, max_q, max_k))
-    return _C.resolve_kernel(**kwargs)
+    return binding(_C.resolve_kernel, **kwargs)
 
 
 def test_problem_kwargs_of_packed_tensors():
@@ -226,9 +226,9 @@ def test_binding_varlen_errors():
     q, k, v, cu_q, cu_k, max_q, max_k = args
     kwargs = _problem_kwargs(q, k, v, torch.empty_like(q), None, False, None, "auto", (-1, -1), (cu_q, cu_k, max_q, max_k))
     with pytest.raises(ValueError, match=r"^invalid_argument: cu_seqlens_k: must be set together with cu_seqlens_q"):
-        _C.resolve_kernel(**{**kwargs, "cu_seqlens_k": 0})
+        binding(_C.resolve_kernel, **{**kwargs, "cu_seqlens_k": 0})
     with pytest.raises(ValueError, match=r"^invalid_argument: total_q: must be >= 1 with cu_seqlens"):
-        _C.resolve_kernel(**{**kwargs, "total_q": 0})
+        binding(_C.resolve_kernel, **{**kwargs, "total_q": 0})
     # All queries empty: nothing for the kernel to do, and the library refuses it, as it does Sq = 0.
     with pytest.raises(ValueError, match=r"total_q: must be >= 1"):
         resolve(varlen_args(lens_q=[0, 0, 0]))

@@ -4,6 +4,7 @@ repeat a layout, and the eager call that skips the dispatcher where that changes
 
 from __future__ import annotations
 
+import copy
 from typing import Optional, Tuple
 
 import torch
@@ -45,7 +46,7 @@ def _problem_kwargs(
     seqlens_k=None, block_table=None, num_splits=0, descales=(None, None, None), kv_batch_idx=None, leftpad_k=None,
     softcap=0.0,
 ):  # fmt: skip
-    """Keyword arguments of _C.forward / _C.resolve_kernel for these tensors.
+    """The fields of hattn._C.AttentionProblem for these tensors, and `kernel` (see _problem).
 
     varlen: None for BSHD tensors, or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     for packed [total, H, D] ones. seqlens_k: None, or int32 [batch], the keys in use per
@@ -118,6 +119,29 @@ def _problem_kwargs(
     )
 
 
+def _problem(fields: dict) -> Tuple["_C.AttentionProblem", str]:
+    """hattn._C.AttentionProblem with these fields (_problem_kwargs'), and the kernel named by the
+    `kernel` entry ("auto" without one), which is the call's, not the problem's."""
+    problem = _C.AttentionProblem()
+    kernel = "auto"
+    for name, value in fields.items():
+        if name == "kernel":
+            kernel = value
+        else:
+            setattr(problem, name, value)
+    return problem, kernel
+
+
+def _backward_problem(problem: "_C.AttentionProblem", dout, dq, dk, dv) -> "_C.BackwardProblem":
+    """hattn._C.BackwardProblem: the forward `problem` and the gradients' tensors."""
+    grads = _C.BackwardProblem()
+    grads.forward = problem
+    for name, t in (("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        setattr(grads, name, t.data_ptr())
+        setattr(grads, f"{name}_strides", _strides(t))
+    return grads
+
+
 def launch(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -158,20 +182,21 @@ def launch(
 def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, remember=None, **extra):
     """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales,
     kv_batch_idx, leftpad_k, softcap.
-    remember: a _launch_key under which to keep this call's arguments for _forward_again."""
+    remember: a _launch_key under which to keep this call's problem for _forward_again."""
     # The current device decides where the C++ side checks the GPU and launches.
     with torch.cuda.device(q.device):
-        kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen, **extra)
+        problem, kernel = _problem(_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen,
+                                                   **extra))  # fmt: skip
         # Split-KV's partial results and FP8's transposed V go to memory from torch's caching
         # allocator: stream-ordered like the launch, recorded by CUDA graph captures, and
         # counted in torch's memory stats.
-        needed = _C.workspace_size(**kwargs)
-        template = dict(kwargs) if remember is not None else None  # before _launch adds the workspace
-        _launch(kwargs, needed, q.device)
+        needed = _C.workspace_size(problem, kernel)
+        template = copy.copy(problem) if remember is not None else None  # before _launch adds the workspace
+        _launch(problem, kernel, needed, q.device)
     if remember is not None:  # after a launch that passed every check
         if len(_LAUNCHES) >= _MAX_LAUNCHES:
             _LAUNCHES.clear()
-        _LAUNCHES[remember] = (template, needed)
+        _LAUNCHES[remember] = (template, kernel, needed)
 
 
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, window, varlen=None, softcap=0.0):
@@ -181,19 +206,20 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, window, varlen=Non
     lse = lse.contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     with torch.cuda.device(q.device):
-        kwargs = _problem_kwargs(q, k, v, out, lse, causal, softmax_scale, "auto", window, varlen, softcap=softcap)
-        grads = tuple(x for t in (dout, dq, dk, dv) for x in (t.data_ptr(), _strides(t)))
-        _C.backward(**kwargs, grads=grads, stream=_current_stream(q.device), scratch=_scratch)
+        problem, _ = _problem(_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, "auto", window, varlen,
+                                              softcap=softcap))  # fmt: skip
+        grads = _backward_problem(problem, dout, dq, dk, dv)
+        _C.backward(grads, "auto", _current_stream(q.device), _scratch)
     return dq, dk, dv
 
 
-def _launch(kwargs, needed: int, device: torch.device) -> None:
+def _launch(problem, kernel: str, needed: int, device: torch.device) -> None:
     """_C.forward with a workspace of `needed` bytes from torch's allocator (none when 0)."""
     workspace = None
     if needed:
         workspace = torch.empty(needed, dtype=torch.uint8, device=device)
-        kwargs.update(workspace=workspace.data_ptr(), workspace_bytes=needed)
-    _C.forward(**kwargs, stream=_current_stream(device), scratch=_scratch)
+        problem.workspace, problem.workspace_bytes = workspace.data_ptr(), needed
+    _C.forward(problem, kernel, _current_stream(device), _scratch)
 
 
 def _scratch(nbytes: int) -> torch.Tensor:
@@ -217,7 +243,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 #
 # A decoding loop calls the same op on tensors of the same layout every step, where the checks
 # and bookkeeping of a call cost the host more than the kernel takes on the GPU. A call that
-# passed them and needed no copies keeps its _C.forward arguments and workspace size under its
+# passed them and needed no copies keeps its _C.AttentionProblem, kernel and workspace size under its
 # layout (_launch_key: shapes, strides, dtypes, devices, the pointers' 16-byte alignment, the
 # flags); a later call with the same layout only puts in the new pointers (_forward_again). The
 # C++ side still checks every call's pointers and device.
@@ -238,14 +264,15 @@ def _launch_key(flags: tuple, *tensors: Optional[torch.Tensor]) -> tuple:
 def _forward_again(remembered, q, k, v, out, lse, **pointers: Optional[torch.Tensor]) -> None:
     """_forward for a layout seen before: its arguments with the pointers of these tensors
     (pointers: seqlens_k, block_table, kv_batch_idx, leftpad_k when the problem has them)."""
-    kwargs, needed = remembered
-    kwargs = dict(kwargs, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), out=out.data_ptr(),
-                  lse=0 if lse is None else lse.data_ptr())  # fmt: skip
+    template, kernel, needed = remembered
+    problem = copy.copy(template)  # the template stays as it is for the next call (and other threads)
+    problem.q, problem.k, problem.v, problem.out = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    problem.lse = 0 if lse is None else lse.data_ptr()
     for name, t in pointers.items():
         if t is not None:
-            kwargs[name] = t.data_ptr()
+            setattr(problem, name, t.data_ptr())
     with torch.cuda.device(q.device):
-        _launch(kwargs, needed, q.device)
+        _launch(problem, kernel, needed, q.device)
 
 
 
@@ -300,4 +327,4 @@ def resolve_kernel(
     # check that an output shares no memory with the inputs passes as it would for a real out.
     kwargs["out"] = (max(_end_address(t) for t in (q, k, v)) + 15) // 16 * 16
     kwargs["out_strides"] = out_strides
-    return _C.resolve_kernel(**kwargs)
+    return _C.resolve_kernel(*_problem(kwargs))
