@@ -523,3 +523,17 @@ def test_empty_batches_give_empty_results(lens_q, lens_k):
     out.float().sum().backward()
     for t in (q, k, v):
         assert t.grad.shape == t.shape and torch.all(t.grad == 0)
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal, window", [(True, (100, 0)), (False, (90, 30))])
+def test_window_edges_do_not_rest_on_max_seqlen(causal, window):
+    """A max_seqlen_k (and max_seqlen_q) below the longest sequence cannot drop a window edge: the
+    kernel works out each sequence's own bounds, and an edge is dropped only when it binds no row
+    of the tensors (it once used the promised lengths: error 1.31 against fp64)."""
+    lens_q, lens_k = [50, 60, 40], [300, 80, 120]
+    q, k, v, cu_q, cu_k = make_varlen(lens_q, lens_k, 4, 2, 128, torch.bfloat16, seed=5)
+    out, lse = hattn.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), 80, causal=causal, return_lse=True,
+                                      window_size=window)  # fmt: skip
+    torch.cuda.synchronize()
+    check_varlen(q, k, v, lens_q, lens_k, out, lse, causal, None, window)

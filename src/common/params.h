@@ -98,9 +98,12 @@ inline AttentionParams make_params(const AttentionProblem& p) {
   a.causal_offset = p.seqlen_k - p.seqlen_q;
   // An edge that binds no row is dropped (-1), which also keeps the kernels' index sums small:
   // the left edge of row Sq - 1 is at Sk - 1 - window_left, the right edge of row 0 at
-  // Sk - Sq + window_right.
-  a.window_left = p.window_left >= p.seqlen_k ? -1 : p.window_left;
-  a.window_right = p.causal ? 0 : p.window_right >= p.seqlen_q ? -1 : p.window_right;
+  // Sk - Sq + window_right. A variable-length batch's seqlen_q and seqlen_k are promised longest
+  // lengths, so its bounds are the tensors' rows, which no sequence outgrows: an understated
+  // max_seqlen then cannot drop an edge that binds.
+  const int keys = p.is_varlen() ? p.total_k : p.seqlen_k, rows = p.is_varlen() ? p.total_q : p.seqlen_q;
+  a.window_left = p.window_left >= keys ? -1 : p.window_left;
+  a.window_right = p.causal ? 0 : p.window_right >= rows ? -1 : p.window_right;
   a.cu_seqlens_q = p.cu_seqlens_q;
   a.cu_seqlens_k = p.cu_seqlens_k;
   a.total_q = p.total_q;
