@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
-build="build-gpu"
+build=${BUILD:-build-gpu}  # BUILD=build reuses scripts/test.sh's tree (the same options)
 [ "${FRESH:-0}" = 1 ] && rm -rf "$build"
 mkdir -p .prebuilt
 log=.prebuilt/build.log
