@@ -257,22 +257,22 @@ namespace {
 
 // The kernel's own supports(), after the features only some kernels have.
 Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
-  if (problem.has_window() && !entry.supports_window)
+  if (problem.has_window() && !entry.features.window)
     return {StatusCode::not_supported, std::string(entry.name) +
                                            ": no sliding window (window_left / window_right); the production forward fwd_sm90 has it"};
-  if (problem.is_varlen() && !entry.supports_varlen)
+  if (problem.is_varlen() && !entry.features.varlen)
     return {StatusCode::not_supported,
             std::string(entry.name) + ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the production forward fwd_sm90 has it"};
-  if ((problem.seqlens_k != nullptr || problem.is_paged()) && !entry.supports_paged)
+  if ((problem.seqlens_k != nullptr || problem.is_paged()) && !entry.features.paged)
     return {StatusCode::not_supported, std::string(entry.name) +
                                            ": no seqlens_k or paged KV cache (block_table); the production forward fwd_sm90 has them"};
-  if ((problem.kv_batch_idx != nullptr || problem.leftpad_k != nullptr) && !entry.supports_paged)
+  if ((problem.kv_batch_idx != nullptr || problem.leftpad_k != nullptr) && !entry.features.paged)
     return {StatusCode::not_supported,
             std::string(entry.name) + ": no kv_batch_idx or leftpad_k (KV cache entries, left padding); the "
                                       "production forward fwd_sm90 has them"};
-  if (problem.softcap > 0.f && !entry.supports_softcap)
+  if (problem.softcap > 0.f && !entry.features.softcap)
     return {StatusCode::not_supported, std::string(entry.name) + ": no softcap; the production forward fwd_sm90 has it"};
-  if (problem.dtype == DType::e4m3 && !entry.supports_fp8)
+  if (problem.dtype == DType::e4m3 && !entry.features.fp8)
     return {StatusCode::not_supported, std::string(entry.name) + ": no e4m3 (FP8) inputs; the production forward fwd_sm90 has them"};
   return entry.supports(problem);
 }
@@ -521,7 +521,7 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   // a dense batch, bwd_10 for a variable-length one).
   // Softcapping: only the kernels that say so (each kernel's supports() does not ask).
   auto supports = [&](const BackwardKernel& k) -> Status {
-    if (p.softcap > 0.f && !k.supports_softcap)
+    if (p.softcap > 0.f && !k.features.softcap)
       return {StatusCode::not_supported, std::string(k.name) +
                                              ": no softcap (bwd_sm90 has it at D <= 128; at D = 256 "
                                              "bwd_12_dkdv_pipeline on dense batches, bwd_10_dq_pass on variable-length "

@@ -8,30 +8,37 @@
 
 namespace hattn {
 
-struct KernelEntry {
+// What an entry runs beyond the base contract (dense batches, causal masks, GQA, head dims
+// 64/128/256, bf16 and fp16). A problem that uses a feature its entry lacks is refused before the
+// entry's supports() is asked, with one message for every entry. In the forward's registry only
+// the production forward (fwd_sm90) has any; the backward's entries declare softcap, and their
+// supports() say what else they refuse (which of them run a variable-length batch).
+struct Features {
+  bool window = false;   // a sliding window (window_left / window_right)
+  bool varlen = false;   // a variable-length batch (cu_seqlens_q / cu_seqlens_k)
+  bool paged = false;    // keys in use, paged caches, cache entries, left padding
+  bool fp8 = false;      // e4m3 inputs
+  bool softcap = false;  // softcap > 0
+};
+
+// A registered kernel. The forward's registry (Problem = AttentionProblem) and the backward's
+// (BackwardProblem, common/backward.h) hold this one type and resolve "auto" by one rule
+// (resolve_entry below).
+template <typename Problem>
+struct Entry {
   const char* name;
   const char* description;
   // Ok when the kernel can run `problem` (arguments already validated); otherwise a
   // not_supported status whose message says what it refuses and why.
-  Status (*supports)(const AttentionProblem& problem);
+  Status (*supports)(const Problem& problem);
   // Launches on `stream`; returns the launch status (no synchronization).
-  Status (*launch)(const AttentionProblem& problem, cudaStream_t stream);
-  // Runs problems with a sliding window (window_left / window_right); the lineage kernels
-  // leave it false and are refused such problems before their supports() is asked. Only the
-  // production forward (fwd_sm90) sets this and the flags below.
-  bool supports_window = false;
-  // Runs variable-length batches (cu_seqlens_q / cu_seqlens_k); likewise.
-  bool supports_varlen = false;
-  // Runs seqlens_k (keys in use per sequence) and paged KV caches (block_table); likewise.
-  bool supports_paged = false;
-  // Runs e4m3 (FP8) inputs; likewise.
-  bool supports_fp8 = false;
+  Status (*launch)(const Problem& problem, cudaStream_t stream);
+  Features features = {};
   // Bytes of workspace the launch needs for `problem` (AttentionProblem::workspace); null for
   // kernels that never need any.
-  Status (*workspace_bytes)(const AttentionProblem& problem, size_t* bytes) = nullptr;
-  // Runs softcapping (softcap > 0); likewise.
-  bool supports_softcap = false;
+  Status (*workspace_bytes)(const Problem& problem, size_t* bytes) = nullptr;
 };
+using KernelEntry = Entry<AttentionProblem>;
 
 // One accessor per lineage kernel, defined in its own file under src/lineage/.
 const KernelEntry& kernel_01_naive();
@@ -57,7 +64,7 @@ const KernelEntry& kernel_fwd_sm90();
 const std::vector<const KernelEntry*>& registry();
 
 // The one rule of both registries, the forward's (KernelEntry) and the backward's
-// (BackwardKernel, common/backward.h): `name` "auto" picks the newest entry, the last
+// (BackwardKernel): `name` "auto" picks the newest entry, the last
 // registered, whose `supports(entry)` is ok, and otherwise says why each refused, each reason
 // led by the kernel's name; a name picks that entry if it supports the problem.
 // `what` names the registry in messages ("kernel", "backward kernel").

@@ -263,9 +263,9 @@ const KernelEntry& kernel_fwd_sm90() {
   static const KernelEntry entry{fwd::kName,
                                  "the production forward: every feature (windows, varlen, KV caches, split-KV, "
                                  "softcap, FP8, GQA packing), split by role in src/attention/",
-                                 fwd::supports, fwd::launch, /*supports_window=*/true, /*supports_varlen=*/true,
-                                 /*supports_paged=*/true, /*supports_fp8=*/true, fwd::workspace_bytes,
-                                 /*supports_softcap=*/true};
+                                 fwd::supports, fwd::launch,
+                                 Features{.window = true, .varlen = true, .paged = true, .fp8 = true, .softcap = true},
+                                 fwd::workspace_bytes};
   return entry;
 }
 

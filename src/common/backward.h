@@ -3,21 +3,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include "../registry.h"
 #include "hattn/hattn.h"
 
 namespace hattn {
 
-// A backward kernel, as hattn::backward() dispatches it.
-struct BackwardKernel {
-  const char* name;
-  // Ok when the kernel runs `problem` (arguments already validated); otherwise a not_supported
-  // status whose message says what it refuses and why. Needs no GPU.
-  Status (*supports)(const BackwardProblem& problem);
-  // Launches on `stream` (no synchronization).
-  Status (*launch)(const BackwardProblem& problem, cudaStream_t stream);
-  // Runs softcapping (forward.softcap > 0); the others are refused it before supports() is asked.
-  bool supports_softcap = false;
-};
+// A backward kernel, as hattn::backward() dispatches it: the registry's one entry type. Its
+// supports() needs no GPU; softcap is its one declared feature.
+using BackwardKernel = Entry<BackwardProblem>;
 
 // bwd_01_cuda_core.cu: FlashAttention's backward on CUDA cores, fp32 sums.
 const BackwardKernel& backward_cuda_core();

@@ -43,7 +43,7 @@ struct BackwardParams {
   int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
 };
 
-// Softcapping (the kernels with BackwardKernel::supports_softcap): the forward's softmax saw
+// Softcapping (the kernels with Features::softcap): the forward's softmax saw
 // t = tanh(s softcap_scale) (its tanh.approx) with the softcap as its scale, so dS = P (dP -
 // delta) (1 - t^2). In place, before a kernel's P and dS loop: s becomes t, and dP becomes
 // (dP - delta) (1 - t^2) + delta, so that the loop's unchanged P (dP - delta) is that dS.

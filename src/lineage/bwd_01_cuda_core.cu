@@ -134,7 +134,9 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_cuda_core() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "FlashAttention's backward on CUDA cores: P recomputed from the LSE, a query row at a time, fp32 sums",
+      supports, launch};
   return kernel;
 }
 

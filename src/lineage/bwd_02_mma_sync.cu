@@ -263,7 +263,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_mma_sync() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "tensor cores (mma.sync): a CTA per 64 keys walks the query blocks that see them", supports, launch};
   return kernel;
 }
 

@@ -353,7 +353,9 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_wgmma() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "TMA and wgmma, a CTA per 128 keys: S^T = K Q^T, so P^T and dS^T feed dV and dK from registers",
+      supports, launch};
   return kernel;
 }
 

@@ -433,7 +433,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_dq_per_cta() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "one dQ sum per CTA: the warpgroups split D for dQ = dS K over all 128 keys", supports, launch};
   return kernel;
 }
 

@@ -404,7 +404,9 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_tma_dq() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "dQ added by TMA reductions from a swizzled fp32 shared tile, not every thread's atomics",
+      supports, launch};
   return kernel;
 }
 

@@ -430,7 +430,9 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_hot_loop() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "the elementwise math lean: masks only where a block needs them, shared memory as shared, ex2.approx",
+      supports, launch};
   return kernel;
 }
 

@@ -457,7 +457,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_dkdv_direct() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "dK and dV written once in the gradients' dtype where no other CTA adds to them", supports, launch};
   return kernel;
 }
 

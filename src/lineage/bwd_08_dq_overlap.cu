@@ -618,7 +618,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_dq_overlap() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "a block's dQ issued at the top of the next step, sent out while that step's S^T runs", supports, launch};
   return kernel;
 }
 

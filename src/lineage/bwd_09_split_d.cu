@@ -417,7 +417,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_split_d() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "D = 256: 64 keys a CTA, D split between the warpgroups, dQ by atomics", supports, launch};
   return kernel;
 }
 

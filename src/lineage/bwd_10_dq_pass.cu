@@ -677,7 +677,9 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_dq_pass() {
-  static const BackwardKernel kernel{kName, supports, launch, /*supports_softcap=*/true};
+  static const BackwardKernel kernel{
+      kName, "D = 256: B09 without dQ, and dQ in a pass of its own (no atomics)",
+      supports, launch, Features{.softcap = true}};
   return kernel;
 }
 

@@ -662,7 +662,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_dq_pipeline() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "D = 256: the dQ pass warp-specialized, a producer streaming K and V, dS in registers", supports, launch};
   return kernel;
 }
 

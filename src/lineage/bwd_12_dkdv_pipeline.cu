@@ -662,7 +662,9 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_dkdv_pipeline() {
-  static const BackwardKernel kernel{kName, supports, launch, /*supports_softcap=*/true};
+  static const BackwardKernel kernel{
+      kName, "D = 256: the dK/dV pass warp-specialized, a block's dV and dK under the next one's S^T",
+      supports, launch, Features{.softcap = true}};
   return kernel;
 }
 

@@ -623,7 +623,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_producer() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "a producer warpgroup: Q/dO stages released by mbarriers, no CTA-wide barrier a block", supports, launch};
   return kernel;
 }
 

@@ -693,7 +693,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_tma_dkdv() {
-  static const BackwardKernel kernel{kName, supports, launch};
+  static const BackwardKernel kernel{
+      kName, "dK and dV stored by TMA, a head's CTAs staggered over the query blocks", supports, launch};
   return kernel;
 }
 

@@ -750,7 +750,9 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_tma_sums() {
-  static const BackwardKernel kernel{kName, supports, launch, /*supports_softcap=*/true};
+  static const BackwardKernel kernel{
+      kName, "the fp32 sums of dK and dV (GQA, varlen) added by TMA reductions, the stagger on every path",
+      supports, launch, Features{.softcap = true}};
   return kernel;
 }
 

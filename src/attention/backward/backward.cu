@@ -81,7 +81,9 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 }  // namespace
 
 const BackwardKernel& backward_sm90() {
-  static const BackwardKernel kernel{kName, supports, launch, /*supports_softcap=*/true};
+  static const BackwardKernel kernel{
+      kName, "the production backward: B15's kernel split by role (src/attention/backward/)",
+      supports, launch, Features{.softcap = true}};
   return kernel;
 }
 
