@@ -21,7 +21,8 @@ import torch
 
 
 def main() -> None:
-    from hattn import _C, ops
+    from hattn import _C
+    from hattn.ops import runner
     from hattn.bench_backward import backward_fn, kernel_backward_fn
 
     p = argparse.ArgumentParser()
@@ -30,8 +31,8 @@ def main() -> None:
 
     direct_backward = _C.backward
 
-    def forced_backward(**kwargs):
-        return direct_backward(**{**kwargs, "kernel": args.kernel})
+    def forced_backward(problem, _kernel, stream, scratch):
+        return direct_backward(problem, args.kernel, stream, scratch)
 
     shapes = [(2, 256, 32, 64, True), (2, 256, 32, 64, False), (2, 256, 4, 64, True), (1, 256, 4, 128, True),
               (16, 1024, 32, 64, False)]  # fmt: skip
@@ -39,11 +40,11 @@ def main() -> None:
         gen = torch.Generator(device="cuda").manual_seed(seqlen + dim)
         q, k, v, dout = (torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen) + 0.5
                          for _ in range(4))  # fmt: skip
-        ops._C.backward = forced_backward  # the op's backward now runs --kernel
+        runner._C.backward = forced_backward  # the op's backward now runs --kernel
         try:
             through_autograd = [g.clone() for g in backward_fn("hattn", q, k, v, dout, causal)()]
         finally:
-            ops._C.backward = direct_backward
+            runner._C.backward = direct_backward
         direct = [g.clone() for g in kernel_backward_fn(args.kernel, q, k, v, dout, causal)()]
         bwd02 = [g.clone() for g in kernel_backward_fn("bwd_02_mma_sync", q, k, v, dout, causal)()]
         cudnn = [g.contiguous() for g in backward_fn("sdpa_cudnn", q, k, v, dout, causal)()]

@@ -24,7 +24,7 @@ def main() -> None:
     import hattn
     from hattn import _C
     from hattn.bench import Timer, anchor_fn
-    from hattn.ops import _problem_kwargs
+    from hattn.ops.runner import _problem, _problem_kwargs
 
     p = argparse.ArgumentParser()
     p.add_argument("--dim", type=int, default=64)
@@ -36,11 +36,12 @@ def main() -> None:
     q = torch.randn(a.batch, 1, heads, a.dim, device="cuda", dtype=torch.bfloat16) + 0.5
     k, v = (torch.randn(a.batch, a.seqlen_k, heads, a.dim, device="cuda", dtype=torch.bfloat16) + 0.5 for _ in range(2))
     out = torch.empty_like(q)
-    kwargs = _problem_kwargs(q, k, v, out, None, False, None, "auto")
+    problem, kernel = _problem(_problem_kwargs(q, k, v, out, None, False, None, "auto"))
     stream = torch.cuda.current_stream().cuda_stream
-    needed = _C.workspace_size(**kwargs)
+    needed = _C.workspace_size(problem, kernel)
     workspace = torch.empty(max(needed, 1), dtype=torch.uint8, device="cuda")
-    extra = dict(workspace=workspace.data_ptr(), workspace_bytes=needed) if needed else {}
+    if needed:
+        problem.workspace, problem.workspace_bytes = workspace.data_ptr(), needed
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     def median_us(fn) -> float:
@@ -56,7 +57,7 @@ def main() -> None:
         return statistics.median(s.elapsed_time(e) for s, e in events) * 1e3
 
     print(f"D={a.dim} B={a.batch} Sk={a.seqlen_k} H={heads}, workspace {needed} bytes")
-    print(f"  _C.forward, prebuilt arguments   {median_us(lambda: _C.forward(**kwargs, **extra, stream=stream)):8.1f} us")
+    print(f"  _C.forward, prebuilt arguments   {median_us(lambda: _C.forward(problem, kernel, stream)):8.1f} us")
     print(f"  hattn.attention                  {median_us(lambda: hattn.attention(q, k, v)):8.1f} us")
     print(f"  hattn.attention, num_splits=1    {median_us(lambda: hattn.attention(q, k, v, num_splits=1)):8.1f} us")
     side = torch.cuda.Stream()

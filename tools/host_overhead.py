@@ -3,12 +3,13 @@
 Each line is the host's time per call (time.perf_counter over --reps calls back to back, no
 synchronization inside the loop; the least of --rounds rounds, the layers interleaved) of one
 layer with the layers below it, for one decoding shape. "every check" clears the launches the
-ops remember (hattn.ops._LAUNCHES) before each call, as the first call of a layout runs:
+ops remember (hattn.ops.runner._LAUNCHES) before each call, as the first call of a layout runs:
 
     python3 tools/host_overhead.py [--dim 128] [--batch 8] [--seqlen-k 4096]
 """
 
 import argparse
+import copy
 import time
 
 import torch
@@ -17,7 +18,8 @@ import torch
 def main() -> None:
     import hattn
     from hattn import _C
-    from hattn.ops import _LAUNCHES, _attention_fwd, _problem_kwargs
+    from hattn.ops.dense import _attention_fwd
+    from hattn.ops.runner import _LAUNCHES, _problem, _problem_kwargs
 
     p = argparse.ArgumentParser()
     p.add_argument("--dim", type=int, default=128)
@@ -34,10 +36,13 @@ def main() -> None:
     lens = torch.full((a.batch,), a.seqlen_k - 10, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
     kwargs = _problem_kwargs(q, k, v, out, None, False, None, "auto", seqlens_k=lens)
+    problem, kernel = _problem(kwargs)
     stream = torch.cuda.current_stream().cuda_stream
-    needed = _C.workspace_size(**kwargs)
+    needed = _C.workspace_size(problem, kernel)
     workspace = torch.empty(max(needed, 1), dtype=torch.uint8, device="cuda")
-    launch = dict(kwargs, workspace=workspace.data_ptr(), workspace_bytes=needed) if needed else kwargs
+    launch = copy.copy(problem)
+    if needed:
+        launch.workspace, launch.workspace_bytes = workspace.data_ptr(), needed
 
     def host_us(fn) -> float:
         for _ in range(20):
@@ -63,9 +68,10 @@ def main() -> None:
         ("with torch.cuda.device(q.device)", device_context),
         ("torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream(q.device).cuda_stream),
         ("_problem_kwargs", lambda: _problem_kwargs(q, k, v, out, None, False, None, "auto", seqlens_k=lens)),
-        ("_C.resolve_kernel (argument checks, dispatch)", lambda: _C.resolve_kernel(**kwargs)),
-        ("_C.workspace_size (+ device and pointer checks)", lambda: _C.workspace_size(**kwargs)),
-        ("_C.forward, prebuilt arguments (+ launch)", lambda: _C.forward(**launch, stream=stream)),
+        ("_problem (the AttentionProblem from them)", lambda: _problem(kwargs)),
+        ("_C.resolve_kernel (argument checks, dispatch)", lambda: _C.resolve_kernel(problem, kernel)),
+        ("_C.workspace_size (+ device and pointer checks)", lambda: _C.workspace_size(problem, kernel)),
+        ("_C.forward, prebuilt problem (+ launch)", lambda: _C.forward(launch, kernel, stream)),
         ("_attention_fwd (the op's body)", lambda: _attention_fwd(q, k, v, False, None, "auto", False, -1, -1, lens)),
         ("hattn.attention(seqlens_k=...), every check", every_check),
         ("hattn.attention(seqlens_k=...)", lambda: hattn.attention(q, k, v, seqlens_k=lens)),

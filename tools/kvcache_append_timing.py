@@ -17,7 +17,7 @@ around the loop: the host's time when the GPU waits for it, the GPU's when the h
   graph       the rotary step captured in a CUDA graph and replayed (no launch overhead)
 
 The other steps repeat one layout, so after their first call they skip the Python checks
-(hattn.flash_attn._CHECKED) and launch from remembered arguments (hattn.ops._LAUNCHES).
+(hattn.flash_attn._CHECKED) and launch from remembered arguments (hattn.ops.runner._LAUNCHES).
 
     python3 tools/kvcache_append_timing.py [--dim 128] [--batch 8] [--seqlen-k 4096] [--paged]
 """
@@ -31,7 +31,7 @@ import torch
 def main() -> None:
     import hattn
     from hattn.flash_attn import _CHECKED
-    from hattn.ops import _LAUNCHES
+    from hattn.ops.runner import _LAUNCHES
 
     p = argparse.ArgumentParser()
     p.add_argument("--dim", type=int, default=128)
