@@ -571,13 +571,32 @@ TEST(BackwardScratch, ComesFromTheProblemsAllocator) {
     EXPECT_EQ(scratch.given_back, 1) << kernel;
     EXPECT_EQ(scratch.bytes_given_back, scratch.bytes_taken) << kernel;
   }
+  // valid_backward()'s shape on device memory (the pointer checks come before the scratch).
+  BackwardProblem b = valid_backward();
+  AttentionProblem& p = b.forward;
+  const size_t q_bytes = size_t(p.batch) * p.seqlen_q * p.heads_q * p.head_dim * 2;
+  const size_t k_bytes = size_t(p.batch) * p.seqlen_k * p.heads_kv * p.head_dim * 2;
+  harness::DeviceBuffer q, k, v, out, lse, dout, dq, dk, dv;
+  for (auto [buffer, bytes] : {std::pair{&q, q_bytes}, {&k, k_bytes}, {&v, k_bytes}, {&out, q_bytes},
+                               {&lse, size_t(p.batch) * p.heads_q * p.seqlen_q * 4}, {&dout, q_bytes},
+                               {&dq, q_bytes}, {&dk, k_bytes}, {&dv, k_bytes}})
+    ASSERT_TRUE(buffer->allocate(bytes).ok());
+  p.q = q.get();
+  p.k = k.get();
+  p.v = v.get();
+  p.out = out.get();
+  p.lse = static_cast<float*>(lse.get());
+  b.dout = dout.get();
+  b.dq = dq.get();
+  b.dk = dk.get();
+  b.dv = dv.get();
   testing::CountingScratch empty;
   empty.fail = true;
-  BackwardProblem b = valid_backward();  // fake pointers: nothing may be launched on them
-  b.forward.allocator = &empty.allocator;
+  p.allocator = &empty.allocator;
   const Status s = backward(b);
   EXPECT_EQ(s.code(), StatusCode::out_of_memory) << s.to_string();
   EXPECT_NE(s.message().find("fp32 sums"), std::string::npos) << s.message();
+  EXPECT_EQ(empty.given_back, 0);
 }
 
 const DType bf = DType::bf16, fp = DType::fp16;
