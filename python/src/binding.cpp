@@ -58,9 +58,10 @@ hattn::DType parse_dtype(const std::string& name) {
   throw nb::python_error();
 }
 
-// Scratch memory from a Python callable: scratch(bytes) returns an object with data_ptr() (the
-// package passes torch.empty(bytes, dtype=torch.uint8) on the current device: torch's caching
-// allocator, on the call's stream), kept alive until the library gives it back. None: the
+// Scratch memory from a Python callable: scratch(bytes, stream) returns an object with data_ptr()
+// for memory usable in that stream's order (the package passes torch.empty(bytes, dtype=
+// torch.uint8) on the current device and that stream: torch's caching allocator), kept alive
+// until the library gives it back. None: the
 // library's default (the stream's pool). The callbacks run inside a call that released the GIL,
 // so they take it back.
 class PythonScratch {
@@ -75,11 +76,11 @@ class PythonScratch {
   const std::string& error() const { return error_; }
 
  private:
-  static void* allocate(void* context, size_t bytes, cudaStream_t /*stream*/) {
+  static void* allocate(void* context, size_t bytes, cudaStream_t stream) {
     auto* self = static_cast<PythonScratch*>(context);
     nb::gil_scoped_acquire gil;
     try {
-      nb::object block = self->fn_(bytes);
+      nb::object block = self->fn_(bytes, reinterpret_cast<uintptr_t>(stream));
       void* ptr = reinterpret_cast<void*>(nb::cast<uintptr_t>(block.attr("data_ptr")()));
       if (ptr != nullptr) self->live_.emplace_back(ptr, std::move(block));
       return ptr;
@@ -143,10 +144,11 @@ void with_scratch(nb::object scratch, Call&& call) {
   }
 }
 
-hattn::Options make_options(const std::string& kernel, uintptr_t stream) {
+hattn::Options make_options(const std::string& kernel, uintptr_t stream, std::optional<bool> check) {
   hattn::Options options;
   options.kernel = kernel;
   options.stream = reinterpret_cast<cudaStream_t>(stream);
+  options.check = check;
   return options;
 }
 
@@ -162,19 +164,21 @@ void without_gil(Call&& call) {
   if (!status.ok()) raise_status(status);
 }
 
-void forward(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t stream, nb::object scratch) {
+void forward(const hattn::AttentionProblem& problem, const std::string& kernel, uintptr_t stream, nb::object scratch,
+             std::optional<bool> check) {
   with_scratch(std::move(scratch), [&](const hattn::ScratchAllocator* allocator) {
     hattn::AttentionProblem p = problem;
     p.allocator = allocator;
-    without_gil([&] { return hattn::forward(p, make_options(kernel, stream)); });
+    without_gil([&] { return hattn::forward(p, make_options(kernel, stream, check)); });
   });
 }
 
-void backward(const hattn::BackwardProblem& problem, const std::string& kernel, uintptr_t stream, nb::object scratch) {
+void backward(const hattn::BackwardProblem& problem, const std::string& kernel, uintptr_t stream, nb::object scratch,
+              std::optional<bool> check) {
   with_scratch(std::move(scratch), [&](const hattn::ScratchAllocator* allocator) {
     hattn::BackwardProblem b = problem;
     b.forward.allocator = allocator;
-    without_gil([&] { return hattn::backward(b, make_options(kernel, stream)); });
+    without_gil([&] { return hattn::backward(b, make_options(kernel, stream, check)); });
   });
 }
 
@@ -313,21 +317,22 @@ NB_MODULE(_C, m) {
       "RuntimeError (no_device, cuda_error, out_of_memory); the text starts with the status code.";
   bind_problems(m);
   m.def("forward", &forward, nb::arg("problem"), nb::arg("kernel") = "auto", nb::arg("stream") = 0,
-        nb::arg("scratch") = nb::none(),
+        nb::arg("scratch") = nb::none(), nb::arg("check") = nb::none(),
         "Validates `problem` (an AttentionProblem) and launches `kernel` ('auto' or a name) on `stream` (a\n"
         "cudaStream_t as int). Asynchronous. Without problem.workspace, split-KV's partial results and FP8's\n"
-        "transposed V are scratch. scratch: None (the stream's pool) or a callable bytes -> an object with\n"
-        "data_ptr() (e.g. a uint8 torch tensor) for the memory a call needs beside its tensors, kept alive\n"
-        "until the call has enqueued its work.");
+        "transposed V are scratch. scratch: None (the stream's pool) or a callable (bytes, stream) -> an object\n"
+        "with data_ptr() (e.g. a uint8 torch tensor allocated for that stream) for the memory a call needs\n"
+        "beside its tensors, kept alive until the call has enqueued its work. check: the checking mode\n"
+        "(Options::check; None: HATTN_CHECK in the environment decides).");
   m.def("workspace_size", &workspace_size, nb::arg("problem"), nb::arg("kernel") = "auto",
         "Bytes of workspace forward() needs for this problem (split-KV's partial results, or the FP8 path's\n"
         "transposed V; 0 when it needs none), after the same checks. Pass a buffer of at least that size as\n"
         "problem.workspace / workspace_bytes.");
   m.def("backward", &backward, nb::arg("problem"), nb::arg("kernel") = "auto", nb::arg("stream") = 0,
-        nb::arg("scratch") = nb::none(),
+        nb::arg("scratch") = nb::none(), nb::arg("check") = nb::none(),
         "The gradients of problem.forward (a BackwardProblem; the forward's out and lse are inputs here) into\n"
         "dq, dk and dv. A variable-length batch takes the forward's cu_seqlens_q/k and total_q/k, the gradients\n"
-        "packed like q and k. Launches on `stream`; asynchronous; scratch as for forward().");
+        "packed like q and k. Launches on `stream`; asynchronous; scratch and check as for forward().");
   m.def("resolve_kernel", &resolve_kernel, nb::arg("problem"), nb::arg("kernel") = "auto",
         "The kernel name `kernel` (e.g. 'auto') resolves to for this problem, without launching or a GPU.");
   const StrideTuple none_strides{0, 0, 0};

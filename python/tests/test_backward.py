@@ -197,9 +197,9 @@ def test_scratch_comes_from_torch(monkeypatch):
     calls = []
     real = ops._scratch
 
-    def counting(nbytes):
+    def counting(nbytes, stream):
         calls.append(nbytes)
-        return real(nbytes)
+        return real(nbytes, stream)
 
     monkeypatch.setattr(ops, "_scratch", counting)
     q, k, v = (torch.randn(1, 40, 2, 64, device="cuda", dtype=torch.bfloat16) + INPUT_MEAN for _ in range(3))
@@ -216,7 +216,7 @@ def test_scratch_comes_from_torch(monkeypatch):
     ref, _ = attention_ref(q.double(), k.double(), v.double(), softmax_scale=-0.1)
     assert torch.allclose(out.double(), ref, atol=3e-2, rtol=0)
 
-    def empty(nbytes):
+    def empty(nbytes, stream):
         raise RuntimeError(f"no {nbytes} bytes here")
 
     monkeypatch.setattr(ops, "_scratch", empty)

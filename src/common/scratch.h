@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "../device_checks.h"
+#include "common.cuh"
 #include "hattn/hattn.h"
 
 namespace hattn {
@@ -23,8 +25,21 @@ inline Status take_scratch(const ScratchAllocator* allocator, size_t bytes, cuda
     return {code, what + ": cudaMallocAsync(" + std::to_string(bytes) + " bytes): " + cudaGetErrorString(err)};
   }
   *ptr = allocator->allocate(allocator->context, bytes, stream);
-  if (*ptr != nullptr) return Status::Ok();
-  return {StatusCode::out_of_memory, what + ": the scratch allocator had no " + std::to_string(bytes) + " bytes"};
+  if (*ptr == nullptr)
+    return {StatusCode::out_of_memory, what + ": the scratch allocator had no " + std::to_string(bytes) + " bytes"};
+  // A host or misaligned block would fault the kernels (TMA boxes, 16-byte loads) and with them
+  // the whole context: refuse it, and give it back.
+  int device = 0;
+  Status s = cuda_status(cudaGetDevice(&device), what + ": querying the current device");
+  if (s.ok()) s = check_device_pointer("scratch", *ptr, device);
+  if (s.ok() && reinterpret_cast<uintptr_t>(*ptr) % 16 != 0)
+    s = {StatusCode::invalid_argument, "scratch: the allocator's memory must be 16-byte aligned"};
+  if (!s.ok()) {
+    allocator->release(allocator->context, *ptr, bytes, stream);
+    *ptr = nullptr;
+    return {s.code(), what + ": " + s.message()};
+  }
+  return Status::Ok();
 }
 
 // Gives back what take_scratch took (null: nothing). A failure names the kernel and `what`

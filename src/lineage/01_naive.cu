@@ -16,6 +16,7 @@
 #include "common.cuh"
 #include "params.h"
 #include "registry.h"
+#include "scratch.h"
 
 namespace hattn {
 namespace {
@@ -130,11 +131,12 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   int64_t heads_per_chunk = std::min<int64_t>(kChunkBytes / score_bytes_per_head(problem), kMaxGridY);
   const int chunk = int(std::clamp<int64_t>(heads_per_chunk, 1, total_heads));
 
-  float* scores = nullptr;
-  Status s = cuda_status(cudaMallocAsync(reinterpret_cast<void**>(&scores),
-                                         size_t(chunk) * score_bytes_per_head(problem), stream),
-                         "01_naive: allocating the S workspace");
+  // S for `chunk` heads at a time, from the problem's scratch allocator (default: the stream's pool).
+  const size_t bytes = size_t(chunk) * score_bytes_per_head(problem);
+  void* taken = nullptr;
+  Status s = take_scratch(problem.allocator, bytes, stream, "01_naive: the S workspace", &taken);
   if (!s.ok()) return s;
+  float* scores = static_cast<float*>(taken);
 
   s = dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
     for (int first = 0; first < total_heads; first += chunk) {
@@ -149,8 +151,8 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
     }
     return Status::Ok();
   });
-  // Stream-ordered: the buffer is released after the passes above have run.
-  Status fs = cuda_status(cudaFreeAsync(scores, stream), "01_naive: freeing the S workspace");
+  // Stream-ordered: the buffer is reused only after the passes above have run.
+  Status fs = give_back_scratch(problem.allocator, taken, bytes, stream, "01_naive", "the S workspace");
   return s.ok() ? fs : s;
 }
 

@@ -209,7 +209,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, window, varlen=Non
         problem, _ = _problem(_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, "auto", window, varlen,
                                               softcap=softcap))  # fmt: skip
         grads = _backward_problem(problem, dout, dq, dk, dv)
-        _C.backward(grads, "auto", _current_stream(q.device), _scratch)
+        _C.backward(grads, "auto", _current_stream(q.device), _scratch, False)  # checks: checks._check_promises
     return dq, dk, dv
 
 
@@ -219,15 +219,20 @@ def _launch(problem, kernel: str, needed: int, device: torch.device) -> None:
     if needed:
         workspace = torch.empty(needed, dtype=torch.uint8, device=device)
         problem.workspace, problem.workspace_bytes = workspace.data_ptr(), needed
-    _C.forward(problem, kernel, _current_stream(device), _scratch)
+    _C.forward(problem, kernel, _current_stream(device), _scratch, False)  # checks: checks._check_promises
 
 
-def _scratch(nbytes: int) -> torch.Tensor:
+def _scratch(nbytes: int, stream: int) -> torch.Tensor:
     """_C's `scratch`: memory a call needs beside its tensors (the backward's fp32 sums, the sign-flipped
-    q of a negative scale) from torch's caching allocator on the current device, used on the current
-    stream: stream-ordered like the launch, recorded by CUDA graph captures, counted in torch's memory
-    stats. _C keeps the tensor until the call has enqueued its work."""
-    return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    q of a negative scale) from torch's caching allocator on the current device, for the call's
+    `stream` (torch's current one, as the ops launch; another is taken as an external stream): stream-
+    ordered like the launch, recorded by CUDA graph captures, counted in torch's memory stats. _C keeps
+    the tensor until the call has enqueued its work."""
+    device = torch.cuda.current_device()
+    if stream == _current_stream(torch.device("cuda", device)):
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=device)):
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _current_stream(device: torch.device) -> int:
