@@ -440,7 +440,7 @@ Status forward(const AttentionProblem& problem, const Options& options) {
       return invalid("workspace_bytes: " + std::to_string(problem.workspace_bytes) + " bytes given; " +
                      entry->name + " needs " + std::to_string(needed) + " for this problem (workspace_size())");
   }
-  if ((options.check || checking_from_environment()) && !(s = check_promises_on(problem, options.stream)).ok())
+  if (options.check.value_or(checking_from_environment()) && !(s = check_promises_on(problem, options.stream)).ok())
     return s;
   return entry->launch(problem, options.stream);
 }
@@ -553,7 +553,7 @@ Status backward(const BackwardProblem& problem, const Options& options) {
                                  {"cu_seqlens_k", p.cu_seqlens_k}, {"dout", problem.dout}, {"dq", problem.dq},
                                  {"dk", problem.dk},   {"dv", problem.dv}});
   if (!s.ok()) return s;
-  if ((options.check || checking_from_environment()) && !(s = check_promises_on(p, options.stream)).ok()) return s;
+  if (options.check.value_or(checking_from_environment()) && !(s = check_promises_on(p, options.stream)).ok()) return s;
   return kernel->launch(problem, options.stream);
 }
 

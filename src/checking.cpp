@@ -25,6 +25,11 @@ template <typename T>
 Status read_back(const T* ptr, size_t count, cudaStream_t stream, const char* name, std::vector<T>* out) {
   out->assign(ptr == nullptr ? 0 : count, T{});
   if (out->empty()) return Status::Ok();
+  // A copy to the host and a wait would fail a CUDA graph capture and invalidate it: refuse first.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+    return {StatusCode::not_supported, std::string(name) + ": the checking mode cannot read it back while the stream "
+                                                           "is captured into a CUDA graph (turn it off for the capture)"};
   cudaError_t err = cudaMemcpyAsync(out->data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost, stream);
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err == cudaSuccess) return Status::Ok();

@@ -237,9 +237,10 @@ struct Options {
   cudaStream_t stream = nullptr;
   // The checking mode: before launching, the promises the problem's device arrays make are
   // read back on `stream` and checked (check_promises()); a broken one is refused with
-  // invalid_argument naming it. Off by default: it costs a few small copies and a host
-  // synchronization per call. HATTN_CHECK=1 in the environment turns it on for every call.
-  bool check = false;
+  // invalid_argument naming it. It costs a few small copies and a host synchronization per
+  // call, and cannot run while `stream` is captured into a CUDA graph. Unset: on when
+  // HATTN_CHECK=1 is in the environment, else off.
+  std::optional<bool> check;
 };
 
 // Validates `problem`, picks the kernel and launches it on `options.stream`. Asynchronous:
@@ -256,7 +257,8 @@ Status check(const AttentionProblem& problem, const std::string& kernel = "auto"
 // entries; leftpad_k within each sequence's keys; the block_table pages each sequence uses
 // (those holding its keys in use) within num_pages; the FP8 descales finite and > 0. A broken
 // promise gives invalid_argument naming the argument (and the entry). Validates the problem
-// and the device first.
+// and the device first. While `stream` is captured into a CUDA graph, a problem with device
+// arrays to read gives not_supported.
 Status check_promises(const AttentionProblem& problem, cudaStream_t stream = nullptr);
 
 // Bytes of workspace forward() needs for this problem beside its tensors (split-KV's partial

@@ -313,10 +313,13 @@ def _check_in_range(name: str, t: Optional[torch.Tensor], low: int, high: int, w
 
 
 def _check_promises(*, varlen=None, totals=(0, 0), seqlens_k=None, capacity=None, block_table=None, num_pages=None,
-                    kv_batch_idx=None, kv_batch=None, leftpad_k=None, descales=()) -> None:
+                    page_size=None, kv_batch_idx=None, kv_batch=None, leftpad_k=None, descales=()) -> None:
     """The checking mode's checks of one call (nothing when it is off). varlen: (cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k) with totals (total_q, total_k); capacity: the keys
-    a sequence can have (a dense cache's Sk, a paged one's max_pages_per_seq * page_size)."""
+    a sequence can have (a dense cache's Sk, a paged one's max_pages_per_seq * page_size). With
+    page_size, block_table's checked entries are the pages each sequence uses (those holding its
+    keys in use, in row kv_batch_idx[b] with cache entries), as the C++ checking mode checks them;
+    without, every entry."""
     if not _CHECKING:
         return
     if varlen is not None:
@@ -324,8 +327,21 @@ def _check_promises(*, varlen=None, totals=(0, 0), seqlens_k=None, capacity=None
         _check_offsets("cu_seqlens_q", cu_q, totals[0], "max_seqlen_q", max_q)
         _check_offsets("cu_seqlens_k", cu_k, totals[1], "max_seqlen_k", max_k)
     _check_in_range("seqlens_k", seqlens_k, 0, (capacity or 0) + 1, f"keys in use, at most the cache's {capacity}")
-    _check_in_range("block_table", block_table, 0, num_pages or 0, f"pages of a cache of {num_pages}")
     _check_in_range("kv_batch_idx", kv_batch_idx, 0, kv_batch or 0, f"entries of a cache of {kv_batch}")
+    if block_table is not None and page_size and seqlens_k is not None:
+        table = block_table.to("cpu", torch.int64)
+        used = seqlens_k.to("cpu", torch.int64).clamp(0, capacity or 0)
+        rows = kv_batch_idx.to("cpu", torch.int64) if kv_batch_idx is not None else torch.arange(used.numel())
+        for b in range(used.numel()):
+            row = int(rows[b])
+            pages = table[row, : (int(used[b]) + page_size - 1) // page_size]
+            bad = (pages < 0) | (pages >= (num_pages or 0))
+            if bad.any():
+                j = int(torch.nonzero(bad)[0])
+                raise _broken(f"block_table: entry ({row}, {j}) is {int(pages[j])}, outside [0, {num_pages}) "
+                              f"(pages of a cache of {num_pages}; sequence {b} reads it)")  # fmt: skip
+    else:
+        _check_in_range("block_table", block_table, 0, num_pages or 0, f"pages of a cache of {num_pages}")
     if leftpad_k is not None:
         _check_in_range("leftpad_k", leftpad_k, 0, (capacity or 0) + 1, f"a first key within the cache's {capacity}")
         if seqlens_k is not None:

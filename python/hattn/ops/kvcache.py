@@ -54,7 +54,7 @@ def _attention_paged_fwd(
         # The kernel reads plain int32 arrays: block_table's rows max_pages_per_seq apart.
         indices = {name: None if t is None else t.contiguous() for name, t in indices.items()}
     _check_promises(capacity=block_table.shape[-1] * k_cache.shape[1], num_pages=k_cache.shape[0],
-                    kv_batch=block_table.shape[0], **indices)  # fmt: skip
+                    page_size=k_cache.shape[1], kv_batch=block_table.shape[0], **indices)  # fmt: skip
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
