@@ -8,7 +8,7 @@ import hattn
 import pytest
 import torch
 from helpers import (
-    INPUT_MEAN,
+    gpu_kvcache,
     attention_ref,
     check_gradients,
     check_sequence,
@@ -627,24 +627,6 @@ def test_append_kv_op_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"invalid_argument: head_dim: must be 64, 128 or 256, got 96"):
         hattn.ops.append_kv(q, cache, cache.clone(), q[:, :, :2], q[:, :, :2].clone(), seqlens, None, None, None,
                             True, False)  # fmt: skip
-
-
-def gpu_kvcache(lens, seqlen_q=4, page_size=128, heads_q=8, heads_kv=2, head_dim=128, seed=0):
-    """q; a paged cache with a random block table; the same keys in a dense cache; int32 lengths."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    max_pages = max(1, max(-(-n // page_size) for n in lens))
-    num_pages = len(lens) * max_pages
-    table = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).view(len(lens), max_pages)
-    table = table.to(torch.int32).cuda()
-
-    def rand(*shape):
-        return torch.randn(*shape, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen) + INPUT_MEAN
-
-    q = rand(len(lens), seqlen_q, heads_q)
-    k_pages, v_pages = rand(num_pages, page_size, heads_kv), rand(num_pages, page_size, heads_kv)
-    k_dense, v_dense = (c[table.long()].flatten(1, 2) for c in (k_pages, v_pages))  # [B, max_pages * page_size, ...]
-    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    return q, k_pages, v_pages, table, k_dense, v_dense, seqlens
 
 
 @requires_hopper

@@ -12,6 +12,7 @@ import torch
 from hattn import flash_attn_interface as fa3
 from helpers import (
     INPUT_MEAN,
+    gpu_kvcache,
     attention_ref,
     check_gradients,
     cu_seqlens_of,
@@ -552,23 +553,6 @@ def test_varlen_gradients_match_reference(causal):
         q.double(), k.double(), v.double(), dout.double(),
     )  # fmt: skip
     check_gradients(got, want, torch.bfloat16, f"varlen causal={causal}")
-
-
-def gpu_kvcache(lens, seqlen_q=4, page_size=128, heads_q=8, heads_kv=2, head_dim=128, seed=0):
-    """q; a paged cache with a random page table; the same keys in a dense cache; int32 lengths."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    max_pages = max(1, max(-(-n // page_size) for n in lens))
-    num_pages = len(lens) * max_pages
-    table = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).view(len(lens), max_pages)
-    table = table.to(torch.int32).cuda()
-
-    def rand(*shape):
-        return torch.randn(*shape, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen) + INPUT_MEAN
-
-    q = rand(len(lens), seqlen_q, heads_q)
-    k_pages, v_pages = rand(num_pages, page_size, heads_kv), rand(num_pages, page_size, heads_kv)
-    k_dense, v_dense = (c[table.long()].flatten(1, 2) for c in (k_pages, v_pages))  # [B, max_pages * page_size, ...]
-    return q, k_pages, v_pages, table, k_dense, v_dense, torch.tensor(lens, dtype=torch.int32, device="cuda")
 
 
 @requires_hopper
