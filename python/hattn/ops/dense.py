@@ -8,10 +8,10 @@ from typing import Optional, Tuple
 import torch
 
 from .checks import (
-    _as_kernel_input, _cache_features, _check_attention_inputs, _check_device, _check_num_splits, _check_problem,
-    _check_promises, _check_softcap, _check_types, _kernel_layout_ok, _needs_grad, _window,
+    _cache_features, _check_attention_inputs, _check_num_splits, _check_problem, _check_promises, _check_softcap,
+    _check_types, _needs_grad, _window,
 )
-from .runner import _LAUNCHES, _backward_needed, _bshd_outputs_like, _call, _forward, _forward_again, _launch_key
+from .runner import _backward_needed, _bshd_outputs_like, _call, _launch_key, _launch_layout, _layout_checked
 
 
 def _attention_fwd(
@@ -35,20 +35,14 @@ def _attention_fwd(
         ("fwd", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits, softcap),
         q, k, v, seqlens_k, kv_batch_idx, leftpad_k,
     )  # fmt: skip
-    remembered = _LAUNCHES.get(key)
     indices = {"seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx, "leftpad_k": leftpad_k}
-    if remembered is None:
+
+    def check():
         _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx, leftpad_k)
         _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
                        _cache_features(seqlens_k, kv_batch_idx, leftpad_k))  # fmt: skip
-        _check_device(q, k, v, **indices)
-        if not all(_kernel_layout_ok(t) for t in (q, k, v)) or not all(
-            t is None or t.is_contiguous() for t in indices.values()
-        ):
-            key = None  # copies below: nothing to remember
-        q, k, v = (_as_kernel_input(t) for t in (q, k, v))
-        # The kernel reads plain int32 arrays.
-        indices = {name: None if t is None else t.contiguous() for name, t in indices.items()}
+
+    remembered, key, q, k, v, indices = _layout_checked(key, check, q, k, v, indices)
     _check_promises(capacity=k.shape[1], kv_batch=k.shape[0], **indices)
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
@@ -59,13 +53,8 @@ def _attention_fwd(
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    if remembered is not None:
-        _forward_again(remembered, q, k, v, out, lse if return_lse else None, **indices)
-        return out, lse
-    _forward(
-        q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel, (window_left, window_right),
-        remember=key, num_splits=num_splits, softcap=softcap, **indices,
-    )  # fmt: skip
+    _launch_layout(remembered, key, q, k, v, out, lse if return_lse else None, causal, softmax_scale, kernel,
+                   (window_left, window_right), indices, num_splits=num_splits, softcap=softcap)  # fmt: skip
     return out, lse
 
 

@@ -9,12 +9,12 @@ import torch
 
 from .. import _C
 from .checks import (
-    _DTYPE_NAMES, _PAGED_NAMES, _as_kernel_input, _cache_features, _check_device, _check_num_splits,
-    _check_paged_inputs, _check_problem, _check_promises, _check_softcap, _check_types, _kernel_layout_ok, _strides,
-    _window,
+    _DTYPE_NAMES, _PAGED_NAMES, _cache_features, _check_num_splits, _check_paged_inputs, _check_problem,
+    _check_promises, _check_softcap, _check_types, _strides, _window,
 )
 from .runner import (
-    _LAUNCHES, _MAX_LAUNCHES, _bshd_outputs_like, _call, _current_stream, _forward, _forward_again, _launch_key,
+    _LAUNCHES, _MAX_LAUNCHES, _bshd_outputs_like, _call, _current_stream, _launch_key, _launch_layout,
+    _layout_checked,
 )
 
 
@@ -39,20 +39,15 @@ def _attention_paged_fwd(
         ("paged", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits, softcap),
         q, k_cache, v_cache, block_table, seqlens_k, kv_batch_idx,
     )  # fmt: skip
-    remembered = _LAUNCHES.get(key)
     indices = {"block_table": block_table, "seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx}
-    if remembered is None:
+
+    def check():
         _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx)
         _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
                        _cache_features(seqlens_k, kv_batch_idx, None))  # fmt: skip
-        _check_device(q, k_cache, v_cache, _PAGED_NAMES, **indices)
-        if not all(_kernel_layout_ok(t) for t in (q, k_cache, v_cache)) or not all(
-            t is None or t.is_contiguous() for t in indices.values()
-        ):
-            key = None  # copies below: nothing to remember
-        q, k_cache, v_cache = (_as_kernel_input(t) for t in (q, k_cache, v_cache))
-        # The kernel reads plain int32 arrays: block_table's rows max_pages_per_seq apart.
-        indices = {name: None if t is None else t.contiguous() for name, t in indices.items()}
+
+    remembered, key, q, k_cache, v_cache, indices = _layout_checked(key, check, q, k_cache, v_cache, indices,
+                                                                    _PAGED_NAMES)  # fmt: skip
     _check_promises(capacity=block_table.shape[-1] * k_cache.shape[1], num_pages=k_cache.shape[0],
                     page_size=k_cache.shape[1], kv_batch=block_table.shape[0], **indices)  # fmt: skip
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -60,13 +55,8 @@ def _attention_paged_fwd(
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if out.numel() == 0:  # no batch or no queries: empty outputs, no kernel
         return out, lse
-    if remembered is not None:
-        _forward_again(remembered, q, k_cache, v_cache, out, lse if return_lse else None, **indices)
-        return out, lse
-    _forward(
-        q, k_cache, v_cache, out, lse if return_lse else None, causal, softmax_scale, kernel,
-        (window_left, window_right), remember=key, num_splits=num_splits, softcap=softcap, **indices,
-    )  # fmt: skip
+    _launch_layout(remembered, key, q, k_cache, v_cache, out, lse if return_lse else None, causal, softmax_scale,
+                   kernel, (window_left, window_right), indices, num_splits=num_splits, softcap=softcap)  # fmt: skip
     return out, lse
 
 

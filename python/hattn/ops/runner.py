@@ -13,8 +13,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import _C
 from .checks import (
-    _ALIGN_BYTES, _KERNEL_DTYPE_NAMES, _as_kernel_input, _check_attention_inputs, _check_device, _check_inputs,
-    _end_address, _strides, _window,
+    _ALIGN_BYTES, _ARG_NAMES, _KERNEL_DTYPE_NAMES, _as_kernel_input, _check_attention_inputs, _check_device,
+    _check_inputs, _end_address, _kernel_layout_ok, _strides, _window,
 )
 
 
@@ -264,6 +264,35 @@ def _launch_key(flags: tuple, *tensors: Optional[torch.Tensor]) -> tuple:
         else:
             key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % _ALIGN_BYTES)
     return tuple(key)
+
+
+def _layout_checked(key: tuple, check, q, k, v, indices: dict, names=_ARG_NAMES):
+    """A call's inputs ready for the kernels, and what the launch cache knows of their layout: the
+    remembered launch under `key`, or (new layout) the op's argument checks `check()`, the device
+    checks, and q, k, v and the int32 arrays `indices` in a layout the kernels read (copies where
+    needed; then nothing is remembered: key None). Returns (remembered, key, q, k, v, indices)."""
+    remembered = _LAUNCHES.get(key)
+    if remembered is None:
+        check()
+        _check_device(q, k, v, names, **indices)
+        if not all(_kernel_layout_ok(t) for t in (q, k, v)) or not all(
+            t is None or t.is_contiguous() for t in indices.values()
+        ):
+            key = None  # copies below: nothing to remember
+        q, k, v = (_as_kernel_input(t) for t in (q, k, v))
+        # The kernel reads plain int32 arrays (a block table's rows max_pages_per_seq apart).
+        indices = {name: None if t is None else t.contiguous() for name, t in indices.items()}
+    return remembered, key, q, k, v, indices
+
+
+def _launch_layout(remembered, key, q, k, v, out, lse, causal, softmax_scale, kernel, window, indices: dict,
+                   **extra) -> None:
+    """_forward_again for a remembered layout, else _forward, remembering it under `key`; extra:
+    num_splits, softcap."""
+    if remembered is not None:
+        _forward_again(remembered, q, k, v, out, lse, **indices)
+    else:
+        _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window, remember=key, **extra, **indices)
 
 
 def _forward_again(remembered, q, k, v, out, lse, **pointers: Optional[torch.Tensor]) -> None:
