@@ -7,8 +7,10 @@
 #
 # Environment: PYTHON, the interpreter whose version the wheel is for (default: python3.12, or
 # pyenv's 3.12); LINEAGE=OFF for the production kernels only (default ON: the tests and the
-# guide's benchmark need the lineage). The extension links no torch, so the wheel needs only
-# the CUDA runtime (13) and torch 2.11 beside it. The build tree is build-py/<wheel tag>/.
+# guide's benchmark need the lineage); BUILD=DIR builds in that CMake tree with scripts/test.sh's
+# options (BUILD=build: its kernels are reused, only the binding and what depends on the Python
+# recompile). The extension links no torch, so the wheel needs only the CUDA runtime (13) and
+# torch 2.11 beside it. The build tree is otherwise build-py/<wheel tag>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-}
@@ -23,8 +25,12 @@ venv=.wheel-venv-$ver
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check 'scikit-build-core>=0.10' 'nanobind>=2.0'
 start=$SECONDS
-"$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w dist \
-  --config-settings=cmake.define.HATTN_LINEAGE="${LINEAGE:-ON}" .
+settings=(--config-settings=cmake.define.HATTN_LINEAGE="${LINEAGE:-ON}")
+if [ -n "${BUILD:-}" ]; then
+  settings+=("--config-settings=build-dir=$(cd "$BUILD" && pwd)" --config-settings=cmake.define.HATTN_BUILD_TESTS=ON
+    --config-settings=cmake.define.HATTN_BUILD_BENCH=ON --config-settings=cmake.define.HATTN_PTXAS_VERBOSE=ON)
+fi
+"$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w dist "${settings[@]}" .
 wheel=$(ls -t dist/hattn-*cp$ver*.whl | head -1)
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+dirty"

@@ -338,7 +338,12 @@ ensure_python() {
   wheel=$(ls -t dist/hattn-*-"$py_tag"-*.whl 2>/dev/null | head -1 || true)
   if [ -n "$wheel" ]; then
     python3 -m pip install --no-deps --force-reinstall -q "$wheel" >"$out/pip.log" 2>&1
-    note "pip install $wheel (built at $(cat "$wheel.commit" 2>/dev/null || echo unknown)): rc=$?"
+    local rc=$? built
+    built=$(cat "$wheel.commit" 2>/dev/null || echo unknown)
+    note "pip install $wheel (built at $built): rc=$rc"
+    # The package's Python comes from the wheel, the tests from the tree: say when they differ.
+    [ "${built%+dirty}" = "${HATTN_COMMIT:0:12}" ] ||
+      note "WARNING: the wheel was built at $built, the run is recorded as $HATTN_COMMIT (rebuild: scripts/build_wheel.sh)"
   else
     if [ -f "$build/CMakeCache.txt" ]; then
       settings+=("--config-settings=build-dir=$(cd "$build" && pwd)" --config-settings=cmake.define.HATTN_PTXAS_VERBOSE=ON
