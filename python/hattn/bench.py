@@ -33,7 +33,14 @@ aten ops (what torch.nn.attention.varlen.varlen_attn calls):
   varlen_flash     aten._flash_attention_forward with cum_seq_q/cum_seq_k (FlashAttention-2)
   fa3              FlashAttention-3's varlen forward (cu_seqlens_q/k), when given
 Only the production forward runs varlen batches, so it is the default --kernels there. FLOPs sum the
-sequences'. Output: pybench_varlen_<mode>.csv and .json, no plots.
+sequences'. Output: pybench_varlen_<mode>.csv and .json, no plots. --varlen short: many short
+sequences instead, lengths drawn from [50, 2000] (seeded) up to 65,536 tokens a head dim.
+
+--window L: the grid with a sliding window of L keys left of each row's diagonal (and L right of it
+without the causal mask), timed with hattn.attention(window_size=...) beside
+FlashAttention-3's windowed forward (torch SDPA has no sliding window: its anchors say so). The
+reference is SDPA's memory-efficient kernel in fp32 with the window as a boolean mask. FLOPs count
+the visible entries. Output: pybench_window<L>.csv and .json, no plots.
 """
 
 from __future__ import annotations
@@ -63,7 +70,9 @@ CAPSTONE_HEADS = (12, 40)
 CAPSTONE_DIM = 128
 ANCHORS = ("fa3", "sdpa_cudnn", "sdpa_cudnn_bshd", "sdpa_flash")
 VARLEN_ANCHORS = ("fa3", "varlen_cudnn", "varlen_flash")
-VARLEN_MODES = ("equal", "mixed")
+VARLEN_MODES = ("equal", "mixed", "short")
+SHORT_LENGTHS = (50, 2000)  # --varlen short: each sequence's length drawn from this range
+SHORT_TOKENS = 65536  # --varlen short: the tokens of a batch
 SLOW_PREFIXES = ("01_", "02_")  # the CUDA-core steps of the lineage
 INPUT_MEAN = 0.5
 
@@ -81,9 +90,26 @@ class Shape:
     # A variable-length batch: the sequences' lengths (queries and keys alike), packed along the
     # rows; seqlen_q and seqlen_k are then the longest. Empty for a dense [B, S, H, D] batch.
     lengths: Tuple[int, ...] = ()
+    # A sliding window: the keys at most this far left of each row's (bottom-right aligned)
+    # diagonal, and as far right of it without the causal mask. -1: none.
+    window: int = -1
+
+    @property
+    def window_size(self) -> Tuple[int, int]:
+        """hattn's window_size (left, right) for this shape."""
+        if self.window < 0:
+            return (-1, -1)
+        return (self.window, 0 if self.causal else self.window)
 
     @property
     def flops(self) -> float:
+        if self.window >= 0:  # the visible entries, row by row
+            left, right = self.window_size
+            offset, visible = self.seqlen_k - self.seqlen_q, 0
+            for i in range(self.seqlen_q):
+                diagonal = i + offset
+                visible += max(0, min(self.seqlen_k - 1, diagonal + right) - max(0, diagonal - left) + 1)
+            return 4.0 * self.heads_q * self.head_dim * self.batch * visible
         per_entry = 4.0 * self.heads_q * self.head_dim / (2 if self.causal else 1)
         if self.lengths:
             return per_entry * sum(n * n for n in self.lengths)
@@ -100,12 +126,16 @@ def grid_shapes(
     seqlen_q: Optional[int] = None,
     gqa: int = 1,
     tokens: int = GRID_TOKENS,
+    window: int = -1,
 ) -> List[Shape]:
     """The FlashAttention-3 benchmark grid: batch*seqlen = tokens (16384), heads*D = 2048.
     seqlen_q: as many queries per sequence instead of S (decoding: 1), against S keys. gqa:
-    query heads per K/V head (at least one K/V head)."""
+    query heads per K/V head (at least one K/V head). window >= 0: a sliding window of that many
+    keys (tag "window<L>")."""
+    tag = "grid" if window < 0 else f"window{window}"
     return [
-        Shape("grid", max(1, tokens // s), seqlen_q or s, s, GRID_WIDTH // d, max(1, GRID_WIDTH // d // gqa), d, c)
+        Shape(tag, max(1, tokens // s), seqlen_q or s, s, GRID_WIDTH // d, max(1, GRID_WIDTH // d // gqa), d, c,
+              window=window)  # fmt: skip
         for d in dims
         for s in seqlens
         for c in causal
@@ -117,6 +147,16 @@ def varlen_shapes(dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[
     the same work as the dense grid point) or of lengths drawn from [S/4, 7S/4] ("mixed", seeded
     by S and D)."""
     shapes = []
+    if mode == "short":  # one batch a head dim: lengths from SHORT_LENGTHS up to SHORT_TOKENS tokens
+        for d in dims:
+            rng, lengths = random.Random(7919 + d), []
+            while sum(lengths) < SHORT_TOKENS:
+                lengths.append(rng.randint(*SHORT_LENGTHS))
+            for c in causal:
+                longest = max(lengths)
+                shapes.append(Shape("varlen-short", len(lengths), longest, longest, GRID_WIDTH // d, GRID_WIDTH // d,
+                                    d, c, tuple(lengths)))  # fmt: skip
+        return shapes
     for d in dims:
         for s in seqlens:
             batch = max(1, GRID_TOKENS // s)
@@ -195,7 +235,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
                    help=f"batch * seqlen of the grid (default: {GRID_TOKENS}; more for decoding batches)")  # fmt: skip
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels "
-                   "(no capstone, no plots)")  # fmt: skip
+                   "(no capstone, no plots); short: many sequences of 50..2000 tokens")  # fmt: skip
+    p.add_argument("--window", type=int, default=-1,
+                   help="a sliding window of this many keys on the grid, beside FA3's (no capstone, no plots)")  # fmt: skip
     fa3.add_argument(p)
     args = p.parse_args(argv)
     fa3.check_argument(p, args)
@@ -231,12 +273,16 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
         p.error("--gqa must be >= 1, divide the heads of every --dims (2048 / D), and not come with --varlen")
     if args.tokens < 1:
         p.error("--tokens must be >= 1")
+    if args.window < -1 or (args.window >= 0 and (args.varlen or args.seqlen_q is not None)):
+        p.error("--window must be >= 0 (keys), and not with --varlen or --seqlen-q")
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     if args.varlen:
         args.shapes = varlen_shapes(args.dim_list, args.seqlen_list, causal, args.varlen) if args.grid else []
         args.plots = False
     else:
-        grid = grid_shapes(args.dim_list, args.seqlen_list, causal, args.seqlen_q, args.gqa, args.tokens)
+        grid = grid_shapes(args.dim_list, args.seqlen_list, causal, args.seqlen_q, args.gqa, args.tokens, args.window)
+        if args.window >= 0:  # the window's own table: the capstone shapes have none
+            args.capstone = args.plots = False
         args.shapes = (grid if args.grid else []) + (capstone_shapes() if args.capstone else [])
     return args
 
@@ -429,6 +475,22 @@ def anchor_fn(name: str, q, k, v, causal: bool, bhsd) -> Callable[[], torch.Tens
     return call
 
 
+def window_reference(q, k, v, shape: Shape) -> torch.Tensor:
+    """BSHD output of `shape`'s windowed attention from torch SDPA's memory-efficient kernel in fp32,
+    the window as a boolean mask (bottom-right aligned, as hattn's and FA3's)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    left, right = shape.window_size
+    rows = torch.arange(shape.seqlen_q, device=q.device)[:, None] + (shape.seqlen_k - shape.seqlen_q)
+    cols = torch.arange(shape.seqlen_k, device=q.device)[None, :]
+    visible = (cols >= rows - left) & (cols <= rows + right)
+    args = (t.transpose(1, 2).float() for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):  # MATH where EFFICIENT refuses
+        out = sdpa(*args, attn_mask=visible, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2).to(q.dtype)
+
+
 def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref| in fp32, head by head (bounded memory); NaN anywhere gives NaN. The head
     dim is the second last ([B, S, H, D] or packed [total, H, D])."""
@@ -460,15 +522,22 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
             a: varlen_anchor_fn(a, q, k, v, cu, longest, shape.causal) for a in VARLEN_ANCHORS
         }
         cudnn, flash = "varlen_cudnn", "varlen_flash"
+    elif shape.window >= 0:
+        q, k, v = make_inputs(shape, dtype)
+        calls = {"fa3": lambda: fa3.forward(q, k, v, shape.causal, window=shape.window_size)[0]}
+        cudnn = flash = None
     else:
         q, k, v = make_inputs(shape, dtype)
         bhsd = tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
         calls = {a: anchor_fn(a, q, k, v, shape.causal, bhsd) for a in ANCHORS}
         cudnn, flash = "sdpa_cudnn", "sdpa_flash"
 
-    # Reference first: cuDNN (on BHSD copies when dense); FLASH when cuDNN refuses the shape.
+    # Reference first: cuDNN (on BHSD copies when dense); FLASH when cuDNN refuses the shape; with
+    # a window, the fp32 masked reference.
     ref = ref_name = None
-    for name in (cudnn, flash):
+    if shape.window >= 0:
+        ref, ref_name = window_reference(q, k, v, shape), "sdpa_efficient_fp32_masked"
+    for name in (cudnn, flash) if cudnn else ():
         try:
             ref, ref_name = calls[name]().clone(), name
             break
@@ -491,6 +560,8 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
     # floor of 4 ulps at the largest output (two implementations that both round P to the input
     # dtype differ by a few ulps; a broken kernel is off by far more).
     tol = 4 * eps * ref_max if ref_max is not None else None
+    if shape.window >= 0 and tol is not None:  # an fp32 reference: the bf16/fp16 kernels' own rounding, 8 ulps
+        tol *= 2
     if ref_name == cudnn:
         try:
             flash_err = max_error(calls[flash](), ref)
@@ -506,6 +577,9 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
     for name in args.anchor_list:
         if name == "fa3" and fa3_missing:  # no FA3 library: the column says why
             record(name, "anchor", "not given", note=fa3_missing)
+            continue
+        if name not in calls:  # torch SDPA with a sliding window
+            record(name, "anchor", "unsupported", note="no sliding window")
             continue
         try:
             err, why = check(calls[name](), None if name == ref_name else tol)
@@ -529,7 +603,7 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
         else:
 
             def call(name=name):
-                return hattn.attention(q, k, v, causal=shape.causal, kernel=name)
+                return hattn.attention(q, k, v, causal=shape.causal, kernel=name, window_size=shape.window_size)
 
         try:
             out = call()
@@ -600,7 +674,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     meta["sm_clock_mhz_end"] = sm_clock_mhz()
     meta["seconds"] = round(time.time() - started, 1)
-    stem = f"pybench_varlen_{args.varlen}" if args.varlen else "pybench"
+    stem = f"pybench_varlen_{args.varlen}" if args.varlen else f"pybench_window{args.window}" if args.window >= 0 else "pybench"
     csv_path, json_path = (os.path.join(args.out, f"{stem}.{ext}") for ext in ("csv", "json"))
     report.write_csv(records, csv_path)
     report.write_json(meta, records, json_path)

@@ -562,3 +562,30 @@ def test_kernel_times_lists_each_backward_kernel(tmp_path):
     assert any("delta_kernel" in k for k in ours) and any("convert_kernel" in k for k in ours), ours
     assert all(float(r["us"]) > 0 for r in rows)
     assert any(r["impl"] == "sdpa_cudnn" for r in rows)
+
+
+def test_window_flags_shapes_and_flops():
+    args = bench.parse_args(["--window", "1024", "--dims", "128", "--seqlens", "1k,4k"], ["fwd_sm90"])
+    assert [s.tag for s in args.shapes] == ["window1024"] * 4 and not args.capstone and not args.plots
+    assert {s.window_size for s in args.shapes} == {(1024, 1024), (1024, 0)}
+    # FLOPs count the visible entries, bottom-right aligned, against a brute-force count.
+    for shape in (bench.Shape("w", 2, 7, 9, 3, 1, 64, True, window=2), bench.Shape("w", 1, 9, 7, 2, 2, 64, False, window=3)):
+        left, right = shape.window_size
+        offset = shape.seqlen_k - shape.seqlen_q
+        visible = sum(1 for i in range(shape.seqlen_q) for j in range(shape.seqlen_k)
+                      if i + offset - left <= j <= i + offset + right)  # fmt: skip
+        assert shape.flops == 4.0 * shape.batch * shape.heads_q * shape.head_dim * visible
+    wide = bench.Shape("w", 1, 64, 64, 1, 1, 64, True, window=64)  # wider than the keys: plain causal
+    assert wide.flops == bench.Shape("g", 1, 64, 64, 1, 1, 64, True).flops + 4.0 * 64 * 64 / 2
+    for flags in (["--window", "-2"], ["--window", "8", "--varlen", "mixed"], ["--window", "8", "--seqlen-q", "1"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(flags, ["fwd_sm90"])
+
+
+def test_varlen_short_sequences():
+    args = bench.parse_args(["--varlen", "short", "--dims", "64,128", "--causal", "yes"], ["fwd_sm90"])
+    assert [s.tag for s in args.shapes] == ["varlen-short"] * 2
+    for shape in args.shapes:
+        assert sum(shape.lengths) >= bench.SHORT_TOKENS and shape.batch == len(shape.lengths)
+        assert all(bench.SHORT_LENGTHS[0] <= n <= bench.SHORT_LENGTHS[1] for n in shape.lengths)
+        assert shape.seqlen_q == max(shape.lengths)
