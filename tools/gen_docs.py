@@ -166,7 +166,9 @@ def anchors_table(csv_path):
             else:
                 best_ours = max(best_ours, t)
         ratio = f"{best_ours / best_anchor:.2f}" if best_anchor > 0 else "–"
-        name = f"{'capstone ' if tag == 'capstone' else ''}D={d} {'causal' if causal else 'full'} S={s} B={b} H={h}"
+        keys = int(next(r for r in rows if (r["tag"], int(r["seqlen_q"])) == (tag, s)).get("seqlen_k") or s)
+        seq = f"S={s}" if keys == s else f"Sq={s} Sk={keys}"
+        name = f"{'' if tag == 'grid' else tag + ' '}D={d} {'causal' if causal else 'full'} {seq} B={b} H={h}"
         out.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
     out += ["", f"_{meta['gpu']}, commit `{meta['commit']}`, torch {meta['torch']}, cuDNN {meta['cudnn']}; "
             f"from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._\n"]

@@ -68,6 +68,7 @@ GRID_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 CAPSTONE_SEQLENS = (32760, 75600)
 CAPSTONE_HEADS = (12, 40)
 CAPSTONE_DIM = 128
+CROSS_KEYS = 512  # the capstone's cross-attention: the video tokens' queries against a prompt's keys
 ANCHORS = ("fa3", "sdpa_cudnn", "sdpa_cudnn_bshd", "sdpa_flash")
 VARLEN_ANCHORS = ("fa3", "varlen_cudnn", "varlen_flash")
 VARLEN_MODES = ("equal", "mixed", "short")
@@ -172,8 +173,13 @@ def varlen_shapes(dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[
 
 
 def capstone_shapes() -> List[Shape]:
-    """The video-transformer shapes: B=1, 32,760 or 75,600 tokens, 12 or 40 heads of D=128, no mask."""
-    return [Shape("capstone", 1, s, s, h, h, CAPSTONE_DIM, False) for s in CAPSTONE_SEQLENS for h in CAPSTONE_HEADS]
+    """The video-transformer shapes: B=1, 32,760 or 75,600 tokens, 12 or 40 heads of D=128, no mask;
+    their self-attention (tag "capstone") and their cross-attention to CROSS_KEYS keys ("capstone-cross")."""
+    self_attention = [Shape("capstone", 1, s, s, h, h, CAPSTONE_DIM, False) for s in CAPSTONE_SEQLENS
+                      for h in CAPSTONE_HEADS]  # fmt: skip
+    cross = [Shape("capstone-cross", 1, s, CROSS_KEYS, h, h, CAPSTONE_DIM, False) for s in CAPSTONE_SEQLENS
+             for h in CAPSTONE_HEADS]  # fmt: skip
+    return self_attention + cross
 
 
 def parse_int_list(text: str) -> List[int]:
@@ -209,7 +215,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both", help="grid masks (default: both)")
     p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True, help="run the grid (default: yes)")
     p.add_argument("--capstone", action=argparse.BooleanOptionalAction, default=True,
-                   help="add the capstone shapes (default: yes)")  # fmt: skip
+                   help="add the capstone shapes, self- and cross-attention (default: yes)")  # fmt: skip
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--reps", type=int, default=30, help="timed calls per measurement; the median counts (default: 30)")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls first (default: 5)")

@@ -27,7 +27,11 @@ def test_grid_is_the_flashattention3_grid():
         assert s.batch * s.seqlen_q == 16384 and s.heads_q * s.head_dim == 2048
         assert s.seqlen_q == s.seqlen_k and s.heads_q == s.heads_kv
     caps = bench.capstone_shapes()
-    assert {(s.seqlen_q, s.heads_q) for s in caps} == {(32760, 12), (32760, 40), (75600, 12), (75600, 40)}
+    pairs = {(32760, 12), (32760, 40), (75600, 12), (75600, 40)}
+    assert {(s.seqlen_q, s.heads_q) for s in caps if s.tag == "capstone"} == pairs
+    assert all(s.seqlen_k == s.seqlen_q for s in caps if s.tag == "capstone")
+    assert {(s.seqlen_q, s.heads_q) for s in caps if s.tag == "capstone-cross"} == pairs  # to the prompt's keys
+    assert all(s.seqlen_k == bench.CROSS_KEYS for s in caps if s.tag == "capstone-cross")
     assert all(s.batch == 1 and s.head_dim == 128 and not s.causal for s in caps)
 
 
@@ -51,7 +55,7 @@ def test_default_flags():
     args = bench.parse_args([], KERNELS)
     assert args.kernel_list == KERNELS
     assert args.anchor_list == list(bench.ANCHORS)
-    assert len(args.shapes) == 36 + 4
+    assert len(args.shapes) == 36 + 8
     assert args.out == "results" and args.reps >= 10 and args.flush_mb >= 256
 
 
@@ -75,7 +79,7 @@ def test_subset_flags():
     assert [(s.head_dim, s.seqlen_q, s.causal) for s in args.shapes] == [(128, 1024, True), (128, 4096, True)]
     assert args.kernel_list == [KERNELS[0], "auto"] and args.reps == 3
     only_capstone = bench.parse_args(["--no-grid"], KERNELS)
-    assert [s.tag for s in only_capstone.shapes] == ["capstone"] * 4
+    assert [s.tag for s in only_capstone.shapes] == ["capstone"] * 4 + ["capstone-cross"] * 4
 
 
 @pytest.mark.parametrize(
