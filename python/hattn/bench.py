@@ -41,6 +41,10 @@ without the causal mask), timed with hattn.attention(window_size=...) beside
 FlashAttention-3's windowed forward (torch SDPA has no sliding window: its anchors say so). The
 reference is SDPA's memory-efficient kernel in fp32 with the window as a boolean mask. FLOPs count
 the visible entries. Output: pybench_window<L>.csv and .json, no plots.
+
+--paged P: k and v in a paged cache of P-key pages (shuffled, a block table), timed with
+hattn.attention_paged beside FA3's paged forward (page_table, seqused_k); SDPA only gives the
+reference, on the dense tensors. Output: pybench_paged<P>.csv and .json, no plots.
 """
 
 from __future__ import annotations
@@ -94,6 +98,9 @@ class Shape:
     # A sliding window: the keys at most this far left of each row's (bottom-right aligned)
     # diagonal, and as far right of it without the causal mask. -1: none.
     window: int = -1
+    # A paged KV cache: the keys and values in pages of this many rows, in a shuffled order that a
+    # block table maps (hattn.attention_paged, FA3's page_table). 0: dense k and v.
+    page_size: int = 0
 
     @property
     def window_size(self) -> Tuple[int, int]:
@@ -128,15 +135,16 @@ def grid_shapes(
     gqa: int = 1,
     tokens: int = GRID_TOKENS,
     window: int = -1,
+    page_size: int = 0,
 ) -> List[Shape]:
     """The FlashAttention-3 benchmark grid: batch*seqlen = tokens (16384), heads*D = 2048.
     seqlen_q: as many queries per sequence instead of S (decoding: 1), against S keys. gqa:
     query heads per K/V head (at least one K/V head). window >= 0: a sliding window of that many
-    keys (tag "window<L>")."""
-    tag = "grid" if window < 0 else f"window{window}"
+    keys (tag "window<L>"). page_size > 0: k and v in a paged cache (tag "paged<P>")."""
+    tag = f"window{window}" if window >= 0 else f"paged{page_size}" if page_size else "grid"
     return [
         Shape(tag, max(1, tokens // s), seqlen_q or s, s, GRID_WIDTH // d, max(1, GRID_WIDTH // d // gqa), d, c,
-              window=window)  # fmt: skip
+              window=window, page_size=page_size)  # fmt: skip
         for d in dims
         for s in seqlens
         for c in causal
@@ -242,6 +250,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels "
                    "(no capstone, no plots); short: many sequences of 50..2000 tokens")  # fmt: skip
+    p.add_argument("--paged", type=int, default=0, metavar="PAGE",
+                   help="k and v in a paged cache of PAGE-key pages (a multiple of 128), beside FA3's paged "
+                   "forward (no capstone, no plots)")  # fmt: skip
     p.add_argument("--window", type=int, default=-1,
                    help="a sliding window of this many keys on the grid, beside FA3's (no capstone, no plots)")  # fmt: skip
     fa3.add_argument(p)
@@ -281,13 +292,16 @@ def parse_args(argv: Optional[Sequence[str]] = None, kernel_names: Sequence[str]
         p.error("--tokens must be >= 1")
     if args.window < -1 or (args.window >= 0 and (args.varlen or args.seqlen_q is not None)):
         p.error("--window must be >= 0 (keys), and not with --varlen or --seqlen-q")
+    if args.paged < 0 or args.paged % 128 or (args.paged and (args.varlen or args.window >= 0)):
+        p.error("--paged must be a multiple of 128 (keys a page), and not with --varlen or --window")
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     if args.varlen:
         args.shapes = varlen_shapes(args.dim_list, args.seqlen_list, causal, args.varlen) if args.grid else []
         args.plots = False
     else:
-        grid = grid_shapes(args.dim_list, args.seqlen_list, causal, args.seqlen_q, args.gqa, args.tokens, args.window)
-        if args.window >= 0:  # the window's own table: the capstone shapes have none
+        grid = grid_shapes(args.dim_list, args.seqlen_list, causal, args.seqlen_q, args.gqa, args.tokens, args.window,
+                           args.paged)  # fmt: skip
+        if args.window >= 0 or args.paged:  # their own tables: the capstone shapes have neither
             args.capstone = args.plots = False
         args.shapes = (grid if args.grid else []) + (capstone_shapes() if args.capstone else [])
     return args
@@ -481,6 +495,25 @@ def anchor_fn(name: str, q, k, v, causal: bool, bhsd) -> Callable[[], torch.Tens
     return call
 
 
+def paged_cache(k, v, page_size: int):
+    """k and v [B, S, Hkv, D] as a paged cache: pages of page_size keys in a shuffled order (seeded),
+    the block table [B, pages] that maps them back, and the keys in use (S each, int32 [B])."""
+    batch, seqlen, heads, dim = k.shape
+    pages = -(-seqlen // page_size)
+    order = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(seqlen)).to(k.device)
+    table = order.view(batch, pages).to(torch.int32)
+
+    def paged(t):
+        padded = torch.zeros(batch, pages * page_size, heads, dim, dtype=t.dtype, device=t.device)
+        padded[:, :seqlen] = t
+        cache = torch.empty(batch * pages, page_size, heads, dim, dtype=t.dtype, device=t.device)
+        cache[order] = padded.view(batch * pages, page_size, heads, dim)
+        return cache
+
+    lens = torch.full((batch,), seqlen, dtype=torch.int32, device=k.device)
+    return paged(k), paged(v), table, lens
+
+
 def window_reference(q, k, v, shape: Shape) -> torch.Tensor:
     """BSHD output of `shape`'s windowed attention from torch SDPA's memory-efficient kernel in fp32,
     the window as a boolean mask (bottom-right aligned, as hattn's and FA3's)."""
@@ -537,6 +570,9 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
         bhsd = tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
         calls = {a: anchor_fn(a, q, k, v, shape.causal, bhsd) for a in ANCHORS}
         cudnn, flash = "sdpa_cudnn", "sdpa_flash"
+        if shape.page_size:  # the same keys and values in a paged cache; SDPA (dense) gives the reference only
+            k_cache, v_cache, table, lens = paged_cache(k, v, shape.page_size)
+            calls["fa3"] = lambda: fa3.forward(q, k_cache, v_cache, shape.causal, seqused_k=lens, page_table=table)[0]
 
     # Reference first: cuDNN (on BHSD copies when dense); FLASH when cuDNN refuses the shape; with
     # a window, the fp32 masked reference.
@@ -587,6 +623,9 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
         if name not in calls:  # torch SDPA with a sliding window
             record(name, "anchor", "unsupported", note="no sliding window")
             continue
+        if shape.page_size and name != "fa3":  # SDPA reads dense tensors only
+            record(name, "anchor", "unsupported", note="no paged cache")
+            continue
         try:
             err, why = check(calls[name](), None if name == ref_name else tol)
             if why and why != "reference unavailable":
@@ -605,6 +644,11 @@ def bench_shape(shape: Shape, args, timer: Timer, dtype: torch.dtype, progress: 
 
             def call(name=name):
                 return hattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=shape.causal, kernel=name)
+
+        elif shape.page_size:
+
+            def call(name=name):
+                return hattn.attention_paged(q, k_cache, v_cache, table, lens, shape.causal, kernel=name)
 
         else:
 
@@ -680,7 +724,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     meta["sm_clock_mhz_end"] = sm_clock_mhz()
     meta["seconds"] = round(time.time() - started, 1)
-    stem = f"pybench_varlen_{args.varlen}" if args.varlen else f"pybench_window{args.window}" if args.window >= 0 else "pybench"
+    stem = (f"pybench_varlen_{args.varlen}" if args.varlen else f"pybench_window{args.window}" if args.window >= 0
+            else f"pybench_paged{args.paged}" if args.paged else "pybench")  # fmt: skip
     csv_path, json_path = (os.path.join(args.out, f"{stem}.{ext}") for ext in ("csv", "json"))
     report.write_csv(records, csv_path)
     report.write_json(meta, records, json_path)

@@ -91,11 +91,12 @@ def _window(causal: bool, window: Optional[Tuple[int, int]]):
 
 
 def forward(q, k, v, causal: bool, window: Optional[Tuple[int, int]] = None, seqused_k=None,
-            scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+            scale: Optional[float] = None, page_table=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out BSHD, lse) of BSHD q, k, v; seqused_k (int32 [B]): the keys each sequence uses, as
-    a KV cache's lengths. window = (left, right), -1 for unlimited."""
+    a KV cache's lengths. window = (left, right), -1 for unlimited. page_table (int32 [B, pages]):
+    k and v are a paged cache [num_pages, page_size, Hkv, D] (with seqused_k)."""
     out, lse, *_ = torch.ops.flash_attn_3.fwd(q, k, v, seqused_k=seqused_k, softmax_scale=scale,
-                                              **_window(causal, window))  # fmt: skip
+                                              page_table=page_table, **_window(causal, window))  # fmt: skip
     return out, lse
 
 

@@ -5,6 +5,7 @@ import json
 
 import hattn
 import pytest
+import torch
 from hattn import bench, report
 from helpers import requires_hopper
 
@@ -593,3 +594,21 @@ def test_varlen_short_sequences():
         assert sum(shape.lengths) >= bench.SHORT_TOKENS and shape.batch == len(shape.lengths)
         assert all(bench.SHORT_LENGTHS[0] <= n <= bench.SHORT_LENGTHS[1] for n in shape.lengths)
         assert shape.seqlen_q == max(shape.lengths)
+
+
+def test_paged_flags_and_cache():
+    argv = ["--paged", "256", "--seqlen-q", "1", "--causal", "no", "--dims", "128", "--seqlens", "4k", "--tokens", "65536"]
+    args = bench.parse_args(argv, ["fwd_sm90"])
+    assert [(s.tag, s.page_size, s.seqlen_q, s.batch) for s in args.shapes] == [("paged256", 256, 1, 16)]
+    assert not args.capstone and not args.plots
+    for flags in (["--paged", "100"], ["--paged", "128", "--varlen", "mixed"], ["--paged", "128", "--window", "8"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(flags, ["fwd_sm90"])
+    # The paged cache holds the same keys: gathering the pages by the block table gives k back.
+    k, v = torch.randn(3, 300, 2, 8), torch.randn(3, 300, 2, 8)
+    k_cache, v_cache, table, lens = bench.paged_cache(k, v, 128)
+    assert table.shape == (3, 3) and sorted(table.flatten().tolist()) == list(range(9))
+    for cache, want in ((k_cache, k), (v_cache, v)):
+        gathered = cache[table.long()].flatten(1, 2)[:, :300]
+        assert torch.equal(gathered, want)
+    assert lens.tolist() == [300] * 3 and lens.dtype == torch.int32
