@@ -213,3 +213,31 @@ def gpu_kvcache(lens, seqlen_q=4, page_size=128, heads_q=8, heads_kv=2, head_dim
     k_dense, v_dense = (c[table.long()].flatten(1, 2) for c in (k_pages, v_pages))  # [B, max_pages * page_size, ...]
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     return q, k_pages, v_pages, table, k_dense, v_dense, seqlens
+
+
+def gpu_varlen(lens_q, lens_k, heads_q=8, heads_kv=2, head_dim=128, dtype=torch.bfloat16):
+    """Packed q, k, v (randn + INPUT_MEAN) of sequences of these lengths on the GPU, their cu_seqlens
+    and longest lengths: the arguments of a flash_attn_varlen_func call, in its order."""
+    q = torch.randn(sum(lens_q), heads_q, head_dim, device="cuda", dtype=dtype) + INPUT_MEAN
+    k = torch.randn(sum(lens_k), heads_kv, head_dim, device="cuda", dtype=dtype) + INPUT_MEAN
+    v = torch.randn_like(k) + INPUT_MEAN
+    return q, k, v, cu_seqlens_of(lens_q), cu_seqlens_of(lens_k), max(lens_q), max(lens_k)
+
+
+def check_varlen_func_gradients(varlen_func, causal: bool) -> None:
+    """dq, dk, dv through a flash_attn_varlen_func drop-in (FlashAttention-2's or -3's form) with a
+    left window of 90 keys, against the fp64 reference per sequence, on sequences with no keys or
+    no queries among them."""
+    lens_q, lens_k = [300, 0, 129, 17], [200, 50, 0, 400]
+    q, k, v, cu_q, cu_k, max_q, max_k = gpu_varlen(lens_q, lens_k)
+    dout = torch.randn_like(q) + INPUT_MEAN
+    got = gradients(
+        lambda q, k, v: varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window_size=(90, -1)),
+        q, k, v, dout,
+    )  # fmt: skip
+    window = (90, 0 if causal else -1)
+    want = gradients(
+        lambda q, k, v: varlen_attention_ref(q, k, v, lens_q, lens_k, causal=causal, window=window),
+        q.double(), k.double(), v.double(), dout.double(),
+    )  # fmt: skip
+    check_gradients(got, want, torch.bfloat16, f"varlen causal={causal}")

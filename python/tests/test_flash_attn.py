@@ -8,15 +8,15 @@ import hattn
 import pytest
 import torch
 from helpers import (
-    gpu_kvcache,
     attention_ref,
     check_gradients,
     check_sequence,
-    cu_seqlens_of,
+    check_varlen_func_gradients,
+    gpu_kvcache,
+    gpu_varlen,
     gradients,
     make_qkv,
     requires_hopper,
-    varlen_attention_ref,
 )
 
 
@@ -238,27 +238,7 @@ def test_gradients_match_reference(shape, causal, window, scale, dtype):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_gradients_match_reference(causal):
     """dq, dk, dv through flash_attn_varlen_func against the fp64 reference per sequence."""
-    lens_q, lens_k = [300, 0, 129, 17], [200, 50, 0, 400]
-    q, k, v, cu_q, cu_k, max_q, max_k = gpu_varlen(lens_q, lens_k)
-    dout = torch.randn_like(q) + 0.5
-    got = gradients(
-        lambda q, k, v: hattn.flash_attn_varlen_func(
-            q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window_size=(90, -1)
-        ),
-        q, k, v, dout,
-    )  # fmt: skip
-    window = (90, 0 if causal else -1)
-    want = gradients(
-        lambda q, k, v: varlen_attention_ref(q, k, v, lens_q, lens_k, causal=causal, window=window),
-        q.double(), k.double(), v.double(), dout.double(),
-    )  # fmt: skip
-    check_gradients(got, want, torch.bfloat16, f"varlen causal={causal}")
-
-
-def gpu_varlen(lens_q, lens_k, heads_q=8, heads_kv=2, head_dim=128):
-    q = torch.randn(sum(lens_q), heads_q, head_dim, device="cuda", dtype=torch.bfloat16) + 0.5
-    k = torch.randn(sum(lens_k), heads_kv, head_dim, device="cuda", dtype=torch.bfloat16) + 0.5
-    return q, k, torch.randn_like(k) + 0.5, cu_seqlens_of(lens_q), cu_seqlens_of(lens_k), max(lens_q), max(lens_k)
+    check_varlen_func_gradients(hattn.flash_attn_varlen_func, causal)
 
 
 @requires_hopper

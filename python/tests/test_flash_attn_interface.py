@@ -12,15 +12,15 @@ import torch
 from hattn import flash_attn_interface as fa3
 from helpers import (
     INPUT_MEAN,
-    gpu_kvcache,
     attention_ref,
     check_gradients,
-    cu_seqlens_of,
+    check_varlen_func_gradients,
     error_bound,
+    gpu_kvcache,
+    gpu_varlen,
     gradients,
     make_qkv,
     requires_hopper,
-    varlen_attention_ref,
 )
 
 # --- the signatures: FlashAttention-3's hopper/flash_attn_interface.py (commits c082294e and
@@ -504,13 +504,6 @@ def test_qkvpacked_matches_the_unpacked_call(heads_q):
     check_gradients(got, want, torch.bfloat16, f"qkvpacked num_heads_q={heads_q}")
 
 
-def gpu_varlen(lens_q, lens_k, heads_q=8, heads_kv=2, head_dim=128, dtype=torch.bfloat16):
-    q = torch.randn(sum(lens_q), heads_q, head_dim, device="cuda", dtype=dtype) + INPUT_MEAN
-    k = torch.randn(sum(lens_k), heads_kv, head_dim, device="cuda", dtype=dtype) + INPUT_MEAN
-    v = torch.randn_like(k) + INPUT_MEAN
-    return q, k, v, cu_seqlens_of(lens_q), cu_seqlens_of(lens_k), max(lens_q), max(lens_k)
-
-
 @requires_hopper
 @pytest.mark.parametrize("causal, window, softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
                                                      (False, (50, 30), 0.0), (True, (50, 30), 5.0)])  # fmt: skip
@@ -538,21 +531,7 @@ def test_varlen_same_as_attention_varlen(causal, window, softcap):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_gradients_match_reference(causal):
     """dq, dk, dv through flash_attn_varlen_func against the fp64 reference per sequence."""
-    lens_q, lens_k = [300, 0, 129, 17], [200, 50, 0, 400]
-    q, k, v, cu_q, cu_k, max_q, max_k = gpu_varlen(lens_q, lens_k)
-    dout = torch.randn_like(q) + INPUT_MEAN
-    got = gradients(
-        lambda q, k, v: fa3.flash_attn_varlen_func(
-            q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window_size=(90, -1)
-        ),
-        q, k, v, dout,
-    )  # fmt: skip
-    window = (90, 0 if causal else -1)
-    want = gradients(
-        lambda q, k, v: varlen_attention_ref(q, k, v, lens_q, lens_k, causal=causal, window=window),
-        q.double(), k.double(), v.double(), dout.double(),
-    )  # fmt: skip
-    check_gradients(got, want, torch.bfloat16, f"varlen causal={causal}")
+    check_varlen_func_gradients(fa3.flash_attn_varlen_func, causal)
 
 
 @requires_hopper
