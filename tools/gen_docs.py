@@ -143,7 +143,8 @@ def anchors_table(csv_path):
     label = {"fa3": "FA3", "sdpa_cudnn": "cuDNN", "sdpa_cudnn_bshd": "cuDNN (BSHD views)",
              "sdpa_flash": "FA2 (SDPA FLASH)", "varlen_cudnn": "cuDNN varlen", "varlen_flash": "FA2 varlen"}
     shapes = list(dict.fromkeys((r["tag"], int(r["head_dim"]), r["causal"] == "True", int(r["seqlen_q"]),
-                                 int(r["batch"]), int(r["heads_q"])) for r in rows))
+                                 int(r["batch"]), int(r["heads_q"]), int(r.get("seqlen_k") or r["seqlen_q"]))
+                                for r in rows))  # fmt: skip
     index = {(r["tag"], int(r["head_dim"]), r["causal"] == "True", int(r["seqlen_q"]), int(r["batch"]),
               int(r["heads_q"]), r["name"]): r for r in rows}
     cols = anchors + ours
@@ -153,7 +154,7 @@ def anchors_table(csv_path):
            + (f" Steps {', '.join(n[:2] for n in hidden)} are in the CSV only." if hidden else ""), "",
            "| shape | " + " | ".join(label.get(c, c) for c in anchors + shown) + " | ours / best anchor |",
            "|---|" + "---|" * (len(anchors + shown) + 1)]
-    for tag, d, causal, s, b, h in shapes:
+    for tag, d, causal, s, b, h, keys in shapes:
         cells, best_anchor, best_ours = [], 0.0, 0.0
         for c in cols:
             r = index.get((tag, d, causal, s, b, h, c))
@@ -166,7 +167,6 @@ def anchors_table(csv_path):
             else:
                 best_ours = max(best_ours, t)
         ratio = f"{best_ours / best_anchor:.2f}" if best_anchor > 0 else "–"
-        keys = int(next(r for r in rows if (r["tag"], int(r["seqlen_q"])) == (tag, s)).get("seqlen_k") or s)
         seq = f"S={s}" if keys == s else f"Sq={s} Sk={keys}"
         name = f"{'' if tag == 'grid' else tag + ' '}D={d} {'causal' if causal else 'full'} {seq} B={b} H={h}"
         out.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
