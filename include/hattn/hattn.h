@@ -384,6 +384,67 @@ Status append_kv(const KvAppendProblem& problem, cudaStream_t stream = nullptr);
 // Checks of append_kv()'s arguments alone. Needs no GPU.
 Status validate_append_kv_arguments(const KvAppendProblem& problem);
 
+// MLA decoding (DeepSeek's multi-head latent attention): every query head reads one latent
+// K/V head from a paged cache whose rows hold 576 features, a 512-wide latent and a 64-wide
+// rope part; K is the whole row and V its first 512 columns. Out has 512 columns per head.
+inline constexpr int kMlaHeadDimQk = 576;
+inline constexpr int kMlaHeadDimV = 512;
+
+struct MlaDecodeProblem {
+  DType dtype = DType::bf16;  // bf16 or fp16: q, kv_cache and out
+  int batch = 0;
+  int seqlen_q = 0;  // new tokens per request (1, or 2 with speculative decoding)
+  int heads_q = 0;   // query heads; heads_q * seqlen_q rows attend together
+
+  const void* q = nullptr;  // [B, seqlen_q, heads_q, 576]
+  Strides q_strides;
+  // The paged latent cache [num_pages, page_size, 1, 576], rows contiguous (576 features) and
+  // 16-byte aligned: key j of request b is row j % page_size of page
+  // block_table[b * max_pages_per_seq + j / page_size].
+  const void* kv_cache = nullptr;
+  int64_t page_stride = 0;  // elements between pages (0: page_size * 576)
+  int64_t row_stride = 0;   // elements between a page's rows (0: 576)
+  int num_pages = 0;
+  int page_size = 0;  // a multiple of 64
+  const int32_t* block_table = nullptr;  // [B, max_pages_per_seq] device
+  int max_pages_per_seq = 0;
+  const int32_t* cache_seqlens = nullptr;  // [B] device: keys per request, the new tokens' included
+
+  void* out = nullptr;  // [B, seqlen_q, heads_q, 512]
+  Strides out_strides;
+  float* lse = nullptr;  // optional [B, heads_q, seqlen_q] fp32, contiguous (natural log)
+
+  float softmax_scale = 0.f;  // > 0; 0: 1 / sqrt(576)
+  // Query token i of request b (of seqlen_q) sits at key position cache_seqlens[b] - seqlen_q
+  // + i and sees the keys up to it; without causal every token sees all the request's keys.
+  bool causal = false;
+
+  // The split-KV schedule from mla_schedule() (mla_schedule_ints() int32 on the GPU), made once
+  // per decoding step from cache_seqlens and reused by every layer; null: made in the call.
+  const int32_t* schedule = nullptr;
+  // Room for the split parts' partial results (mla_workspace_size() bytes), or null: taken from
+  // `allocator` (the stream's pool without one).
+  void* workspace = nullptr;
+  const ScratchAllocator* allocator = nullptr;
+
+  float scale() const;
+  int rows() const { return heads_q * seqlen_q; }  // query rows per request
+};
+
+// The schedule's size in int32 for this problem on the current device (its parts: CTAs per
+// 64-row block of query rows). Needs a GPU for the SM count.
+Status mla_schedule_ints(const MlaDecodeProblem& problem, size_t* ints);
+// Plans the split-KV schedule from problem.cache_seqlens on the GPU (no host sync, so CUDA-graph
+// safe) into `schedule`; problem's other tensors are not read.
+Status mla_schedule(const MlaDecodeProblem& problem, int32_t* schedule, cudaStream_t stream = nullptr);
+// Bytes of workspace mla_decode() needs for the split parts (an upper bound, whatever the lengths).
+Status mla_workspace_size(const MlaDecodeProblem& problem, size_t* bytes);
+// Validates `problem` and launches MLA decoding on `stream` (the schedule, when not given, the
+// attention kernel, and the combine of split requests). Asynchronous, like forward().
+Status mla_decode(const MlaDecodeProblem& problem, cudaStream_t stream = nullptr);
+// Checks of mla_decode()'s arguments alone. Needs no GPU.
+Status validate_mla_arguments(const MlaDecodeProblem& problem);
+
 // Which kernel "auto" (or a given name) resolves to for this problem, without launching.
 Status resolve_kernel(const AttentionProblem& problem, const std::string& kernel, std::string* resolved);
 

@@ -19,7 +19,9 @@ the calls hattn supports, handing the others to torch; `with hattn.patch_sdpa():
 place of torch.nn.functional.scaled_dot_product_attention. hattn.flash_attn_func,
 hattn.flash_attn_varlen_func and hattn.flash_attn_with_kvcache take the arguments of
 FlashAttention-2's functions of those names; hattn.flash_attn_interface is FlashAttention-3's
-module of that name (`from hattn import flash_attn_interface`).
+module of that name (`from hattn import flash_attn_interface`). hattn.mla_with_kvcache (op
+torch.ops.hattn.mla_decode_fwd) is MLA decoding (DeepSeek's latent attention, 576/512 features)
+over a paged cache, with hattn.mla_schedule's split-KV schedule made once per decoding step.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from . import _C, flash_attn_interface
 from . import distributed  # noqa: F401  sequence-parallel attention over torch.distributed (hattn.distributed)
 from .flash_attn import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
                          flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
-from .ops import (attention, attention_fp8, attention_paged, attention_varlen, checking, launch, resolve_kernel,
-                  set_checking)
+from .ops import (attention, attention_fp8, attention_paged, attention_varlen, checking, launch, mla_schedule,
+                  mla_with_kvcache, resolve_kernel, set_checking)
 from .sdpa import patch_sdpa, scaled_dot_product_attention, sdpa_fallback_reason
 from .diffusers_backend import register_diffusers_backend  # imports diffusers only when called
 
@@ -56,6 +58,8 @@ __all__ = [
     "kernels",
     "KernelInfo",
     "launch",
+    "mla_schedule",
+    "mla_with_kvcache",
     "patch_sdpa",
     "register_diffusers_backend",
     "resolve_kernel",

@@ -254,6 +254,76 @@ void bind_problems(nb::module_& m) {
     def_strides(grads, name, field);
 }
 
+// MLA decoding's problem, bound like the others.
+void bind_mla(nb::module_& m) {
+  using M = hattn::MlaDecodeProblem;
+  nb::class_<M> mla(m, "MlaDecodeProblem",
+                    "hattn::MlaDecodeProblem (include/hattn/hattn.h): q [B, Sq, Hq, 576], the paged latent cache "
+                    "[num_pages, page_size, 1, 576], out [B, Sq, Hq, 512]; pointers as ints (0: none).");
+  mla.def(nb::init<>())
+      .def_prop_rw(
+          "dtype", [](const M& p) { return std::string(hattn::dtype_name(p.dtype)); },
+          [](M& p, const std::string& name) { p.dtype = parse_dtype(name); })
+      .def_rw("batch", &M::batch)
+      .def_rw("seqlen_q", &M::seqlen_q)
+      .def_rw("heads_q", &M::heads_q)
+      .def_rw("page_stride", &M::page_stride)
+      .def_rw("row_stride", &M::row_stride)
+      .def_rw("num_pages", &M::num_pages)
+      .def_rw("page_size", &M::page_size)
+      .def_rw("max_pages_per_seq", &M::max_pages_per_seq)
+      .def_rw("softmax_scale", &M::softmax_scale)
+      .def_rw("causal", &M::causal);
+  def_pointer(mla, "q", &M::q);
+  def_pointer(mla, "kv_cache", &M::kv_cache);
+  def_pointer(mla, "block_table", &M::block_table);
+  def_pointer(mla, "cache_seqlens", &M::cache_seqlens);
+  def_pointer(mla, "out", &M::out);
+  def_pointer(mla, "lse", &M::lse);
+  def_pointer(mla, "schedule", &M::schedule);
+  def_pointer(mla, "workspace", &M::workspace);
+  def_strides(mla, "q_strides", &M::q_strides);
+  def_strides(mla, "out_strides", &M::out_strides);
+  m.def(
+      "mla_schedule_ints",
+      [](const M& p) {
+        size_t ints = 0;
+        without_gil([&] { return hattn::mla_schedule_ints(p, &ints); });
+        return ints;
+      },
+      nb::arg("problem"), "int32 entries of the split-KV schedule for this problem on the current GPU.");
+  m.def(
+      "mla_schedule",
+      [](const M& p, uintptr_t schedule, uintptr_t stream) {
+        without_gil([&] {
+          return hattn::mla_schedule(p, reinterpret_cast<int32_t*>(schedule), reinterpret_cast<cudaStream_t>(stream));
+        });
+      },
+      nb::arg("problem"), nb::arg("schedule"), nb::arg("stream") = 0,
+      "Plans the split-KV schedule from problem.cache_seqlens into `schedule` (device int32, mla_schedule_ints\n"
+      "entries) on `stream`, with no host sync.");
+  m.def(
+      "mla_decode",
+      [](const M& problem, uintptr_t stream, nb::object scratch) {
+        with_scratch(std::move(scratch), [&](const hattn::ScratchAllocator* allocator) {
+          M p = problem;
+          p.allocator = allocator;
+          without_gil([&] { return hattn::mla_decode(p, reinterpret_cast<cudaStream_t>(stream)); });
+        });
+      },
+      nb::arg("problem"), nb::arg("stream") = 0, nb::arg("scratch") = nb::none(),
+      "Validates `problem` (an MlaDecodeProblem) and launches MLA decoding on `stream`; asynchronous.\n"
+      "Without problem.schedule the schedule is made in the call; without problem.workspace the split parts'\n"
+      "results are scratch (as for forward()).");
+  m.def(
+      "validate_mla_arguments",
+      [](const M& p) {
+        const hattn::Status status = hattn::validate_mla_arguments(p);
+        if (!status.ok()) raise_status(status);
+      },
+      nb::arg("problem"), "The checks of mla_decode()'s arguments alone; needs no GPU.");
+}
+
 // append_kv's keywords: tensors as (pointer, (batch, seq, head) strides); 0 for an absent pointer.
 void append_kv(const std::string& dtype, int batch, int seqlen_new, int heads_kv, int head_dim, uintptr_t k_new,
                const StrideTuple& k_new_strides, uintptr_t v_new, const StrideTuple& v_new_strides, uintptr_t k_cache,
@@ -316,6 +386,7 @@ NB_MODULE(_C, m) {
       "Errors: ValueError (invalid_argument), NotImplementedError (not_supported), "
       "RuntimeError (no_device, cuda_error, out_of_memory); the text starts with the status code.";
   bind_problems(m);
+  bind_mla(m);
   m.def("forward", &forward, nb::arg("problem"), nb::arg("kernel") = "auto", nb::arg("stream") = 0,
         nb::arg("scratch") = nb::none(), nb::arg("check") = nb::none(),
         "Validates `problem` (an AttentionProblem) and launches `kernel` ('auto' or a name) on `stream` (a\n"

@@ -6,6 +6,7 @@ hattn._C.forward, and the backward ops hattn::attention_bwd and hattn::attention
   dense.py     hattn.attention (dense batches, KV-cache lengths and entries, left padding)
   varlen.py    hattn.attention_varlen (variable-length batches)
   kvcache.py   hattn.attention_paged (paged caches) and append_kv
+  mla.py       hattn.mla_with_kvcache (MLA decoding over a paged latent cache), mla_schedule
   fp8.py       hattn.attention_fp8 (e4m3 inputs)
   backward.py  the backward ops behind the dense and variable-length autograd
   runner.py    a call's arguments for hattn._C, the launch, scratch, the launch cache
@@ -47,6 +48,7 @@ from .checks import checking, kernel_names, set_checking
 from .dense import attention, attention_fwd
 from .fp8 import attention_fp8, attention_fp8_fwd
 from .kvcache import append_kv, attention_paged, attention_paged_fwd
+from .mla import mla_decode_fwd, mla_schedule, mla_with_kvcache
 from .runner import launch, resolve_kernel
 from .varlen import attention_varlen, attention_varlen_fwd
 
@@ -65,6 +67,9 @@ __all__ = [
     "checking",
     "kernel_names",
     "launch",
+    "mla_decode_fwd",
+    "mla_schedule",
+    "mla_with_kvcache",
     "resolve_kernel",
     "set_checking",
 ]
