@@ -44,7 +44,7 @@
 #                            present, from scripts/build_wheel.sh; else built here with the
 #                            lineage), then pytest (default: python/tests)
 #   py MODULE [FLAGS]        python -m hattn.MODULE --out OUT/NAME FLAGS: bench, bench_backward,
-#                            bench_fp8, kernel_times (installs the package first if needed)
+#                            bench_fp8, bench_mla, kernel_times (installs the package first if needed)
 #   capstone [MODEL SIZE REPS]
 #                            python -m hattn.capstone (default: Wan 2.1 1.3B at 480p, 5 reps, and
 #                            14B at 720p, 3 reps); diffusers is installed from .whl/ when present
@@ -116,8 +116,8 @@ for step in "${steps[@]}"; do
     ncu) [ ${#args[@]} -gt 0 ] || { echo "gpu_run.sh ncu: give hattn-bench flags for one small call"; exit 2; } ;;
     py)
       case ${args[0]:-} in
-        bench | bench_backward | bench_fp8 | kernel_times) ;;
-        *) echo "gpu_run.sh py: MODULE is one of bench, bench_backward, bench_fp8, kernel_times (got: ${args[0]:-nothing})"
+        bench | bench_backward | bench_fp8 | bench_mla | kernel_times) ;;
+        *) echo "gpu_run.sh py: MODULE is one of bench, bench_backward, bench_fp8, bench_mla, kernel_times (got: ${args[0]:-nothing})"
           exit 2 ;;
       esac ;;
     capstone)
