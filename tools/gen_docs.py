@@ -12,6 +12,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:backward.PATH -->    the same from results/PATH.csv (an earlier run kept as evidence)
     <!-- results:ab.PATH -->          kernels side by side from one hattn-bench run, results/PATH.csv
     <!-- results:fp8 -->              the FP8 forward beside bf16 attention (python -m hattn.bench_fp8)
+    <!-- results:mla -->              MLA decoding beside torch and our GQA decoding (python -m hattn.bench_mla)
     <!-- results:status -->           the README's status: ours over the best anchor, per results file
     <!-- /results -->
 
@@ -279,6 +280,38 @@ def fp8_table(csv_path):
         "FP8 / best anchor" if every else "FP8 / best bf16 anchor", "heads")
 
 
+def mla_table(csv_path):
+    """MLA decoding (python -m hattn.bench_mla): per point, ours in GB/s (share of HBM) and
+    TFLOP/s, torch's formulation over ours in time, our GQA decoding of about the same bytes."""
+    if not csv_path.exists():
+        return f"_No results yet (`{csv_path.relative_to(ROOT)}`, `python -m hattn.bench_mla`)._\n"
+    rows = list(csv.DictReader(open(csv_path, newline="")))
+    points = {}
+    for r in rows:
+        points.setdefault((int(r["batch"]), int(r["seqlen_k"]), int(r["heads_q"]), int(r["seqlen_q"])), {})[r["name"]] = r
+
+    def num(r, field, spec):
+        return format(float(r[field]), spec) if r and r.get(field) not in (None, "") else "–"
+
+    out = ["| batch | keys | heads x new tokens | hattn GB/s | of 4.8 TB/s | hattn TFLOP/s | torch ms / hattn ms | "
+           "FA3 ms / hattn ms | hattn GQA GB/s | status |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for (batch, keys, heads, sq), by in sorted(points.items()):
+        ours, gqa = by.get("hattn_mla"), by.get("hattn_gqa")
+
+        def over_ours(other):
+            r = by.get(other)
+            return (f"{float(r['ms']) / float(ours['ms']):.2f}" if ours and r and ours.get("ms") and r.get("ms")
+                    else "–")
+
+        out.append(f"| {batch} | {keys} | {heads} x {sq} | {num(ours, 'gbps', '.0f')} | {num(ours, 'hbm_fraction', '.2f')} | "
+                   f"{num(ours, 'tflops', '.0f')} | {over_ours('torch_mla')} | {over_ours('fa3_mla')} | {num(gqa, 'gbps', '.0f')} | "
+                   f"{ours['status'] if ours else 'missing'} |")
+    first = rows[0]
+    out += ["", f"_{first['gpu']}; commit `{first['commit'][:12]}`; SM clock {first.get('sm_clock_mhz') or '?'} MHz at "
+            f"the first point; from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
+    return "\n".join(out) + "\n"
+
+
 STATUS_LABELS = {"fa3": "FA3", "sdpa_cudnn": "cuDNN", "sdpa_cudnn_bshd": "cuDNN", "sdpa_flash": "FA2",
                  "varlen_cudnn": "cuDNN", "varlen_flash": "FA2", "fa3_fp8": "FA3 FP8", "fa3_bf16": "FA3"}
 
@@ -422,6 +455,8 @@ def main():
             return backward_table(ROOT / "results" / (name[len("backward."):] + ".csv"))
         if name == "fp8":
             return fp8_table(ROOT / "results" / "pybench_fp8.csv")
+        if name == "mla":
+            return mla_table(ROOT / "results" / "pybench_mla.csv")
         if name.startswith("ab."):
             return ab_table(ROOT / "results" / (name[len("ab."):] + ".csv"))
         previous = None

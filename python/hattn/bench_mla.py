@@ -8,6 +8,9 @@ the same length, and times:
                 across layers), causal over the seqlen_q new tokens
   torch_mla     the best torch formulation: bmm(q, K^T), fp32 softmax, bmm(P, V) on the cache
                 already materialized per request ([B, L, 576]; the gather is not timed)
+  fa3_mla       FlashAttention-3's d_qk != d_v mode (q and k the 64 rope features, qv and v the 512
+                latent ones) on the materialized cache, when its library is given (--fa3 PATH or
+                HATTN_FA3_LIB) and built with that mode; its prebuilt here has no paged caches
   hattn_gqa     hattn.attention_paged on a GQA cache of about the same bytes per token (2 K/V
                 heads of D = 128: 1024 bytes, MLA's 1152) with heads_q query heads: our own
                 decoding path over the same traffic
@@ -33,6 +36,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from . import fa3
 from .bench import Timer, environment, parse_int_list, sm_clock_mhz
 
 HBM_GBPS = 4800.0  # the H200's HBM3e
@@ -54,7 +58,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--no-gqa", action="store_true", help="skip hattn_gqa")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per implementation and point")
     ap.add_argument("--out", default=".", help="folder for pybench_mla.csv")
+    fa3.add_argument(ap)
     args = ap.parse_args(argv)
+    fa3.check_argument(ap, args)
     try:
         args.heads = [tuple(int(x) for x in pair.split("x")) for pair in args.heads.split(",")]
     except ValueError:
@@ -100,9 +106,29 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
 
     fns.append(ours), names.append("hattn_mla")
     keys = None
-    if not args.no_torch:
+    if not args.no_torch or args.fa3_ready:
         keys = cache[table.long()].reshape(batch, -1, DQK)[:, :seqlen].contiguous()
-        fns.append(lambda: torch_mla(q, keys, scale, True)), names.append("torch_mla")
+        if not args.no_torch:
+            fns.append(lambda: torch_mla(q, keys, scale, True)), names.append("torch_mla")
+    if args.fa3_ready:
+        k_rope, v_latent = keys[:, :, None, DV:], keys[:, :, None, :DV]
+        q_rope, q_latent = q[..., DV:], q[..., :DV]
+
+        def theirs():
+            return fa3.forward_mla(q_rope, k_rope, v_latent, q_latent, seqlens, True, scale)
+
+        try:
+            got = theirs()
+            ref = torch_mla(q, keys, scale, True)
+            err = (got.float() - ref.float()).abs().max().item()
+            tol = 2.0**-6 * ref.float().abs().max().item()
+            checks["fa3_mla"] = (err, tol)
+            if err <= tol:
+                fns.append(theirs), names.append("fa3_mla")
+        except Exception as e:  # noqa: BLE001  FA3 built without the mode: a note, not a failure
+            args.fa3_ready = False
+            args.fa3_note = f"fa3_mla: {str(e).splitlines()[0][:120]}"
+            print(f"bench_mla: FA3's MLA mode did not run ({args.fa3_note}); left out", flush=True)
     if not args.no_gqa:
         gq = torch.randn(batch, seqlen_q, heads_q, 128, device="cuda", dtype=torch.bfloat16)
         pages = -(-seqlen // 128)
@@ -153,10 +179,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("bench_mla: no CUDA GPU here; it needs a Hopper GPU")
         return 2
+    why = fa3.load_for("bench_mla", args.fa3)
+    args.fa3_ready, args.fa3_note = why is None, why
     env = environment()
     timer = Timer(flush_mb=256, warmup=5, reps=50, budget_s=args.budget)
     records: List[Dict] = []
-    print(f"{env['gpu']}, commit {env['commit'][:12]}, SM clock {env['sm_clock_mhz_start']} MHz")
+    print(f"{env['gpu']}, commit {env['commit'][:12]}, SM clock {env['sm_clock_mhz_start']} MHz; "
+          f"FA3: {'given' if args.fa3_ready else args.fa3_note}")
     print(f"{'batch':>5} {'L':>6} {'heads':>7} {'name':>10} {'ms':>9} {'GB/s':>7} {'of HBM':>6} {'TFLOP/s':>7}  status")
     for batch in args.batches:
         for seqlen in args.seqlens:
