@@ -111,3 +111,22 @@ def test_anchors_table_shows_the_chosen_steps_and_rates_all():
     assert "Steps 03, 99 are in the CSV only." in table
     assert "| grid D=128 full S=4096 B=4 H=16 |" not in table  # grid rows carry no tag
     assert "| D=128 full S=4096 B=4 H=16 | 500 | 400 | 550 | 1.20 |" in table  # 99's 600 / 500
+
+
+def test_mla_table_rates_ours_beside_torch_and_fa3(tmp_path, monkeypatch):
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    path = tmp_path / "pybench_mla.csv"
+    head = "commit,gpu,sm_clock_mhz,name,batch,seqlen_k,heads_q,seqlen_q,rows,ms,reps,gbps,hbm_fraction,tflops,max_err,tol,status"
+    lines = [head,
+             "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,16,1,16,0.10,50,4300,0.90,95,0.001,0.01,ok",
+             "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,16,1,16,0.30,50,1400,0.30,31,,,ok",
+             "abcdef123456,NVIDIA H200,1980,fa3_mla,64,4096,16,1,16,0.12,50,3600,0.75,80,,,ok"]
+    path.write_text("\n".join(lines) + "\n")
+    table = gen_docs.mla_table(path)
+    assert "| 64 | 4096 | 16 x 1 | 4300 | 0.90 | 95 | 3.00 | 1.20 | – | ok |" in table
+    assert "commit `abcdef123456`" in table
+
+
+def test_mla_table_without_results_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    assert "No results yet" in gen_docs.mla_table(tmp_path / "pybench_mla.csv")
