@@ -85,22 +85,10 @@ __device__ __forceinline__ Run load_run(const Params& p) {
   return {r[0], r[1], r[2], r[3], r[4]};
 }
 
-// The requests a run touches: b from begin_batch while this is true.
-__device__ __forceinline__ bool run_covers(const Run& run, int b) {
-  return b < run.end_batch || (b == run.end_batch && run.end_tile > 0);
-}
-
-// A run's share of request b: key tiles lo .. hi - 1, clamped to the request's pages (a length
-// past them reads as the pages' keys), and its slot among the request's parts.
-struct Segment {
-  int keys, lo, hi, split;
-};
+// Request b's keys, clamped to its pages (a length past them reads as the pages' keys), and
+// this run's share of them.
 __device__ __forceinline__ Segment segment(const Params& p, const Run& run, int b) {
-  const int keys = min(max(p.cache_seqlens[b], 0), p.capacity);
-  const int tiles = (keys + kBlockN - 1) / kBlockN;
-  const int hi = b == run.end_batch ? min(run.end_tile, tiles) : tiles;
-  const int lo = b == run.begin_batch ? min(run.begin_tile, hi) : 0;
-  return {keys, lo, hi, b == run.begin_batch ? run.begin_split : 0};
+  return segment_of(run, b, min(max(p.cache_seqlens[b], 0), p.capacity));
 }
 
 // Producer: one thread, the same walk over the run as the consumers.

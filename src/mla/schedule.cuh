@@ -29,19 +29,36 @@ inline int64_t schedule_ints(int batch, int parts) { return int64_t(parts) * kRu
 
 // Key tiles of request b. Lengths past the cache's pages are not clamped here (the schedule
 // does not know the cache): the kernel clamps each segment to the request's pages.
-__device__ __forceinline__ int request_tiles(const int32_t* cache_seqlens, int b) {
-  return int((int64_t(max(cache_seqlens[b], 0)) + kBlockN - 1) / kBlockN);
+__host__ __device__ __forceinline__ int request_tiles(const int32_t* cache_seqlens, int b) {
+  const int64_t keys = cache_seqlens[b] > 0 ? cache_seqlens[b] : 0;
+  return int((keys + kBlockN - 1) / kBlockN);
+}
+
+// The requests a run touches: b from begin_batch while this is true.
+__host__ __device__ __forceinline__ bool run_covers(const Run& run, int b) {
+  return b < run.end_batch || (b == run.end_batch && run.end_tile > 0);
+}
+
+// A run's share of request b (of `keys` keys, already clamped to its pages): key tiles lo ..
+// hi - 1, and its slot among the request's parts.
+struct Segment {
+  int keys, lo, hi, split;
+};
+__host__ __device__ __forceinline__ Segment segment_of(const Run& run, int b, int keys) {
+  const int tiles = (keys + kBlockN - 1) / kBlockN;
+  const int hi = b == run.end_batch ? (run.end_tile < tiles ? run.end_tile : tiles) : tiles;
+  const int lo = b == run.begin_batch ? (run.begin_tile < hi ? run.begin_tile : hi) : 0;
+  return {keys, lo, hi, b == run.begin_batch ? run.begin_split : 0};
 }
 
 // One thread walks the requests (a decoding batch is at most a few thousand): two passes, the
-// total cost, then the cut. Launched as <<<1, 32>>>.
-__global__ void schedule_kernel(const int32_t* __restrict__ cache_seqlens, int batch, int parts,
-                                int32_t* __restrict__ schedule) {
-  if (threadIdx.x != 0) return;
+// total cost, then the cut. The host runs it too (tests/test_mla_schedule.cu).
+__host__ __device__ inline void make_schedule(const int32_t* cache_seqlens, int batch, int parts, int32_t* schedule) {
   int64_t total = 0;
   for (int b = 0; b < batch; ++b) total += request_tiles(cache_seqlens, b) + kSegmentCost;
   // Each run can afford one segment and a tile, so every run makes progress.
-  const int64_t quota = max((total + parts - 1) / parts, int64_t(kSegmentCost + 1));
+  const int64_t even = (total + parts - 1) / parts;
+  const int64_t quota = even > kSegmentCost + 1 ? even : int64_t(kSegmentCost + 1);
   int32_t* split_begin = schedule + int64_t(parts) * kRunInts;
   int b = 0, tile = 0;       // where the next run starts
   int splits_of_b = 0;       // segments of request b so far
@@ -74,5 +91,13 @@ __global__ void schedule_kernel(const int32_t* __restrict__ cache_seqlens, int b
   }
   split_begin[batch] = slot;
 }
+
+#ifdef __CUDACC__
+// Launched as <<<1, 32>>>: thread 0 plans.
+__global__ void schedule_kernel(const int32_t* __restrict__ cache_seqlens, int batch, int parts,
+                                int32_t* __restrict__ schedule) {
+  if (threadIdx.x == 0) make_schedule(cache_seqlens, batch, parts, schedule);
+}
+#endif
 
 }  // namespace hattn::mla
