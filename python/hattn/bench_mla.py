@@ -8,7 +8,7 @@ the same length, and times:
                 across layers), causal over the seqlen_q new tokens
   torch_mla     the best torch formulation: bmm(q, K^T), fp32 softmax, bmm(P, V) on the cache
                 already materialized per request ([B, L, 576]; the gather is not timed)
-  fa3_mla       FlashAttention-3's d_qk != d_v mode (q and k the 64 rope features, qv and v the 512
+  fa3_mla       FlashAttention-3's d_qk != d_v mode (q and k the 64 rope features, q_v and v the 512
                 latent ones) on the materialized cache, when its library is given (--fa3 PATH or
                 HATTN_FA3_LIB) and built with that mode; its prebuilt here has no paged caches
   hattn_gqa     hattn.attention_paged on a GQA cache of about the same bytes per token (2 K/V
