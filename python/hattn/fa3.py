@@ -102,7 +102,7 @@ def forward(q, k, v, causal: bool, window: Optional[Tuple[int, int]] = None, seq
 
 def forward_mla(q_rope, k_rope, v_latent, q_latent, seqused_k, causal: bool, scale: float) -> torch.Tensor:
     """MLA decoding in FA3's d_qk != d_v mode: scores q_rope k_rope^T + q_latent v_latent^T (its `q_v`
-    argument q_v), out [B, Sq, H, 512] from v_latent; k_rope [B, L, 1, 64], v_latent [B, L, 1, 512]."""
+    argument), out [B, Sq, H, 512] from v_latent; k_rope [B, L, 1, 64], v_latent [B, L, 1, 512]."""
     out, *_ = torch.ops.flash_attn_3.fwd(q_rope, k_rope, v_latent, q_v=q_latent, seqused_k=seqused_k,
                                          softmax_scale=scale, **_window(causal, None))  # fmt: skip
     return out
