@@ -432,10 +432,11 @@ struct MlaDecodeProblem {
 };
 
 // The schedule's size in int32 for this problem on the current device (its parts: CTAs per
-// 64-row block of query rows). Needs a GPU for the SM count.
+// 64-row block of query rows). Needs a GPU for the SM count. The schedule functions read and
+// check only batch, seqlen_q, heads_q and cache_seqlens.
 Status mla_schedule_ints(const MlaDecodeProblem& problem, size_t* ints);
 // Plans the split-KV schedule from problem.cache_seqlens on the GPU (no host sync, so CUDA-graph
-// safe) into `schedule`; problem's other tensors are not read.
+// safe) into `schedule`.
 Status mla_schedule(const MlaDecodeProblem& problem, int32_t* schedule, cudaStream_t stream = nullptr);
 // Bytes of workspace mla_decode() needs for the split parts (an upper bound, whatever the lengths).
 Status mla_workspace_size(const MlaDecodeProblem& problem, size_t* bytes);

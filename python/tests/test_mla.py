@@ -193,6 +193,24 @@ def test_library_errors_name_the_argument(fields, message):
         _C.validate_mla_arguments(mla_problem(**fields))
 
 
+def test_schedule_checks_only_what_it_reads():
+    """mla_schedule's problem carries only the lengths: its checks pass and, without a GPU, the
+    call stops at the device, not at an argument; a missing cache_seqlens is named."""
+    from hattn.ops.mla import _schedule_problem
+
+    lengths = torch.zeros(3, dtype=torch.int32)
+    problem = _schedule_problem(lengths, 2, 16)
+    if torch.cuda.is_available():
+        assert _C.mla_schedule_ints(problem) > 0
+    else:
+        with pytest.raises(Exception) as error:
+            _C.mla_schedule_ints(problem)
+        assert "invalid_argument" not in str(error.value), str(error.value)
+    problem.cache_seqlens = 0
+    with pytest.raises(ValueError, match="cache_seqlens: pointer is null"):
+        _C.mla_schedule_ints(problem)
+
+
 # --- GPU -------------------------------------------------------------------------------------------
 
 

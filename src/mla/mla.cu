@@ -55,15 +55,27 @@ float MlaDecodeProblem::scale() const {
   return softmax_scale != 0.f ? softmax_scale : 1.f / std::sqrt(float(kMlaHeadDimQk));
 }
 
-Status validate_mla_arguments(const MlaDecodeProblem& p) {
-  if (p.dtype != DType::bf16 && p.dtype != DType::fp16)
-    return invalid("dtype: must be bf16 or fp16 (got " + std::string(dtype_name(p.dtype)) + ")");
+namespace {
+
+// What the schedule reads: the request count, the rows per request and the lengths.
+Status validate_schedule_arguments(const MlaDecodeProblem& p) {
   if (p.batch < 1) return invalid("batch: must be >= 1, got " + std::to_string(p.batch));
   if (p.seqlen_q < 1) return invalid("seqlen_q: must be >= 1, got " + std::to_string(p.seqlen_q));
   if (p.heads_q < 1) return invalid("heads_q: must be >= 1, got " + std::to_string(p.heads_q));
   if (int64_t(p.heads_q) * p.seqlen_q > (1 << 20))
     return invalid("heads_q * seqlen_q: at most 2^20 query rows per request, got " +
                    std::to_string(int64_t(p.heads_q) * p.seqlen_q));
+  if (p.cache_seqlens == nullptr) return invalid("cache_seqlens: pointer is null");
+  if (!aligned(p.cache_seqlens, 4)) return invalid("cache_seqlens: pointer must be 4-byte aligned (int32)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status validate_mla_arguments(const MlaDecodeProblem& p) {
+  if (p.dtype != DType::bf16 && p.dtype != DType::fp16)
+    return invalid("dtype: must be bf16 or fp16 (got " + std::string(dtype_name(p.dtype)) + ")");
+  if (Status s = validate_schedule_arguments(p); !s.ok()) return s;
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.f)
     return invalid("softmax_scale: must be > 0 (or 0 for 1 / sqrt(576)), got " + std::to_string(p.softmax_scale));
   const struct {
@@ -119,7 +131,7 @@ Status validate_mla_arguments(const MlaDecodeProblem& p) {
 }
 
 Status mla_schedule_ints(const MlaDecodeProblem& problem, size_t* ints) {
-  if (Status s = validate_mla_arguments(problem); !s.ok()) return s;
+  if (Status s = validate_schedule_arguments(problem); !s.ok()) return s;
   if (Status s = check_device(); !s.ok()) return s;
   int parts = 0;
   if (Status s = parts_on_device(problem, &parts); !s.ok()) return s;
@@ -146,7 +158,7 @@ Status launch_schedule(const MlaDecodeProblem& p, int parts, int32_t* schedule, 
 }  // namespace
 
 Status mla_schedule(const MlaDecodeProblem& problem, int32_t* schedule, cudaStream_t stream) {
-  if (Status s = validate_mla_arguments(problem); !s.ok()) return s;
+  if (Status s = validate_schedule_arguments(problem); !s.ok()) return s;
   if (schedule == nullptr) return invalid("schedule: pointer is null");
   if (!aligned(schedule, 4)) return invalid("schedule: pointer must be 4-byte aligned");
   if (Status s = check_device_and_pointers({{"cache_seqlens", problem.cache_seqlens}, {"schedule", schedule}});

@@ -39,12 +39,8 @@ def _check_int32_vector(name: str, t: torch.Tensor, length: int, device: torch.d
 def _schedule_problem(cache_seqlens: torch.Tensor, seqlen_q: int, heads_q: int) -> "_C.MlaDecodeProblem":
     """A problem that mla_schedule_ints and mla_schedule accept: only the lengths and the rows count."""
     p = _C.MlaDecodeProblem()
-    p.dtype = "bf16"
     p.batch, p.seqlen_q, p.heads_q = cache_seqlens.shape[0], seqlen_q, heads_q
-    # Stand-ins that pass the argument checks; the schedule reads only cache_seqlens.
-    p.q = p.kv_cache = p.block_table = p.out = 16
     p.cache_seqlens = cache_seqlens.data_ptr()
-    p.num_pages, p.page_size, p.max_pages_per_seq = 1, 64, 1
     return p
 
 
