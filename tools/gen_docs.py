@@ -313,7 +313,8 @@ def mla_table(csv_path):
 
 
 STATUS_LABELS = {"fa3": "FA3", "sdpa_cudnn": "cuDNN", "sdpa_cudnn_bshd": "cuDNN", "sdpa_flash": "FA2",
-                 "varlen_cudnn": "cuDNN", "varlen_flash": "FA2", "fa3_fp8": "FA3 FP8", "fa3_bf16": "FA3"}
+                 "varlen_cudnn": "cuDNN", "varlen_flash": "FA2", "fa3_fp8": "FA3 FP8", "fa3_bf16": "FA3",
+                 "torch_mla": "torch (bmm + softmax)", "fa3_mla": "FA3"}
 
 
 def status_table():
@@ -366,6 +367,21 @@ def status_table():
     out.append(summary("FP8 forward (e4m3; the anchors in bf16 unless named FP8)", fp8, "pybench_fp8.csv",
                        lambda r: r["name"] == "hattn_fp8", lambda r: r[key],
                        lambda r: not r["name"].startswith("hattn") and r["status"] == "ok"))
+    # MLA decoding: time ratios per point, the best of torch's formulation and FA3's MLA mode over ours.
+    mla = read("pybench_mla.csv")
+    points = {}
+    for r in mla:
+        if r["status"] == "ok" and r.get("ms"):
+            points.setdefault((r["batch"], r["seqlen_k"], r["heads_q"], r["seqlen_q"]), {})[r["name"]] = float(r["ms"])
+    mla_rows = []
+    for key, by in points.items():
+        anchors = [ms for name, ms in by.items() if name in ("torch_mla", "fa3_mla")]
+        if "hattn_mla" in by and anchors:
+            mla_rows.append({"name": "hattn_mla", "ratio": min(anchors) / by["hattn_mla"], "commit": mla[0]["commit"]})
+    mla_rows += [{"name": n, "ratio": None, "commit": mla[0]["commit"]} for n in
+                 sorted({r["name"] for r in mla if r["name"] in ("torch_mla", "fa3_mla") and r["status"] == "ok"})]
+    out.append(summary("MLA decoding, bf16 (576 / 512 features, paged latent cache)", mla_rows, "pybench_mla.csv",
+                       lambda r: r["name"] == "hattn_mla", lambda r: r["ratio"], lambda r: r["name"] != "hattn_mla"))
     runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / "capstone").glob("*.json"))]
     for run in runs:
         ms = {r["variant"]: r["ms"] for r in run["results"]}

@@ -127,6 +127,22 @@ def test_mla_table_rates_ours_beside_torch_and_fa3(tmp_path, monkeypatch):
     assert "commit `abcdef123456`" in table
 
 
+def test_status_rates_mla_over_its_best_anchor(tmp_path, monkeypatch):
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    (tmp_path / "results").mkdir()
+    head = "commit,gpu,sm_clock_mhz,name,batch,seqlen_k,heads_q,seqlen_q,rows,ms,reps,gbps,hbm_fraction,tflops,max_err,tol,status"
+    lines = [head,
+             "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,16,1,16,0.10,50,4300,0.90,95,0.001,0.01,ok",
+             "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,16,1,16,0.30,50,1400,0.30,31,,,ok",
+             "abcdef123456,NVIDIA H200,1980,fa3_mla,64,4096,16,1,16,0.12,50,3600,0.75,80,,,ok",
+             "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,128,2,256,0.50,50,900,0.20,700,0.001,0.01,ok",
+             "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,128,2,256,0.45,50,990,0.22,780,,,ok"]
+    (tmp_path / "results" / "pybench_mla.csv").write_text("\n".join(lines) + "\n")
+    row = next(line for line in gen_docs.status_table().splitlines() if line.startswith("| MLA decoding"))
+    # 0.12 / 0.10 and 0.45 / 0.50: the best anchor of each point over ours.
+    assert "| FA3, torch (bmm + softmax) | 0.90 | 1.05 | 1 of 2 | `results/pybench_mla.csv` at `abcdef1` |" in row
+
+
 def test_mla_table_without_results_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
     assert "No results yet" in gen_docs.mla_table(tmp_path / "pybench_mla.csv")
