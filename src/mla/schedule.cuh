@@ -56,6 +56,11 @@ __host__ __device__ __forceinline__ Segment segment_of(const Run& run, int b, in
 __host__ __device__ inline void make_schedule(const int32_t* cache_seqlens, int batch, int parts, int32_t* schedule) {
   int64_t total = 0;
   for (int b = 0; b < batch; ++b) total += request_tiles(cache_seqlens, b) + kSegmentCost;
+  // Every run but the last ends either by cutting a request (one more segment) or by leaving
+  // less than a segment's cost of its budget unused: kSegmentCost a run at most. The quota pays
+  // for that, so the runs before the last take all the work and the last is no longer than
+  // the others (without it, one long request gave each run a single tile and the last the rest).
+  total += int64_t(kSegmentCost) * parts;
   // Each run can afford one segment and a tile, so every run makes progress.
   const int64_t even = (total + parts - 1) / parts;
   const int64_t quota = even > kSegmentCost + 1 ? even : int64_t(kSegmentCost + 1);
