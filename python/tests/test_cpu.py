@@ -24,6 +24,21 @@ def cpu_qkv(dtype=torch.bfloat16, **shape):
 # --- package ------------------------------------------------------------------------------------
 
 
+def test_no_leak_report_at_exit():
+    """A program that ran an op exits quietly: the launch cache's problems are let go before the
+    extension is torn down (nanobind printed "leaked N instances!" otherwise)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from hattn import _C\nfrom hattn.ops import runner\n"
+            "runner._LAUNCHES[('x',)] = (_C.AttentionProblem(), 'auto', 0)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "leaked" not in res.stderr, res.stderr
+
+
 def test_import_and_version():
     assert isinstance(hattn.__version__, str) and hattn.__version__
     assert callable(hattn.attention)

@@ -4,6 +4,7 @@ repeat a layout, and the eager call that skips the dispatcher where that changes
 
 from __future__ import annotations
 
+import atexit
 import copy
 from typing import Optional, Tuple
 
@@ -254,6 +255,10 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 # C++ side still checks every call's pointers and device.
 _LAUNCHES: dict = {}
 _MAX_LAUNCHES = 256
+# Emptied at exit, before the extension is torn down: nanobind reports the problems a module
+# global still holds then as leaks ("nanobind: leaked N instances!" after any program that ran
+# an op).
+atexit.register(_LAUNCHES.clear)
 
 
 def _launch_key(flags: tuple, *tensors: Optional[torch.Tensor]) -> tuple:
