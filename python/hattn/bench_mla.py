@@ -125,7 +125,9 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
         if not args.no_torch:
             fns.append(lambda: torch_mla(q, keys, scale, True)), names.append("torch_mla")
     if args.fa3_ready:
-        k_rope, v_latent = keys[:, :, None, DV:], keys[:, :, None, :DV]
+        # Separate contiguous caches, as FA3's own MLA benchmark lays them out (views into the
+        # 576-wide rows disagreed with the fp32 formulation in the first H200 run).
+        k_rope, v_latent = keys[:, :, None, DV:].contiguous(), keys[:, :, None, :DV].contiguous()
         q_rope, q_latent = q[..., DV:], q[..., :DV]
 
         def theirs():
