@@ -128,7 +128,7 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
         # Separate contiguous caches, as FA3's own MLA benchmark lays them out (views into the
         # 576-wide rows disagreed with the fp32 formulation in the first H200 run).
         k_rope, v_latent = keys[:, :, None, DV:].contiguous(), keys[:, :, None, :DV].contiguous()
-        q_rope, q_latent = q[..., DV:], q[..., :DV]
+        q_rope, q_latent = q[..., DV:].contiguous(), q[..., :DV].contiguous()
 
         def theirs():
             return fa3.forward_mla(q_rope, k_rope, v_latent, q_latent, seqlens, True, scale)
