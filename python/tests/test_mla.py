@@ -120,6 +120,21 @@ def test_shape_inference_on_meta():
     assert lse.shape == (2, 32, 2) and lse.dtype == torch.float32
 
 
+def test_compile_fullgraph_traces_without_breaks():
+    """Dynamo traces mla_with_kvcache into one graph (the GPU runs: test_cuda_graph and the rest)."""
+    torch._dynamo.reset()
+
+    def f(q, cache, table, seqlens):
+        out, lse = hattn.mla_with_kvcache(q * 2, cache, table, seqlens, causal=True, return_lse=True)
+        return out.float().sum(-1), lse + 1
+
+    args = meta_inputs(seqlen_q=2, heads_q=16)
+    out, lse = torch.compile(f, backend="eager", fullgraph=True)(*args)
+    assert out.shape == (2, 2, 16) and lse.shape == (2, 16, 2)
+    explanation = torch._dynamo.explain(f)(*args)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
