@@ -47,6 +47,7 @@ def test_broken_indices_and_descales_are_named(on):
                         block_table=torch.tensor([[2, -1], [-1, -1]], dtype=torch.int32))  # unused pages: anything
     cases = [
         (dict(seqlens_k=i32(5, 129), capacity=128), r"seqlens_k: entry 1 is 129, outside \[0, 129\)"),
+        (dict(seqlens_k=i32(65), capacity=64, seqlens_name="cache_seqlens"), r"cache_seqlens: entry 0 is 65"),
         (dict(block_table=i32(0, 4), num_pages=4), r"block_table: entry 1 is 4, outside \[0, 4\)"),
         # With page_size: the pages in use only (row 1 uses one page of 8 keys; row 0's -1 is unused).
         (dict(block_table=torch.tensor([[2, -1], [9, 3]], dtype=torch.int32), seqlens_k=i32(5, 9), capacity=16,

@@ -304,3 +304,28 @@ def test_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     check_mla(out, None, q, cache, table, seqlens, False, 1.0 / math.sqrt(DQK), "graph replay")
+
+
+@requires_hopper
+def test_checking_mode_names_broken_lengths_and_pages():
+    """HATTN_CHECK=1 / hattn.set_checking: a length past the request's pages and a page outside
+    the cache are refused by name (without it, the kernel clamps the one and reads zeros for the
+    other); the pages no request reads may hold anything."""
+    lens = [200, 70]
+    q, cache, table, seqlens = mla_inputs(lens, 1, 16, 64, seed=9)
+    before = hattn.checking()
+    hattn.set_checking(True)
+    try:
+        second = int(table[1, 1])
+        table[1, 1:] = -1  # request 1's 70 keys use two pages: the second is now outside the cache
+        with pytest.raises(ValueError, match=r"block_table: entry \(1, 1\) is -1"):
+            hattn.mla_with_kvcache(q, cache, table, seqlens)
+        table[1, 1] = second  # the pages past it stay -1: no request reads them
+        out = hattn.mla_with_kvcache(q, cache, table, seqlens)
+        torch.cuda.synchronize()
+        check_mla(out, None, q, cache, table, seqlens, False, 1.0 / math.sqrt(DQK), "checked")
+        capacity = table.shape[1] * cache.shape[1]
+        with pytest.raises(ValueError, match=rf"cache_seqlens: entry 0 is {capacity + 1}"):
+            hattn.mla_with_kvcache(q, cache, table, torch.tensor([capacity + 1, 70], dtype=torch.int32, device="cuda"))
+    finally:
+        hattn.set_checking(before)

@@ -313,20 +313,21 @@ def _check_in_range(name: str, t: Optional[torch.Tensor], low: int, high: int, w
 
 
 def _check_promises(*, varlen=None, totals=(0, 0), seqlens_k=None, capacity=None, block_table=None, num_pages=None,
-                    page_size=None, kv_batch_idx=None, kv_batch=None, leftpad_k=None, descales=()) -> None:
+                    page_size=None, kv_batch_idx=None, kv_batch=None, leftpad_k=None, descales=(),
+                    seqlens_name="seqlens_k") -> None:  # fmt: skip
     """The checking mode's checks of one call (nothing when it is off). varlen: (cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k) with totals (total_q, total_k); capacity: the keys
     a sequence can have (a dense cache's Sk, a paged one's max_pages_per_seq * page_size). With
     page_size, block_table's checked entries are the pages each sequence uses (those holding its
     keys in use, in row kv_batch_idx[b] with cache entries), as the C++ checking mode checks them;
-    without, every entry."""
+    without, every entry. seqlens_name: the caller's name for seqlens_k (MLA's cache_seqlens)."""
     if not _CHECKING:
         return
     if varlen is not None:
         cu_q, cu_k, max_q, max_k = varlen
         _check_offsets("cu_seqlens_q", cu_q, totals[0], "max_seqlen_q", max_q)
         _check_offsets("cu_seqlens_k", cu_k, totals[1], "max_seqlen_k", max_k)
-    _check_in_range("seqlens_k", seqlens_k, 0, (capacity or 0) + 1, f"keys in use, at most the cache's {capacity}")
+    _check_in_range(seqlens_name, seqlens_k, 0, (capacity or 0) + 1, f"keys in use, at most the cache's {capacity}")
     _check_in_range("kv_batch_idx", kv_batch_idx, 0, kv_batch or 0, f"entries of a cache of {kv_batch}")
     if block_table is not None and page_size and seqlens_k is not None:
         table = block_table.to("cpu", torch.int64)

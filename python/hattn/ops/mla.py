@@ -18,6 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import _C
+from .checks import _check_promises
 from .runner import _call, _current_stream, _scratch
 
 DIM_QK = 576
@@ -116,6 +117,10 @@ def _mla_decode_fwd(
         kv_cache = kv_cache.contiguous()
     block_table = block_table.contiguous()
     cache_seqlens = cache_seqlens.contiguous()
+    # The checking mode: lengths within the pages, and the pages each request reads within the cache.
+    _check_promises(seqlens_k=cache_seqlens, capacity=block_table.shape[1] * kv_cache.shape[1],
+                    block_table=block_table, num_pages=kv_cache.shape[0], page_size=kv_cache.shape[1],
+                    seqlens_name="cache_seqlens")  # fmt: skip
     p = _C.MlaDecodeProblem()
     p.dtype = _DTYPES[q.dtype]
     p.batch, p.seqlen_q, p.heads_q = batch, seqlen_q, heads_q
