@@ -409,6 +409,9 @@ struct MlaDecodeProblem {
   const int32_t* block_table = nullptr;  // [B, max_pages_per_seq] device
   int max_pages_per_seq = 0;
   const int32_t* cache_seqlens = nullptr;  // [B] device: keys per request, the new tokens' included
+  // block_table and cache_seqlens stay on the GPU: promises the library does not read back (the
+  // Python package's checking mode does). A length past a request's pages is clamped to them, a
+  // page outside the cache reads as zeros.
 
   void* out = nullptr;  // [B, seqlen_q, heads_q, 512]
   Strides out_strides;
