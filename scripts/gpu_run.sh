@@ -20,7 +20,8 @@
 #                     working tree's .git may lag behind its files)
 #   --timeout S       seconds before a hung test, sanitizer or pytest run is killed (default 1200)
 #   --no-sass         skip the disassembly summary (a couple of minutes of CPU beside the tests)
-#   --pack            pack the output folder into FOLDER.tgz at the end (one file to bring back)
+#   --pack            at the end, pack everything in the output folder into gpu_run.tgz there,
+#                     beside summary.txt (two files to bring back: the device tool returns 8)
 #   --dry-run         print the steps and stop (no build)
 #
 # Steps:
@@ -408,5 +409,10 @@ echo "================ summary (commit $HATTN_COMMIT) ================"
 for log in "${tables[@]}"; do sed -n '/^# TFLOP\/s/,$p' "$log"; done
 printf '%s\n' "${summary[@]}"
 if [ "$pack" = 1 ]; then  # after the summary, which reads the logs
-  tar czf "${out%/}.tgz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out" && echo "packed into ${out%/}.tgz"
+  packed=$(mktemp -d)
+  if tar czf "$packed/gpu_run.tgz" -C "$out" . && find "$out" -mindepth 1 -delete; then
+    mv "$packed/gpu_run.tgz" "$out/" && printf '%s\n' "${summary[@]}" >"$out/summary.txt" &&
+      echo "packed into $out/gpu_run.tgz (and summary.txt)"
+  fi
+  rmdir "$packed" 2>/dev/null
 fi

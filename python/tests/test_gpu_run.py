@@ -107,3 +107,32 @@ echo "# TFLOP/s"; echo "table row"
     summary = r.stdout[r.stdout.index("==== summary (commit abc123)"):]
     assert summary.count("table row") == 2  # the two benchmarks' tables
     assert "sanitize memcheck: rc=0 (ERROR SUMMARY: 0 errors)" in summary
+
+
+def test_pack_leaves_two_files_in_the_output_folder(tmp_path):
+    """--pack: the device tool brings back at most 8 files, so everything goes into gpu_run.tgz,
+    beside summary.txt, inside the output folder ($OUT) itself."""
+    bins = tmp_path / "bins"
+    bins.mkdir()
+    _stub(bins / "hattn_tests", 'echo "[  PASSED  ] 3 tests."\n')
+    _stub(bins / "hattn-bench", "exit 0\n")
+    (bins / "prebuild.log").write_text("ptxas info    : Used 128 registers\n")
+    (bins / "prebuild_commit.txt").write_text("abc123\n")
+    (bins / "prebuild_nvcc.txt").write_text("13.0\n")
+    archive = tmp_path / "prebuilt.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        for f in bins.iterdir():
+            tar.add(f, arcname=f.name)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
+    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    out = tmp_path / "out"
+    r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass", "--pack",
+            "test", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_run.tgz", "summary.txt"]
+    with tarfile.open(out / "gpu_run.tgz") as tar:
+        assert "./test.log" in tar.getnames()
+    assert "test (*): rc=0" in (out / "summary.txt").read_text()
