@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "../common/common.cuh"
+#include "../ptx/griddepcontrol.cuh"
 #include "kernel.cuh"
 
 namespace hattn::mla {
@@ -16,6 +17,9 @@ constexpr int kCombineRowsPerBlock = 4;  // a warp per (request, row)
 template <typename T>
 __global__ void __launch_bounds__(32 * kCombineRowsPerBlock)
     combine_kernel(const __grid_constant__ Params p) {
+  // Launched as the attention kernel's programmatic dependent: the partial results (and
+  // anything else this reads) are complete and visible only once this wait returns.
+  ptx::griddepcontrol_wait();
   const int lane = int(threadIdx.x) % 32;
   const int64_t index = int64_t(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;
   if (index >= int64_t(p.batch) * p.rows) return;

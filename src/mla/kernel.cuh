@@ -20,6 +20,7 @@
 
 #include "../common/fragment.cuh"
 #include "../ptx/ex2.cuh"
+#include "../ptx/griddepcontrol.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/named_barrier.cuh"
 #include "../ptx/setmaxnreg.cuh"
@@ -347,6 +348,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbarrier_init(&smem.empty[s], kConsumerThreads);  // every consumer thread releases
     }
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+    // The combine kernel may launch now: its CTAs take the SMs this grid leaves free and wait
+    // there (griddepcontrol.wait) for this grid to finish, so its launch does not follow the
+    // last CTA's exit.
+    ptx::griddepcontrol_launch_dependents();
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
   if (warpgroup == 0) {
