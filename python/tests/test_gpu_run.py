@@ -58,17 +58,12 @@ def _stub(path, body):
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_steps_call_the_binaries_as_documented(tmp_path):
-    calls = tmp_path / "calls.txt"
-    record = f'printf "%s" "$(basename "$0")" >>{calls}; printf " %s" "$@" >>{calls}; echo >>{calls}\n'
+def _prebuilt(tmp_path, tests_body, bench_body):
+    """A prebuilt archive (scripts/prebuild.sh's files) whose binaries are scripts."""
     bins = tmp_path / "bins"
     bins.mkdir()
-    _stub(bins / "hattn_tests", record + 'echo "[  PASSED  ] 3 tests."\n')
-    _stub(bins / "hattn-bench", record + """
-if [ "${1:-}" = --list ]; then printf 'forward kernels:\\n  01_naive\\nbackward kernels:\\n  bwd_01_cuda_core\\n  bwd_02_mma_sync\\n  bwd_sm90\\n'; exit 0; fi
-for a in "$@"; do [ "${prev:-}" = --csv ] && echo "kernel,tflops" >"$a"; prev=$a; done
-echo "# TFLOP/s"; echo "table row"
-""")
+    _stub(bins / "hattn_tests", tests_body)
+    _stub(bins / "hattn-bench", bench_body)
     (bins / "prebuild.log").write_text("ptxas info    : Used 128 registers\n")
     (bins / "prebuild_commit.txt").write_text("abc123\n")
     (bins / "prebuild_nvcc.txt").write_text("13.0\n")
@@ -76,6 +71,17 @@ echo "# TFLOP/s"; echo "table row"
     with tarfile.open(archive, "w:xz") as tar:
         for f in bins.iterdir():
             tar.add(f, arcname=f.name)
+    return archive
+
+
+def test_steps_call_the_binaries_as_documented(tmp_path):
+    calls = tmp_path / "calls.txt"
+    record = f'printf "%s" "$(basename "$0")" >>{calls}; printf " %s" "$@" >>{calls}; echo >>{calls}\n'
+    archive = _prebuilt(tmp_path, record + 'echo "[  PASSED  ] 3 tests."\n', record + """
+if [ "${1:-}" = --list ]; then printf 'forward kernels:\\n  01_naive\\nbackward kernels:\\n  bwd_01_cuda_core\\n  bwd_02_mma_sync\\n  bwd_sm90\\n'; exit 0; fi
+for a in "$@"; do [ "${prev:-}" = --csv ] && echo "kernel,tflops" >"$a"; prev=$a; done
+echo "# TFLOP/s"; echo "table row"
+""")
     tools = tmp_path / "tools"
     tools.mkdir()
     _stub(tools / "nvidia-smi", record + 'echo "NVIDIA H200, 1980 MHz"\n')
@@ -112,17 +118,7 @@ echo "# TFLOP/s"; echo "table row"
 def test_pack_leaves_two_files_in_the_output_folder(tmp_path):
     """--pack: the device tool brings back at most 8 files, so everything goes into gpu_run.tgz,
     beside summary.txt, inside the output folder ($OUT) itself."""
-    bins = tmp_path / "bins"
-    bins.mkdir()
-    _stub(bins / "hattn_tests", 'echo "[  PASSED  ] 3 tests."\n')
-    _stub(bins / "hattn-bench", "exit 0\n")
-    (bins / "prebuild.log").write_text("ptxas info    : Used 128 registers\n")
-    (bins / "prebuild_commit.txt").write_text("abc123\n")
-    (bins / "prebuild_nvcc.txt").write_text("13.0\n")
-    archive = tmp_path / "prebuilt.tar.xz"
-    with tarfile.open(archive, "w:xz") as tar:
-        for f in bins.iterdir():
-            tar.add(f, arcname=f.name)
+    archive = _prebuilt(tmp_path, 'echo "[  PASSED  ] 3 tests."\n', "exit 0\n")
     tools = tmp_path / "tools"
     tools.mkdir()
     _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
