@@ -139,7 +139,7 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
             if err <= tol:
                 fns.append(theirs), names.append("fa3_mla")
             else:  # a row that says so, and no time for a wrong answer
-                print(f"bench_mla: fa3_mla differs from the torch formulation (max error {err:.3g} > {tol:.3g}); "
+                print(f"bench_mla: fa3_mla differs from the fp32 formulation (max error {err:.3g} > {tol:.3g}); "
                       "not timed", flush=True)
         except Exception as e:  # noqa: BLE001  FA3 built without the mode: a note, not a failure
             args.fa3_ready = False
