@@ -120,6 +120,15 @@ def test_shape_inference_on_meta():
     assert lse.shape == (2, 32, 2) and lse.dtype == torch.float32
 
 
+def test_inputs_that_require_grad_are_refused():
+    """Forward only: an input that requires grad is refused at the call, not at backward()."""
+    q, cache, table, seqlens = meta_inputs()
+    with pytest.raises(NotImplementedError, match="mla_with_kvcache: forward only"):
+        hattn.mla_with_kvcache(q.requires_grad_(), cache, table, seqlens)
+    with torch.no_grad():
+        assert hattn.mla_with_kvcache(q, cache, table, seqlens).shape == (2, 1, 16, DV)
+
+
 def test_compile_fullgraph_traces_without_breaks():
     """Dynamo traces mla_with_kvcache into one graph (the GPU runs: test_cuda_graph and the rest)."""
     torch._dynamo.reset()

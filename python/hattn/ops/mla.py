@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import _C
-from .checks import _check_promises
+from .checks import _check_promises, _needs_grad
 from .runner import _call, _current_stream, _scratch
 
 DIM_QK = 576
@@ -179,6 +179,11 @@ def mla_with_kvcache(
     Returns out [B, seqlen_q, heads_q, 512] in q's dtype, and with return_lse (out, lse) with lse
     [B, heads_q, seqlen_q] fp32 (natural log; -inf for a row that sees no key, whose out is 0).
     """
+    if _needs_grad(q, kv_cache):
+        raise NotImplementedError(
+            "hattn.mla_with_kvcache: forward only (decoding has no backward), but an input requires grad; call it "
+            "under torch.no_grad() or pass detached tensors"
+        )
     # Eager calls skip the dispatcher's tens of microseconds where that changes nothing (runner._call).
     out, lse = _call(mla_decode_fwd, _mla_decode_fwd, q, kv_cache, block_table, cache_seqlens, schedule, softmax_scale,
                      causal, return_lse)  # fmt: skip
