@@ -150,8 +150,14 @@ Status mla_workspace_size(const MlaDecodeProblem& problem, size_t* bytes) {
 
 namespace {
 
+// The schedule on the GPU (schedule.cuh's make_schedule): launched as <<<1, 32>>>, thread 0 plans.
+__global__ void schedule_kernel(const int32_t* __restrict__ cache_seqlens, int batch, int parts,
+                                int32_t* __restrict__ schedule) {
+  if (threadIdx.x == 0) mla::make_schedule(cache_seqlens, batch, parts, schedule);
+}
+
 Status launch_schedule(const MlaDecodeProblem& p, int parts, int32_t* schedule, cudaStream_t stream) {
-  mla::schedule_kernel<<<1, 32, 0, stream>>>(p.cache_seqlens, p.batch, parts, schedule);
+  schedule_kernel<<<1, 32, 0, stream>>>(p.cache_seqlens, p.batch, parts, schedule);
   return launch_status("mla_schedule");
 }
 

@@ -97,12 +97,5 @@ __host__ __device__ inline void make_schedule(const int32_t* cache_seqlens, int 
   split_begin[batch] = slot;
 }
 
-#ifdef __CUDACC__
-// Launched as <<<1, 32>>>: thread 0 plans.
-__global__ void schedule_kernel(const int32_t* __restrict__ cache_seqlens, int batch, int parts,
-                                int32_t* __restrict__ schedule) {
-  if (threadIdx.x == 0) make_schedule(cache_seqlens, batch, parts, schedule);
-}
-#endif
 
 }  // namespace hattn::mla
