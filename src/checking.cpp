@@ -135,6 +135,36 @@ Status check_promises_on(const AttentionProblem& p, cudaStream_t stream) {
   return Status::Ok();
 }
 
+Status check_mla_promises_on(const MlaDecodeProblem& p, cudaStream_t stream) {
+  const size_t batch = size_t(std::max(p.batch, 0));
+  std::vector<int32_t> lens, table;
+  Status s = read_back(p.cache_seqlens, batch, stream, "cache_seqlens", &lens);
+  if (s.ok()) s = read_back(p.block_table, batch * size_t(p.max_pages_per_seq), stream, "block_table", &table);
+  if (!s.ok()) return s;
+  const int64_t capacity = int64_t(p.max_pages_per_seq) * p.page_size;
+  if (!(s = check_range("cache_seqlens", lens, 0, capacity, "keys per request, at most max_pages_per_seq * page_size"))
+           .ok())
+    return s;
+  for (size_t b = 0; b < batch; ++b) {  // the pages that hold request b's keys
+    const int64_t pages = (int64_t(lens[b]) + p.page_size - 1) / p.page_size;
+    for (int64_t j = 0; j < pages; ++j) {
+      const int32_t page = table[b * size_t(p.max_pages_per_seq) + size_t(j)];
+      if (page < 0 || page >= p.num_pages)
+        return broken("block_table: entry (" + std::to_string(b) + ", " + std::to_string(j) + ") is " +
+                      std::to_string(page) + ", outside [0, " + std::to_string(p.num_pages - 1) +
+                      "] (the pages of a cache of num_pages; request " + std::to_string(b) + " reads it)");
+    }
+  }
+  return Status::Ok();
+}
+
+Status check_mla_promises(const MlaDecodeProblem& problem, cudaStream_t stream) {
+  Status s = validate_mla_arguments(problem);
+  if (!s.ok()) return s;
+  if (!(s = check_device()).ok()) return s;
+  return check_mla_promises_on(problem, stream);
+}
+
 Status check_promises(const AttentionProblem& problem, cudaStream_t stream) {
   Status s = validate_arguments(problem);
   if (!s.ok()) return s;

@@ -26,5 +26,7 @@ Status check_cache_entries(const int32_t* kv_batch_idx, int kv_batch);
 // promises of `problem`, read back on `stream` (checking.cpp).
 bool checking_from_environment();
 Status check_promises_on(const AttentionProblem& problem, cudaStream_t stream);
+// MLA decoding's (checking.cpp), after its argument and device checks.
+Status check_mla_promises_on(const MlaDecodeProblem& problem, cudaStream_t stream);
 
 }  // namespace hattn

@@ -1,7 +1,8 @@
-// mla_decode() from C++: argument checks (CPU), what the schedule calls check, and one batch of
+// mla_decode() from C++: argument checks (CPU), what the schedule calls check, one batch of
 // requests (an empty one, one shorter than a page, one over several shuffled pages) against an
-// fp64 host loop, with the schedule made in the call and made once beforehand (GPU). The
-// Python suite (python/tests/test_mla.py) covers the shapes more widely.
+// fp64 host loop with the schedule made in the call and made once beforehand, and the checking
+// mode's broken promises (GPU). The Python suite (python/tests/test_mla.py) covers the shapes
+// more widely.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -52,6 +53,7 @@ void expect_invalid(const MlaDecodeProblem& p, const std::string& argument) {
   EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
   EXPECT_EQ(s.message().rfind(argument + ":", 0), 0u) << "should start with '" << argument << ":': " << s.message();
   EXPECT_EQ(mla_decode(p).code(), StatusCode::invalid_argument);  // refused before the device is touched
+  EXPECT_EQ(check_mla_promises(p).code(), StatusCode::invalid_argument);
 }
 
 TEST(MlaValidation, ValidProblemPasses) { EXPECT_TRUE(validate_mla_arguments(valid_problem()).ok()); }
@@ -218,6 +220,49 @@ TEST(MlaGpu, MatchesHostLoop) {
       if (!ok && ++bad <= 10) ADD_FAILURE() << "lse[" << i << "]: got " << g << ", want " << want_lse[i];
     }
     EXPECT_EQ(bad, 0);
+  }
+}
+
+// The checking mode: a length past a request's pages and a page outside the cache, each named;
+// pages no request reads may hold anything.
+TEST(MlaGpu, CheckingModeNamesBrokenPromises) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  MlaDecodeProblem p = valid_problem();  // its fake tensors replaced by real ones
+  std::vector<__nv_bfloat16> zeros(size_t(8) * 64 * kQk), q(size_t(2) * 16 * kQk), out(size_t(2) * 16 * kV);
+  Device<__nv_bfloat16> d_cache(zeros), d_q(q), d_out(out);
+  p.kv_cache = d_cache.ptr;
+  p.q = d_q.ptr;
+  p.out = d_out.ptr;
+  struct Case {
+    std::vector<int32_t> lens, table;  // table: 2 x 4
+    const char* argument;              // empty: the promises are kept
+  };
+  const std::vector<Case> cases = {
+      {{100, 0}, {3, 5, -1, -1, -1, -1, -1, -1}, ""},  // request 1 reads no page
+      {{257, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, "cache_seqlens: entry 0 is 257"},
+      {{-1, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, "cache_seqlens: entry 0 is -1"},
+      {{100, 10}, {3, 8, 0, 0, 1, 1, 1, 1}, "block_table: entry (0, 1) is 8"},
+      {{100, 10}, {3, 5, 0, 0, -2, 1, 1, 1}, "block_table: entry (1, 0) is -2"},
+  };
+  for (const Case& c : cases) {
+    Device<int32_t> d_lens(c.lens), d_table(c.table);
+    p.cache_seqlens = d_lens.ptr;
+    p.block_table = d_table.ptr;
+    const Status s = check_mla_promises(p);
+    if (std::string(c.argument).empty()) {
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      p.check = true;
+      EXPECT_TRUE(mla_decode(p).ok());  // and the launch with the checks on
+      p.check.reset();
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    } else {
+      EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+      EXPECT_EQ(s.message().rfind(c.argument, 0), 0u) << s.message();
+      p.check = true;
+      EXPECT_EQ(mla_decode(p).code(), StatusCode::invalid_argument);  // refused before the launch
+      p.check.reset();
+    }
   }
 }
 

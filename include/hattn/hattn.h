@@ -409,9 +409,9 @@ struct MlaDecodeProblem {
   const int32_t* block_table = nullptr;  // [B, max_pages_per_seq] device
   int max_pages_per_seq = 0;
   const int32_t* cache_seqlens = nullptr;  // [B] device: keys per request, the new tokens' included
-  // block_table and cache_seqlens stay on the GPU: promises the library does not read back (the
-  // Python package's checking mode does). A length past a request's pages is clamped to them, a
-  // page outside the cache reads as zeros.
+  // block_table and cache_seqlens stay on the GPU: promises the host does not read, unless the
+  // checking mode is on (`check` below). Broken, a length past a request's pages is clamped to
+  // them, and a page outside the cache reads as zeros.
 
   void* out = nullptr;  // [B, seqlen_q, heads_q, 512]
   Strides out_strides;
@@ -429,6 +429,11 @@ struct MlaDecodeProblem {
   // `allocator` (the stream's pool without one).
   void* workspace = nullptr;
   const ScratchAllocator* allocator = nullptr;
+  // The checking mode, as Options::check for forward(): before the launch, cache_seqlens and
+  // the block_table pages each request reads are read back on the stream (a host sync) and
+  // checked: lengths within the request's pages (max_pages_per_seq * page_size), pages within
+  // [0, num_pages). Unset: on when HATTN_CHECK=1 is in the environment.
+  std::optional<bool> check;
 
   float scale() const;
   int rows() const { return heads_q * seqlen_q; }  // query rows per request
@@ -448,6 +453,10 @@ Status mla_workspace_size(const MlaDecodeProblem& problem, size_t* bytes);
 Status mla_decode(const MlaDecodeProblem& problem, cudaStream_t stream = nullptr);
 // Checks of mla_decode()'s arguments alone. Needs no GPU.
 Status validate_mla_arguments(const MlaDecodeProblem& problem);
+// The checking mode's checks (MlaDecodeProblem::check) alone: cache_seqlens and the pages in
+// use read back on `stream` (then waited for); a broken one is invalid_argument naming it.
+// Validates the problem and the device first; not while `stream` is captured into a CUDA graph.
+Status check_mla_promises(const MlaDecodeProblem& problem, cudaStream_t stream = nullptr);
 
 // Which kernel "auto" (or a given name) resolves to for this problem, without launching.
 Status resolve_kernel(const AttentionProblem& problem, const std::string& kernel, std::string* resolved);

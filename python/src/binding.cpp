@@ -273,7 +273,8 @@ void bind_mla(nb::module_& m) {
       .def_rw("page_size", &M::page_size)
       .def_rw("max_pages_per_seq", &M::max_pages_per_seq)
       .def_rw("softmax_scale", &M::softmax_scale)
-      .def_rw("causal", &M::causal);
+      .def_rw("causal", &M::causal)
+      .def_rw("check", &M::check);
   def_pointer(mla, "q", &M::q);
   def_pointer(mla, "kv_cache", &M::kv_cache);
   def_pointer(mla, "block_table", &M::block_table);

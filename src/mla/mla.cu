@@ -219,6 +219,8 @@ Status mla_decode(const MlaDecodeProblem& problem, cudaStream_t stream) {
                                             {"workspace", problem.workspace}});
       !s.ok())
     return s;
+  if (problem.check.value_or(checking_from_environment()))
+    if (Status s = check_mla_promises_on(problem, stream); !s.ok()) return s;
   int parts = 0;
   if (Status s = parts_on_device(problem, &parts); !s.ok()) return s;
   const int m_blocks = m_blocks_of(problem);

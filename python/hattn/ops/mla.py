@@ -134,6 +134,7 @@ def _mla_decode_fwd(
     p.lse = lse.data_ptr() if return_lse else 0
     p.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
     p.causal = bool(causal)
+    p.check = False  # the checking mode ran above (_check_promises), with the Python names
     with torch.cuda.device(q.device):
         if schedule is not None:
             expected = _C.mla_schedule_ints(p)
