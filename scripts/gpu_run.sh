@@ -368,8 +368,11 @@ step_python() {  # LABEL [PYTEST ARGS]
   shift
   [ $# -gt 0 ] || set -- python/tests
   ensure_python
-  timeout "$timeout_s" python3 -m pytest -q "$@" >"$out/$label.log" 2>&1
-  note "$label: rc=$? $(tail -1 "$out/$label.log")"
+  # -rs: the log names every skipped test and why (the summary line alone does not).
+  timeout "$timeout_s" python3 -m pytest -q -rs "$@" >"$out/$label.log" 2>&1
+  local rc=$?
+  # pytest's count line ("N passed, M skipped in S s"; a second -q in the arguments drops it).
+  note "$label: rc=$rc $(grep -E '(passed|failed|error|skipped|no tests ran)' "$out/$label.log" | tail -1)"
 }
 
 step_py() {  # LABEL MODULE [FLAGS]
