@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fake_problem.h"
+#include "device_copy.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 #include "hattn/reference.h"
@@ -22,6 +23,8 @@
 
 namespace hattn {
 namespace {
+
+using testing::Device;
 
 using ref::bits_to_float;
 using ref::float_to_bits;
@@ -202,16 +205,6 @@ Strides bshd(int seqlen, int heads, int head_dim, bool padded) {
   return s;
 }
 
-template <typename T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  explicit DeviceArray(const std::vector<T>& host) {
-    if (cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(host.size(), 1) * sizeof(T)) == cudaSuccess)
-      cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DeviceArray() { cudaFree(ptr); }
-};
-
 TEST_P(Fp8Test, MatchesFp64Reference) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
@@ -250,10 +243,10 @@ TEST_P(Fp8Test, MatchesFp64Reference) {
   fill(&k, &k_host, ks, c.seqlen_k, c.heads_kv, descale[1], 1, 1.f);
   fill(&v, &v_host, ks, c.seqlen_k, c.heads_kv, descale[2], 1, 4.f);
 
-  DeviceArray<uint8_t> q_dev(q), k_dev(k), v_dev(v);
-  DeviceArray<uint16_t> out_dev(std::vector<uint16_t>(out_elems, 0xFFFF));  // NaN: unwritten rows fail
-  DeviceArray<float> lse_dev(std::vector<float>(size_t(c.batch) * c.heads_q * c.seqlen_q, NAN));
-  DeviceArray<float> qd(descale[0]), kd(descale[1]), vd(descale[2]);
+  Device<uint8_t> q_dev(q), k_dev(k), v_dev(v);
+  Device<uint16_t> out_dev(std::vector<uint16_t>(out_elems, 0xFFFF));  // NaN: unwritten rows fail
+  Device<float> lse_dev(std::vector<float>(size_t(c.batch) * c.heads_q * c.seqlen_q, NAN));
+  Device<float> qd(descale[0]), kd(descale[1]), vd(descale[2]);
   ASSERT_TRUE(q_dev.ptr && k_dev.ptr && v_dev.ptr && out_dev.ptr && lse_dev.ptr && qd.ptr && kd.ptr && vd.ptr);
 
   AttentionProblem p;

@@ -11,11 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "device_copy.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 
 namespace hattn {
 namespace {
+
+using testing::Device;
 
 // A fake device address: validation never dereferences pointers.
 template <typename T = void>
@@ -125,21 +128,6 @@ TEST(AppendKvValidation, NothingNewNeedsNoRows) {
 }
 
 // --- GPU: against a host loop ------------------------------------------------------------------
-
-template <typename T>
-struct Device {
-  T* ptr = nullptr;
-  explicit Device(const std::vector<T>& host) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&ptr), host.size() * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Device() { cudaFree(ptr); }
-  std::vector<T> read(size_t count) const {
-    std::vector<T> host(count);
-    EXPECT_EQ(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-};
 
 std::vector<__nv_bfloat16> random_bf16(size_t count, std::mt19937& rng) {
   std::normal_distribution<float> normal;

@@ -16,11 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "device_copy.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
 
 namespace hattn {
 namespace {
+
+using testing::Device;
 
 constexpr int kQk = kMlaHeadDimQk, kV = kMlaHeadDimV;
 
@@ -106,21 +109,6 @@ TEST(MlaValidation, ScheduleChecksOnlyWhatItReads) {
 }
 
 // --- GPU: against an fp64 host loop ------------------------------------------------------------
-
-template <typename T>
-struct Device {
-  T* ptr = nullptr;
-  explicit Device(const std::vector<T>& host) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(host.size(), 1) * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Device() { cudaFree(ptr); }
-  std::vector<T> read(size_t count) const {
-    std::vector<T> host(count);
-    EXPECT_EQ(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-};
 
 TEST(MlaGpu, MatchesHostLoop) {
   const std::string skip = testing::gpu_skip_reason();
