@@ -1,4 +1,5 @@
-"""Where a decoding step's host time goes in hattn's Python path, layer by layer.
+"""Where a decoding step's host time goes in hattn's Python path, layer by layer (GQA decoding,
+then MLA decoding of the same batch and lengths).
 
 Each line is the host's time per call (time.perf_counter over --reps calls back to back, no
 synchronization inside the loop; the least of --rounds rounds, the layers interleaved) of one
@@ -63,6 +64,18 @@ def main() -> None:
         _LAUNCHES.clear()
         hattn.attention(q, k, v, seqlens_k=lens)
 
+    # MLA decoding of the same batch and keys (128 heads, one latent K/V head of 576 features, 64-row pages).
+    from hattn.ops.mla import _mla_decode_fwd
+
+    pages = -(-a.seqlen_k // 64)
+    mla_q = torch.randn(a.batch, 1, 128, 576, device="cuda", dtype=dt)
+    mla_cache = torch.randn(a.batch * pages, 64, 1, 576, device="cuda", dtype=dt)
+    mla_table = torch.arange(a.batch * pages, device="cuda", dtype=torch.int32).view(a.batch, pages)
+    schedule = hattn.mla_schedule(lens, seqlen_q=1, heads_q=128)
+
+    def mla_op():
+        torch.ops.hattn.mla_decode_fwd(mla_q, mla_cache, mla_table, lens, schedule, None, True, False)
+
     layers = [
         ("torch.empty (one small tensor)", lambda: torch.empty(16, device="cuda")),
         ("with torch.cuda.device(q.device)", device_context),
@@ -76,6 +89,12 @@ def main() -> None:
         ("hattn.attention(seqlens_k=...), every check", every_check),
         ("hattn.attention(seqlens_k=...)", lambda: hattn.attention(q, k, v, seqlens_k=lens)),
         ("hattn.flash_attn_with_kvcache", lambda: hattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)),
+        ("MLA: hattn.mla_schedule", lambda: hattn.mla_schedule(lens, seqlen_q=1, heads_q=128)),
+        ("MLA: _mla_decode_fwd (the op's body)",
+         lambda: _mla_decode_fwd(mla_q, mla_cache, mla_table, lens, schedule, None, True, False)),
+        ("MLA: torch.ops.hattn.mla_decode_fwd (the dispatcher)", mla_op),
+        ("MLA: hattn.mla_with_kvcache(schedule=...)",
+         lambda: hattn.mla_with_kvcache(mla_q, mla_cache, mla_table, lens, schedule=schedule, causal=True)),
     ]
     print(f"# {torch.cuda.get_device_name()}, D={a.dim} batch={a.batch} heads {a.heads_q}/{a.heads_kv} "
           f"keys {a.seqlen_k}; host us per call over {a.reps} calls")  # fmt: skip
