@@ -26,7 +26,8 @@ seqlens_k (a dense cache), after the append of hattn.flash_attn_with_kvcache. Th
 are differentiable (dq, dk and dv through hattn's backward), except with FP8 inputs.
 
 Arguments hattn cannot honour raise NotImplementedError naming each of them (all in one
-message) when they differ from their defaults: qv, attention_chunk != 0, sm_margin != 0 (hattn's
+message) when they differ from their defaults: qv (except flash_attn_with_kvcache's MLA call,
+see there), attention_chunk != 0, sm_margin != 0 (hattn's
 persistent kernels take every SM), deterministic=True with inputs that require grad (hattn's
 backward sums with atomic adds), seqused_q and seqused_k (varlen), cu_seqlens_q,
 cu_seqlens_k_new, rotary_seqlens and scheduler_metadata (KV cache), FP8 inputs or descales
@@ -275,6 +276,52 @@ def flash_attn_varlen_func(
     )  # fmt: skip
 
 
+def _latent_cache(k_cache, v_cache) -> Optional[torch.Tensor]:
+    """FA3's MLA call keeps the rope keys (k_cache [P, page, 1, 64]) and the latent
+    (v_cache [P, page, 1, 512]) apart; hattn's MLA kernel reads both from one 576-feature row,
+    latent first. When they are such views of one buffer (as inference engines lay out their MLA
+    caches), that buffer as [P, page, 1, 576]; None otherwise."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (k_cache, v_cache)):
+        return None
+    if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[3] != 64 or v_cache.shape[3] != 512:
+        return None
+    if k_cache.dtype != v_cache.dtype or k_cache.device != v_cache.device or k_cache.stride() != v_cache.stride():
+        return None
+    if (k_cache.stride(-1) != 1 or k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr()
+            or k_cache.data_ptr() != v_cache.data_ptr() + 512 * v_cache.element_size()):
+        return None
+    return v_cache.as_strided((*v_cache.shape[:3], 576), v_cache.stride())
+
+
+def _mla_kvcache(q, k_cache, v_cache, qv, cache_seqlens, page_table, softmax_scale, causal, return_softmax_lse,
+                 extras: List[str]):  # fmt: skip
+    """FA3's MLA decoding (qv with headdim 64 and headdim_v 512 over a paged cache) on
+    hattn.mla_with_kvcache; extras: what else the call asks for, which this path refuses."""
+    from .ops.mla import mla_with_kvcache
+
+    unsupported = []
+    shapes_ok = (all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, qv)) and q.shape[-1] == 64
+                 and qv.shape[-1] == 512 and qv.shape[:3] == q.shape[:3])  # fmt: skip
+    if not shapes_ok:
+        unsupported.append("qv (no second query-value product: hattn computes softmax(scale q k^T) v, and with a "
+                           "KV cache FA3's MLA call, q [B, Sq, H, 64] with qv [B, Sq, H, 512])")  # fmt: skip
+    if page_table is None:
+        unsupported.append("qv without page_table (MLA decoding reads a paged latent cache)")
+    if not isinstance(cache_seqlens, torch.Tensor):
+        unsupported.append("qv without an int32 cache_seqlens tensor")
+    cache = _latent_cache(k_cache, v_cache)
+    if cache is None:
+        unsupported.append("qv with k_cache and v_cache that are not views of one [num_pages, page_size, 1, 576] "
+                           "buffer (the latent v_cache its first 512 features, the rope k_cache its last 64): "
+                           "hattn's MLA kernel reads both from one row")  # fmt: skip
+    _refuse("flash_attn_with_kvcache", unsupported + extras)
+    out, lse = mla_with_kvcache(torch.cat([qv, q], dim=-1), cache, page_table, cache_seqlens,
+                                softmax_scale=softmax_scale, causal=causal, return_lse=True)  # fmt: skip
+    if not return_softmax_lse:
+        return out
+    return out, lse, *(torch.empty(0, dtype=torch.float32, device=out.device) for _ in range(2))
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -327,12 +374,37 @@ def flash_attn_with_kvcache(
 
     Hints: num_splits as in flash_attn_func (FA3's default here, 0, lets hattn decide), pack_gqa
     (accepted, not used), max_seqlen_q (FA3 reads it only with cu_seqlens_q; not used).
-    qv, cu_seqlens_q, cu_seqlens_k_new (no variable-length queries or new keys), rotary_seqlens
+    MLA (FA3's qv mode): with q [B, Sq, H, 64] (the rope part), qv [B, Sq, H, 512] (the latent
+    part), a page_table, an int32 cache_seqlens, and k_cache [P, page, 1, 64] and v_cache
+    [P, page, 1, 512] that are views of one [P, page, 1, 576] buffer (latent first, as inference
+    engines keep it), the call runs hattn.mla_with_kvcache (page a multiple of 64; the default
+    scale 1/sqrt(64 + 512), as FA3's); out is [B, Sq, H, 512]. Any other qv call, or qv with
+    anything to append, rotary, cache entries, a window or softcap, raises NotImplementedError.
+
+    cu_seqlens_q, cu_seqlens_k_new (no variable-length queries or new keys), rotary_seqlens
     (the rotary positions are cache_seqlens[b] + i), scheduler_metadata (hattn plans its own
     schedule), attention_chunk != 0, sm_margin != 0, FP8 inputs and descales, cache_leftpad with
     page_table, and inputs that require grad (no backward with a KV cache, as in FA3) raise
     NotImplementedError naming them.
     """
+    if qv is not None:  # FA3's MLA mode: hattn.mla_with_kvcache, when the cache is one latent buffer
+        extras = _unsupported(None, attention_chunk, sm_margin)
+        for name, given in (("k", k is not None), ("v", v is not None), ("rotary_cos", rotary_cos is not None),
+                            ("rotary_sin", rotary_sin is not None), ("cache_batch_idx", cache_batch_idx is not None),
+                            ("cache_leftpad", cache_leftpad is not None), ("cu_seqlens_q", cu_seqlens_q is not None),
+                            ("cu_seqlens_k_new", cu_seqlens_k_new is not None),
+                            ("rotary_seqlens", rotary_seqlens is not None),
+                            ("scheduler_metadata", scheduler_metadata is not None),
+                            ("descales", any(t is not None for t in (q_descale, k_descale, v_descale))),
+                            ("window_size", tuple(window_size) != (-1, -1)), ("softcap", softcap != 0.0)):
+            if given:
+                extras.append(f"{name} with qv (hattn's MLA decoding takes none)")
+        if _needs_grad(q, qv, k_cache, v_cache):
+            extras.append("inputs that require grad (no backward with a KV cache; use torch.no_grad())")
+        _check_pack_gqa(pack_gqa)
+        _num_splits(num_splits)
+        return _mla_kvcache(q, k_cache, v_cache, qv, cache_seqlens, page_table, softmax_scale, causal,
+                            return_softmax_lse, extras)  # fmt: skip
     unsupported = _unsupported(qv, attention_chunk, sm_margin)
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new)):
         if t is not None:

@@ -630,3 +630,51 @@ def test_fp8_same_as_attention_fp8(causal):
     same(lse, expect_lse)
     if causal:
         same(fa3.flash_attn_func(q, k, v, q_descale=qd, k_descale=kd, v_descale=vd, window_size=(-1, 0)), expect)
+
+
+# --- FA3's MLA call (qv) -------------------------------------------------------------------------
+
+
+def mla_call_inputs(device="cpu", lens=(100, 7), pages_per_seq=2):
+    """FA3's MLA inputs over one latent buffer [P, 64, 1, 576]: q (rope, 64), qv (latent, 512),
+    k_cache (its last 64 features), v_cache (its first 512), a page table and the lengths."""
+    gen = torch.Generator(device="cpu").manual_seed(5)
+    batch = len(lens)
+    buffer = torch.randn(batch * pages_per_seq, 64, 1, 576, generator=gen).to(torch.bfloat16).to(device)
+    q_full = torch.randn(batch, 1, 16, 576, generator=gen).to(torch.bfloat16).to(device)
+    table = torch.arange(batch * pages_per_seq, dtype=torch.int32, device=device).view(batch, pages_per_seq)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    return q_full[..., 512:], q_full[..., :512], buffer[..., 512:], buffer[..., :512], table, seqlens, q_full, buffer
+
+
+def test_mla_call_goes_to_mla_with_kvcache():
+    """Views of one latent buffer reach hattn's MLA path (on the CPU it then asks for a GPU)."""
+    q, qv, k_cache, v_cache, table, seqlens, _, _ = mla_call_inputs()
+    with pytest.raises(ValueError, match="q: must be a CUDA tensor"):
+        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, qv=qv, page_table=table, cache_seqlens=seqlens)
+
+
+def test_mla_call_refusals_are_named():
+    q, qv, k_cache, v_cache, table, seqlens, _, _ = mla_call_inputs()
+    with pytest.raises(NotImplementedError, match=r"qv with k_cache and v_cache that are not views of one"):
+        fa3.flash_attn_with_kvcache(q, k_cache.clone(), v_cache, qv=qv, page_table=table, cache_seqlens=seqlens)
+    with pytest.raises(NotImplementedError, match=r"qv without page_table .*window_size with qv .*softcap with qv"):
+        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, qv=qv, cache_seqlens=seqlens, window_size=(8, 0),
+                                    softcap=5.0)  # fmt: skip
+    with pytest.raises(NotImplementedError, match=r"qv \(no second query-value product"):
+        fa3.flash_attn_with_kvcache(q, k_cache, v_cache, qv=qv[..., :64], page_table=table, cache_seqlens=seqlens)
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_mla_call_same_as_mla_with_kvcache(causal):
+    """FA3's MLA call on views of one latent buffer: hattn.mla_with_kvcache's out and LSE, bit for
+    bit (its default scale, 1/sqrt(64 + 512), is FA3's with qv)."""
+    q, qv, k_cache, v_cache, table, seqlens, q_full, buffer = mla_call_inputs("cuda", lens=(100, 7, 128))
+    out, lse, *_ = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, qv=qv, page_table=table, cache_seqlens=seqlens,
+                                               causal=causal, return_softmax_lse=True)  # fmt: skip
+    expect, expect_lse = hattn.mla_with_kvcache(q_full, buffer, table, seqlens, causal=causal, return_lse=True)
+    same(out, expect)
+    same(lse, expect_lse)
+    assert torch.equal(fa3.flash_attn_with_kvcache(q, k_cache, v_cache, qv=qv, page_table=table,
+                                                   cache_seqlens=seqlens, causal=causal), expect)  # fmt: skip
