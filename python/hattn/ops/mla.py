@@ -179,6 +179,7 @@ def mla_with_kvcache(
 
     Returns out [B, seqlen_q, heads_q, 512] in q's dtype, and with return_lse (out, lse) with lse
     [B, heads_q, seqlen_q] fp32 (natural log; -inf for a row that sees no key, whose out is 0).
+    Forward only: inputs that require grad raise NotImplementedError.
     """
     if _needs_grad(q, kv_cache):
         raise NotImplementedError(
