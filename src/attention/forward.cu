@@ -137,21 +137,9 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
       combine_tail_kernel<OutType<T>, D><<<unsigned((tail_rows + 3) / 4), 128, 0, stream>>>(kernel_params, list,
                                                                                              Cfg::kBlockM);
       s = launch_status(kName);
-    } else if (s.ok()) {
-      // A programmatic dependent launch: the attention kernel lets it start while it still runs
-      // (griddepcontrol.launch_dependents), and the combine waits for it (griddepcontrol.wait).
-      cudaLaunchAttribute dependent{};
-      dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      dependent.val.programmaticStreamSerializationAllowed = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(unsigned((rows_all + 3) / 4));
-      config.blockDim = dim3(128);
-      config.stream = stream;
-      config.attrs = &dependent;
-      config.numAttrs = 1;
-      // cudaLaunchKernelEx returns the launch's own error (cuda_status then clears it).
-      s = cuda_status(cudaLaunchKernelEx(&config, combine_splits_kernel<OutType<T>, D>, kernel_params, rows_all),
-                      std::string(kName) + ": launching the split-KV combine");
+    } else if (s.ok()) {  // started early, beside the attention kernel's last CTAs
+      s = launch_dependent(combine_splits_kernel<OutType<T>, D>, dim3(unsigned((rows_all + 3) / 4)), dim3(128), stream,
+                           std::string(kName) + ": launching the split-KV combine", kernel_params, rows_all);
     }
   }
   const Status split_back = give_back_scratch(allocator, split_scratch, split.bytes, stream, kName, "split-KV workspace");

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <utility>
 
 #include "hattn/hattn.h"
 
@@ -45,6 +46,25 @@ inline Status cuda_status(cudaError_t err, const std::string& what) {
   if (err == cudaSuccess) return Status::Ok();
   cudaGetLastError();
   return {StatusCode::cuda_error, what + ": " + cudaGetErrorString(err)};
+}
+
+// Launches `kernel` as a programmatic dependent of the kernel ahead of it on `stream`: that one
+// lets it start while it still runs (griddepcontrol.launch_dependents), and `kernel` waits for
+// it (griddepcontrol.wait) before it reads what that one writes. `what` names the launch in errors.
+template <typename... Params, typename... Args>
+Status launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                        const std::string& what, Args&&... args) {
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  // cudaLaunchKernelEx returns the launch's own error (cuda_status then clears it).
+  return cuda_status(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
 }
 
 // Calls f.template operator()<T, D>() with the element type and head dim of `problem`:

@@ -189,20 +189,9 @@ Status launch_typed(const MlaDecodeProblem& problem, const CUtensorMap& kv_map, 
   if (s = launch_status(kName); !s.ok()) return s;
   const int64_t rows = int64_t(problem.batch) * params.rows;
   const int64_t blocks = (rows + mla::kCombineRowsPerBlock - 1) / mla::kCombineRowsPerBlock;
-  // A programmatic dependent launch: the attention kernel lets it start while it still runs
-  // (griddepcontrol.launch_dependents), and the combine waits for it (griddepcontrol.wait).
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(32 * mla::kCombineRowsPerBlock);
-  config.stream = stream;
-  config.attrs = &dependent;
-  config.numAttrs = 1;
-  // cudaLaunchKernelEx returns the launch's own error (cuda_status then clears it).
-  return cuda_status(cudaLaunchKernelEx(&config, mla::combine_kernel<T>, params),
-                     std::string(kName) + ": launching the combine");
+  // Started early, beside the attention kernel's last CTAs.
+  return launch_dependent(mla::combine_kernel<T>, dim3(unsigned(blocks)), dim3(32 * mla::kCombineRowsPerBlock), stream,
+                          std::string(kName) + ": launching the combine", params);
 }
 
 }  // namespace
