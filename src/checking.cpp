@@ -68,6 +68,26 @@ Status check_range(const char* name, const std::vector<int32_t>& values, int64_t
   return Status::Ok();
 }
 
+// The pages each of `batch` sequences reads (those holding its keys_of(b) keys, in row
+// row_of(b) of `table`, rows of max_pages entries) within [0, num_pages). `who` names a
+// sequence in the message ("sequence", MLA's "request").
+template <typename RowOf, typename KeysOf>
+Status check_pages_in_use(const std::vector<int32_t>& table, size_t batch, int max_pages, int page_size,
+                          int num_pages, const char* who, RowOf row_of, KeysOf keys_of) {
+  for (size_t b = 0; b < batch; ++b) {
+    const int64_t row = row_of(b);
+    const int64_t pages = std::min<int64_t>((int64_t(keys_of(b)) + page_size - 1) / page_size, max_pages);
+    for (int64_t j = 0; j < pages; ++j) {
+      const int32_t page = table[size_t(row) * max_pages + size_t(j)];
+      if (page < 0 || page >= num_pages)
+        return broken("block_table: entry (" + std::to_string(row) + ", " + std::to_string(j) + ") is " +
+                      std::to_string(page) + ", outside [0, " + std::to_string(num_pages - 1) +
+                      "] (the pages of a cache of num_pages; " + who + " " + std::to_string(b) + " reads it)");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool checking_from_environment() {
@@ -108,18 +128,11 @@ Status check_promises_on(const AttentionProblem& p, cudaStream_t stream) {
     const size_t rows = p.kv_batch_idx != nullptr ? size_t(p.kv_batch) : batch;
     if (!(s = read_back(p.block_table, rows * size_t(p.max_pages_per_seq), stream, "block_table", &table)).ok())
       return s;
-    for (size_t b = 0; b < batch; ++b) {
-      const int64_t row = entries.empty() ? int64_t(b) : entries[b];
-      const int64_t keys = used.empty() ? p.seqlen_k : used[b];
-      const int64_t pages = std::min<int64_t>((keys + p.page_size - 1) / p.page_size, p.max_pages_per_seq);
-      for (int64_t j = 0; j < pages; ++j) {
-        const int32_t page = table[size_t(row) * p.max_pages_per_seq + size_t(j)];
-        if (page < 0 || page >= p.num_pages)
-          return broken("block_table: entry (" + std::to_string(row) + ", " + std::to_string(j) + ") is " +
-                        std::to_string(page) + ", outside [0, " + std::to_string(p.num_pages - 1) +
-                        "] (the pages of a cache of num_pages; sequence " + std::to_string(b) + " reads it)");
-      }
-    }
+    s = check_pages_in_use(
+        table, batch, p.max_pages_per_seq, p.page_size, p.num_pages, "sequence",
+        [&](size_t b) { return entries.empty() ? int64_t(b) : int64_t(entries[b]); },
+        [&](size_t b) { return used.empty() ? p.seqlen_k : used[b]; });
+    if (!s.ok()) return s;
   }
   const size_t scales = batch * size_t(std::max(p.heads_kv, 0));
   for (const auto& [name, ptr] : {std::pair<const char*, const float*>{"q_descale", p.q_descale},
@@ -145,17 +158,9 @@ Status check_mla_promises_on(const MlaDecodeProblem& p, cudaStream_t stream) {
   if (!(s = check_range("cache_seqlens", lens, 0, capacity, "keys per request, at most max_pages_per_seq * page_size"))
            .ok())
     return s;
-  for (size_t b = 0; b < batch; ++b) {  // the pages that hold request b's keys
-    const int64_t pages = (int64_t(lens[b]) + p.page_size - 1) / p.page_size;
-    for (int64_t j = 0; j < pages; ++j) {
-      const int32_t page = table[b * size_t(p.max_pages_per_seq) + size_t(j)];
-      if (page < 0 || page >= p.num_pages)
-        return broken("block_table: entry (" + std::to_string(b) + ", " + std::to_string(j) + ") is " +
-                      std::to_string(page) + ", outside [0, " + std::to_string(p.num_pages - 1) +
-                      "] (the pages of a cache of num_pages; request " + std::to_string(b) + " reads it)");
-    }
-  }
-  return Status::Ok();
+  return check_pages_in_use(
+      table, batch, p.max_pages_per_seq, p.page_size, p.num_pages, "request", [](size_t b) { return int64_t(b); },
+      [&](size_t b) { return lens[b]; });
 }
 
 Status check_mla_promises(const MlaDecodeProblem& problem, cudaStream_t stream) {
