@@ -16,7 +16,7 @@ the same length, and times:
                 decoding path over the same traffic
 
 The outputs of hattn_mla (and FA3's) are checked first against the fp32 formulation: within twice
-torch_mla's own error, or 2^-6 of the largest output (guard(); a broken kernel's guard,
+torch_mla's own error, or 2^-6 of the largest output (reference(); a broken kernel's guard,
 python/tests/test_mla.py holds the fp64 bound). Timing: hattn.bench's
 Timer (CUDA events, an L2 flush before each call, interleaved rounds, the median).
 
@@ -93,17 +93,14 @@ def torch_mla(q, keys, scale: float, causal: bool):
     return torch.bmm(p, keys[..., :DV]).view(batch, seqlen_q, heads_q, DV)
 
 
-def guard(out, q, keys, scale: float):
-    """(error, tolerance) of an implementation's output against the fp32 formulation: the
-    tolerance is twice the error of torch's own bf16 formulation, and at least 2^-6 of the
-    output's largest magnitude (a bf16 formulation rounds P differently from ours, so one bf16
-    output against another disagrees by a few units in the last place)."""
+def reference(q, keys, scale: float):
+    """(the fp32 formulation's out, the tolerance the outputs are held to): twice the error of
+    torch's own bf16 formulation, and at least 2^-6 of the output's largest magnitude (a bf16
+    formulation rounds P differently from ours, so one bf16 output against another disagrees by
+    a few units in the last place)."""
     ref = torch_mla(q.float(), keys.float(), scale, True)
     err_torch = (torch_mla(q, keys, scale, True).float() - ref).abs().max().item()
-    err = (out.float() - ref).abs().max().item()
-    tol = max(2.0 * err_torch, 2.0**-6 * ref.abs().max().item())
-    del ref
-    return err, tol
+    return ref, max(2.0 * err_torch, 2.0**-6 * ref.abs().max().item())
 
 
 def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict]:
@@ -119,11 +116,21 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
         return hattn.mla_with_kvcache(q, cache, table, seqlens, schedule=schedule, causal=True)
 
     fns.append(ours), names.append("hattn_mla")
-    keys = None
-    if not args.no_torch or args.fa3_ready:
-        keys = cache[table.long()].reshape(batch, -1, DQK)[:, :seqlen].contiguous()
-        if not args.no_torch:
-            fns.append(lambda: torch_mla(q, keys, scale, True)), names.append("torch_mla")
+    # Each request's keys, materialized: torch's formulation, FA3's inputs and the guard read them.
+    keys = cache[table.long()].reshape(batch, -1, DQK)[:, :seqlen].contiguous()
+    if not args.no_torch:
+        fns.append(lambda: torch_mla(q, keys, scale, True)), names.append("torch_mla")
+    base = dict(commit=env["commit"], gpu=env["gpu"], batch=batch, seqlen_k=seqlen, heads_q=heads_q,
+                seqlen_q=seqlen_q, rows=rows)  # fmt: skip
+    # The guard: our output against the fp32 formulation, its reference computed once per point.
+    try:
+        ref, tol = reference(q, keys, scale)
+        err = (ours().float() - ref).abs().max().item()
+        checks["hattn_mla"] = (err, tol)
+        if not (err <= tol):
+            return [{**base, "name": "hattn_mla", "max_err": err, "tol": tol, "status": "wrong"}]
+    except Exception as e:  # noqa: BLE001  a refused or failed call is a row, not the end of the run
+        return [{**base, "name": "hattn_mla", "status": f"failed: {e}"}]
     if args.fa3_ready:
         # Separate contiguous caches, as FA3's own MLA benchmark lays them out (views into the
         # 576-wide rows disagreed with the fp32 formulation in the first H200 run).
@@ -134,7 +141,7 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
             return fa3.forward_mla(q_rope, k_rope, v_latent, q_latent, seqlens, True, scale)
 
         try:
-            err, tol = guard(theirs(), q, keys, scale)
+            err = (theirs().float() - ref).abs().max().item()
             checks["fa3_mla"] = (err, tol)
             if err <= tol:
                 fns.append(theirs), names.append("fa3_mla")
@@ -145,6 +152,7 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
             args.fa3_ready = False
             args.fa3_note = f"fa3_mla: {str(e).splitlines()[0][:120]}"
             print(f"bench_mla: FA3's MLA mode did not run ({args.fa3_note}); left out", flush=True)
+    del ref
     if not args.no_gqa:
         gq = torch.randn(batch, seqlen_q, heads_q, 128, device="cuda", dtype=torch.bfloat16)
         pages = -(-seqlen // 128)
@@ -152,21 +160,7 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
         gv = torch.randn_like(gk)
         gtable = torch.arange(batch * pages, device="cuda", dtype=torch.int32).view(batch, pages)
         fns.append(lambda: hattn.attention_paged(gq, gk, gv, gtable, seqlens, causal=True)), names.append("hattn_gqa")
-
-    # The guard: our output against torch's on the same cache.
-    base = dict(commit=env["commit"], gpu=env["gpu"], batch=batch, seqlen_k=seqlen, heads_q=heads_q,
-                seqlen_q=seqlen_q, rows=rows)  # fmt: skip
     records = []
-    try:
-        err, tol = guard(ours(), q, keys if keys is not None else cache[table.long()].reshape(batch, -1, DQK)[:, :seqlen],
-                         scale)  # fmt: skip
-        checks["hattn_mla"] = (err, tol)
-        if not (err <= tol):
-            records.append({**base, "name": "hattn_mla", "max_err": err, "tol": tol, "status": "wrong"})
-            return records
-    except Exception as e:  # noqa: BLE001  a refused or failed call is a row, not the end of the run
-        records.append({**base, "name": "hattn_mla", "status": f"failed: {e}"})
-        return records
     times = timer.interleaved(fns)
     clock = sm_clock_mhz()
     cache_bytes = batch * seqlen * DQK * 2 + q.numel() * 2 + batch * rows * DV * 2
