@@ -286,8 +286,11 @@ def mla_table(csv_path):
     if not csv_path.exists():
         return f"_No results yet (`{csv_path.relative_to(ROOT)}`, `python -m hattn.bench_mla`)._\n"
     rows = list(csv.DictReader(open(csv_path, newline="")))
-    points = {}
+    points, ceilings = {}, {}
     for r in rows:
+        if r["name"].startswith("ceiling_"):
+            ceilings[r["name"]] = r
+            continue
         points.setdefault((int(r["batch"]), int(r["seqlen_k"]), int(r["heads_q"]), int(r["seqlen_q"])), {})[r["name"]] = r
 
     def num(r, field, spec):
@@ -307,6 +310,11 @@ def mla_table(csv_path):
                    f"{num(ours, 'tflops', '.0f')} | {over_ours('torch_mla')} | {over_ours('fa3_mla')} | {num(gqa, 'gbps', '.0f')} | "
                    f"{ours['status'] if ours else 'missing'} |")
     first = rows[0]
+    if ceilings:
+        copy, mm = ceilings.get("ceiling_copy"), ceilings.get("ceiling_cublas")
+        out += ["", f"Ceilings measured in the same run: a device-to-device copy moved {num(copy, 'gbps', '.0f')} GB/s "
+                f"(read plus written, {num(copy, 'hbm_fraction', '.2f')} of 4.8 TB/s); cuBLAS's 8192³ bf16 product "
+                f"ran at {num(mm, 'tflops', '.0f')} TFLOP/s."]
     out += ["", f"_{first['gpu']}; commit `{first['commit'][:12]}`; SM clock {first.get('sm_clock_mhz') or '?'} MHz at "
             f"the first point; from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
     return "\n".join(out) + "\n"

@@ -21,7 +21,9 @@ python/tests/test_mla.py holds the fp64 bound). Timing: hattn.bench's
 Timer (CUDA events, an L2 flush before each call, interleaved rounds, the median).
 
 Bytes = the cache rows read (B x L x 576 x 2) plus q and out; GB/s over the H200's 4.8 TB/s is
-the memory-bound figure. FLOPs = 2 x B x rows x L x (576 + 512) with rows = heads_q x seqlen_q (the
+the memory-bound figure. The run first measures two ceilings with the same timer, as rows of the
+CSV: ceiling_copy (a 2 GiB device-to-device copy, GB/s counting bytes read and written) and
+ceiling_cublas (an 8192^3 bf16 matrix product through torch.matmul, TFLOP/s). FLOPs = 2 x B x rows x L x (576 + 512) with rows = heads_q x seqlen_q (the
 compute-bound figure, FlashMLA's count). Output: a table on stdout and pybench_mla.csv in --out;
 exit status 1 when an output was wrong or a call failed, 2 without a GPU.
 """
@@ -176,6 +178,21 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
     return records
 
 
+def ceilings(timer, env) -> List[Dict]:
+    """The copy bandwidth and cuBLAS's bf16 matrix rate on this GPU, timed like the points."""
+    src = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    (copy_ms, copy_reps), (mm_ms, mm_reps) = timer.interleaved([lambda: dst.copy_(src), lambda: a @ b])
+    clock = sm_clock_mhz()
+    base = dict(commit=env["commit"], gpu=env["gpu"], sm_clock_mhz=clock, status="ok")
+    copy_gbps = 2 * src.numel() / copy_ms / 1e6
+    return [{**base, "name": "ceiling_copy", "ms": copy_ms, "reps": copy_reps, "gbps": copy_gbps,
+             "hbm_fraction": copy_gbps / HBM_GBPS},
+            {**base, "name": "ceiling_cublas", "ms": mm_ms, "reps": mm_reps, "tflops": 2 * 8192**3 / mm_ms / 1e9}]
+
+
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
@@ -192,6 +209,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     records: List[Dict] = []
     print(f"{env['gpu']}, commit {env['commit'][:12]}, SM clock {env['sm_clock_mhz_start']} MHz; "
           f"FA3: {'given' if args.fa3_ready else args.fa3_note}")
+    for r in ceilings(timer, env):
+        records.append(r)
+        print(f"{r['name']}: {fmt(r.get('gbps'), '.0f')} GB/s, {fmt(r.get('tflops'), '.0f')} TFLOP/s", flush=True)
+    torch.cuda.empty_cache()
     print(f"{'batch':>5} {'L':>6} {'heads':>7} {'name':>10} {'ms':>9} {'GB/s':>7} {'of HBM':>6} {'TFLOP/s':>7}  status")
     for batch in args.batches:
         for seqlen in args.seqlens:

@@ -143,6 +143,25 @@ def test_status_rates_mla_over_its_best_anchor(tmp_path, monkeypatch):
     assert "| FA3, torch (bmm + softmax) | 0.90 | 1.05 | 1 of 2 | `results/pybench_mla.csv` at `abcdef1` |" in row
 
 
+def test_mla_table_states_the_ceilings_of_its_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    (tmp_path / "results").mkdir()
+    path = tmp_path / "results" / "pybench_mla.csv"
+    head = "commit,gpu,sm_clock_mhz,name,batch,seqlen_k,heads_q,seqlen_q,rows,ms,reps,gbps,hbm_fraction,tflops,max_err,tol,status"
+    lines = [head,
+             "abcdef123456,NVIDIA H200,1980,ceiling_copy,,,,,,1.00,50,4300,0.8958,,,,ok",
+             "abcdef123456,NVIDIA H200,1980,ceiling_cublas,,,,,,1.40,50,,,785,,,ok",
+             "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,16,1,16,0.10,50,4300,0.90,95,0.001,0.01,ok",
+             "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,16,1,16,0.30,50,1400,0.30,31,,,ok"]
+    path.write_text("\n".join(lines) + "\n")
+    table = gen_docs.mla_table(path)
+    assert "| 64 | 4096 | 16 x 1 | 4300 | 0.90 | 95 | 3.00 | – | – | ok |" in table
+    assert "copy moved 4300 GB/s (read plus written, 0.90 of 4.8 TB/s)" in table
+    assert "ran at 785 TFLOP/s" in table
+    row = next(line for line in gen_docs.status_table().splitlines() if line.startswith("| MLA decoding"))
+    assert "| 3.00 | 3.00 | 1 of 1 |" in row  # the ceilings are not points
+
+
 def test_mla_table_without_results_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
     assert "No results yet" in gen_docs.mla_table(tmp_path / "pybench_mla.csv")
