@@ -6,6 +6,7 @@ the same length, and times:
 
   hattn_mla     hattn.mla_with_kvcache with a schedule made once (as a decoding step reuses it
                 across layers), causal over the seqlen_q new tokens
+  hattn_mla_seesaw  the same with the seesaw kernel schedule on trial (--seesaw)
   torch_mla     the best torch formulation: bmm(q, K^T), fp32 softmax, bmm(P, V) on the cache
                 already materialized per request ([B, L, 576]; the gather is not timed)
   fa3_mla       FlashAttention-3's d_qk != d_v mode (q and k the 64 rope features, q_v and v the 512
@@ -59,6 +60,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     help="heads_q x seqlen_q pairs, comma-separated (default: rows 16 to 256)")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch formulation (saves memory)")
     ap.add_argument("--no-gqa", action="store_true", help="skip hattn_gqa")
+    ap.add_argument("--seesaw", action="store_true",
+                    help="also time the seesaw schedule on trial (HATTN_MLA_SCHEDULE=seesaw) as hattn_mla_seesaw")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per implementation and point")
     ap.add_argument("--out", default=".", help="folder for pybench_mla.csv")
     fa3.add_argument(ap)
@@ -114,9 +117,13 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
     schedule = hattn.mla_schedule(seqlens, seqlen_q=seqlen_q, heads_q=heads_q)
     fns, names, checks = [], [], {}
 
-    def ours():
-        return hattn.mla_with_kvcache(q, cache, table, seqlens, schedule=schedule, causal=True)
+    def on_schedule(kernel_schedule):
+        def call():  # the library reads HATTN_MLA_SCHEDULE at each call
+            os.environ["HATTN_MLA_SCHEDULE"] = kernel_schedule
+            return hattn.mla_with_kvcache(q, cache, table, seqlens, schedule=schedule, causal=True)
+        return call
 
+    ours = on_schedule("default")
     fns.append(ours), names.append("hattn_mla")
     # Each request's keys, materialized: torch's formulation, FA3's inputs and the guard read them.
     keys = cache[table.long()].reshape(batch, -1, DQK)[:, :seqlen].contiguous()
@@ -133,6 +140,18 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
             return [{**base, "name": "hattn_mla", "max_err": err, "tol": tol, "status": "wrong"}]
     except Exception as e:  # noqa: BLE001  a refused or failed call is a row, not the end of the run
         return [{**base, "name": "hattn_mla", "status": f"failed: {e}"}]
+    records = []
+    if args.seesaw:
+        seesaw = on_schedule("seesaw")
+        try:
+            err = (seesaw().float() - ref).abs().max().item()
+            checks["hattn_mla_seesaw"] = (err, tol)
+            if err <= tol:
+                fns.append(seesaw), names.append("hattn_mla_seesaw")
+            else:
+                records.append({**base, "name": "hattn_mla_seesaw", "max_err": err, "tol": tol, "status": "wrong"})
+        except Exception as e:  # noqa: BLE001
+            records.append({**base, "name": "hattn_mla_seesaw", "status": f"failed: {e}"})
     if args.fa3_ready:
         # Separate contiguous caches, as FA3's own MLA benchmark lays them out (views into the
         # 576-wide rows disagreed with the fp32 formulation in the first H200 run).
@@ -162,7 +181,6 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
         gv = torch.randn_like(gk)
         gtable = torch.arange(batch * pages, device="cuda", dtype=torch.int32).view(batch, pages)
         fns.append(lambda: hattn.attention_paged(gq, gk, gv, gtable, seqlens, causal=True)), names.append("hattn_gqa")
-    records = []
     times = timer.interleaved(fns)
     clock = sm_clock_mhz()
     cache_bytes = batch * seqlen * DQK * 2 + q.numel() * 2 + batch * rows * DV * 2

@@ -1,0 +1,503 @@
+// MLA decoding's attention kernel, the seesaw schedule (on trial beside kernel.cuh's: selected by
+// HATTN_MLA_SCHEDULE=seesaw until a GPU run decides): one CTA per (run of the schedule, 64 query rows).
+//
+// The rows are a request's query heads x new tokens, which all read one latent K/V head. A
+// producer thread streams the cache in pairs of 64-key tiles (576 columns: nine 64-column TMA
+// boxes): the pair's even tile into stage 0, its odd tile into stage 1, each as two pieces
+// (boxes 0-3, boxes 4-8) that are reloaded as soon as their last reader is done with them.
+// Two consumer warpgroups work the pair as a seesaw, so that one's softmax runs while the
+// other's matrix products keep the tensor cores busy:
+//   - consumer 0 scores the even tile (S0 = Q K0^T over all 576 features), takes the running
+//     max m0 with it, and hands m0 on; consumer 1 scores the odd tile and takes the pair's max
+//     m1 = max(m0, its tile's). Each exponentiates its own tile's scores: P0 and P1.
+//   - consumer w owns output columns 256w .. 256w + 255 (V is a tile's first 512 columns, read
+//     N-major from the same boxes): consumer 0 adds P0 V0 (P0 in registers) while consumer 1
+//     scores; consumer 1 adds P1 V1 (registers), then P0 V0 with P0 rescaled to m1 and shared
+//     by consumer 0; consumer 0 adds P1 V1 with P1 shared by consumer 1.
+// The shared P tiles take the place of their tiles' rope boxes (K's last 64 columns), which
+// only the scorer reads: Q and the two stages fill shared memory. A request's segment ends with O / sum, the sums added across the two consumers: to out and lse when the
+// request is not split, else to its slot of fp32 partial results.
+#pragma once
+
+#include "kernel.cuh"
+
+namespace hattn::mla::seesaw {
+
+// kernel.cuh's shapes and register split; a stage holds one tile of the pair.
+constexpr int kLatentBoxes = kDimV / 64;  // V's boxes: a tile's first 512 columns
+constexpr int kRopeBox = kBoxes - 1;      // K's rope columns: once scored, the tile's P
+// A stage's two pieces: boxes 0-3 (K's first 256 features, V's left half) and boxes 4-8.
+constexpr int kPieces = 2;
+__host__ __device__ constexpr int piece_first_box(int piece) { return piece * 4; }
+__host__ __device__ constexpr int piece_boxes(int piece) { return piece == 0 ? 4 : kBoxes - 4; }
+
+struct alignas(1024) SharedStorage {
+  unsigned char q[kTileBytes];                 // Q's 64 rows, 128-byte swizzled boxes
+  unsigned char kv[kStages][kTileBytes];       // the pair's tiles, as TMA writes them
+  float max_exchange[kBlockM];                 // the running max: consumer 0's m0, then consumer 1's m1
+  float sum_exchange[2][kBlockM];              // each consumer's row sums at a segment's end
+  uint64_t full[kStages][kPieces], empty[kStages][kPieces];
+};
+static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "MLA's shared memory exceeds sm_90's 227 KB");
+
+// Consumers that read each piece before it may be reloaded. Stage 0's boxes 0-3: only consumer 0
+// (S0, P0 V0 left); the other pieces both: stage 0's boxes 4-8 (S0; P0 from the rope box and V0
+// right), stage 1's boxes 0-3 (S1; P1 V1 left), stage 1's boxes 4-8 (S1 and P1 V1 right; P1
+// from the rope box).
+__host__ __device__ constexpr int piece_readers(int stage, int piece) { return stage == 0 && piece == 0 ? 128 : 256; }
+
+// Named barriers (0 is __syncthreads).
+enum Barrier : int {
+  kQReady = 1,        // both consumers wrote Q
+  kMaxReady0 = 2,     // consumer 0 wrote m0 (and zeroed its tile's V rows past the request)
+  kMaxReady1 = 3,     // consumer 1 wrote m1 and P1 (and zeroed its tile's V rows past the request)
+  kP0Ready = 4,       // consumer 0 wrote P0 rescaled to m1
+  kSumExchange = 5,   // both wrote their row sums
+  kOwnGroup = 6,      // (+ w) consumer w's four warps, around zeroing V rows
+};
+
+
+#ifdef __CUDACC__
+// Producer: one thread, the same walk over the run's pairs as the consumers. Stage 0's pieces
+// load in order (boxes 0-3 are freed first), stage 1's boxes 4-8 first (its scorer reads them
+// first, while consumer 0 still reads boxes 0-3 for P1 V1).
+__device__ __forceinline__ void produce(SharedStorage& smem, const CUtensorMap& kv_map, const Params& p) {
+  const Run run = load_run(p);
+  int loads_even = 0, loads_odd = 0;  // tiles loaded into stages 0 and 1 so far
+  for (int b = run.begin_batch; run_covers(run, b); ++b) {
+    const Segment seg = segment(p, run, b);
+    const int32_t* pages = p.block_table + int64_t(b) * p.max_pages_per_seq;
+    for (int tile = seg.lo; tile < seg.hi; ++tile) {
+      const int stage = (tile - seg.lo) % 2;
+      const uint32_t parity = (stage == 0 ? loads_even : loads_odd) % 2;
+      const int key = tile * kBlockN;
+      // A page outside the cache reads as zeros (TMA's bounds); the caller checks the table.
+      const int page = pages[key / p.page_size], row = key % p.page_size;
+#pragma unroll
+      for (int i = 0; i < kPieces; ++i) {
+        const int piece = stage == 0 ? i : 1 - i;
+        const int first_box = piece_first_box(piece);
+        // The piece's readers released its previous tile (a fresh barrier passes parity 1).
+        ptx::mbarrier_wait(&smem.empty[stage][piece], parity ^ 1);
+        ptx::mbarrier_arrive_expect_tx(&smem.full[stage][piece], piece_boxes(piece) * kBoxBytes);
+#pragma unroll
+        for (int box = first_box; box < first_box + piece_boxes(piece); ++box)
+          ptx::cp_async_bulk_tensor_4d_g2s(smem.kv[stage] + box * kBoxBytes, &kv_map, box * 64, row, 0, page,
+                                           &smem.full[stage][piece]);
+      }
+      (stage == 0 ? loads_even : loads_odd) += 1;
+    }
+  }
+}
+
+// Q's 64 rows of request b into the 128-byte swizzled boxes wgmma reads (16-byte chunk c of
+// row r at chunk c ^ r % 8), zeros past the request's rows. The 256 consumer threads share it.
+template <typename T>
+__device__ __forceinline__ void load_q(SharedStorage& smem, const Params& p, int b, int row_base, int thread) {
+  constexpr int kChunks = kDimQk * int(sizeof(T)) / 16;  // 72 per row
+  for (int i = thread; i < kBlockM * kChunks; i += kConsumerThreads) {
+    const int r = i / kChunks, chunk = i % kChunks, row = row_base + r;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row < p.rows) {
+      const int s = row / p.heads_q, h = row % p.heads_q;
+      v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_batch + s * p.q_seq + h * p.q_head +
+                                          chunk * 8);
+    }
+    const int box = chunk / 8, c = chunk % 8;
+    *reinterpret_cast<uint4*>(smem.q + box * kBoxBytes + r * 128 + (c ^ r % 8) * 16) = v;
+  }
+}
+
+// The state a consumer carries through a segment: its 64 x 256 share of O, and per row (g and
+// g + 8 of the accumulator) the running max and this thread's part of the row sum.
+struct RowState {
+  float o[kHalfV / 2];
+  float max[2], sum[2];
+};
+
+// What both consumers need to score and mask a tile.
+struct TileContext {
+  uint64_t q_desc, k_desc;
+  int len;                    // the request's keys
+  int limit_shift[2];         // causal: row r sees the keys below len + limit_shift[r]
+  int min_shift;
+  int col;
+};
+
+// A descriptor the compiler cannot see through: each matrix product's k-step descriptors are then
+// computed next to it, not hoisted out of the tile loop (72 loop-invariant 64-bit descriptors
+// per consumer would not fit in its registers beside O).
+__device__ __forceinline__ uint64_t opaque(uint64_t desc) {
+  asm volatile("" : "+l"(desc));
+  return desc;
+}
+
+// S = Q K^T for the tile in `stage`: 36 k16 steps, four per box, boxes in the order its pieces
+// arrive (`first_piece` first).
+template <typename T>
+__device__ __forceinline__ void score(float (&s)[32], SharedStorage& smem, const TileContext& c, int stage,
+                                      int first_piece, uint32_t parity) {
+  const uint64_t q_desc = opaque(c.q_desc), k_base = opaque(c.k_desc);
+#pragma unroll
+  for (int i = 0; i < kPieces; ++i) {
+    const int piece = i == 0 ? first_piece : 1 - first_piece;
+    ptx::mbarrier_wait(&smem.full[stage][piece], parity);
+    ptx::wgmma_fence();  // after the wait's loop: before the chain's first product, and again
+                         // where the compiler would otherwise insert it
+    const int first_box = piece_first_box(piece);
+#pragma unroll
+    for (int box = 0; box < kBoxes; ++box) {
+      if (box < first_box || box >= first_box + piece_boxes(piece)) continue;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint64_t k_desc = ptx::advance_smem_desc(k_base, stage * kTileBytes + box * kBoxBytes + k * 32);
+        const bool accumulate = !(i == 0 && box == first_box && k == 0);
+        ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, box * kBoxBytes + k * 32),
+                                                      k_desc, accumulate);
+      }
+    }
+  }
+  ptx::wgmma_commit_group();
+  ptx::wgmma_wait_group<0>();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) ptx::fence_operand(s[i]);
+}
+
+// Keys past a row's limit (the request's end, or the causal diagonal) score -inf; returns the
+// tile's row maxima over the quad.
+__device__ __forceinline__ void mask_and_max(float (&s)[32], const TileContext& c, int tile, float (&tile_max)[2]) {
+  if (tile * kBlockN + kBlockN > c.len + c.min_shift) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int key = tile * kBlockN + i / 4 * 8 + c.col + i % 2;
+      if (key >= c.len + c.limit_shift[i % 4 / 2]) s[i] = -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) m = fmaxf(m, fmaxf(s[nt * 4 + 2 * r], s[nt * 4 + 2 * r + 1]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    tile_max[r] = m;
+  }
+}
+
+// The new max of each row: its scale factor for what was summed under the old max, and the
+// new max times the log2 scale (0 for a row with no key yet: weights 0, not NaN).
+__device__ __forceinline__ void take_max(float (&row_max)[2], const float (&new_max)[2], float scale_log2,
+                                         float (&rescale)[2], float (&max_scaled)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    max_scaled[r] = new_max[r] == -INFINITY ? 0.f : new_max[r] * scale_log2;
+    rescale[r] = new_max[r] == row_max[r] ? 1.f : ptx::ex2_approx_ftz_f32(row_max[r] * scale_log2 - max_scaled[r]);
+    row_max[r] = new_max[r];
+  }
+}
+
+// P = 2^(s c - m c) in place, its row sums added to the thread's running sums.
+__device__ __forceinline__ void exponentiate(float (&s)[32], RowState& st, const float (&max_scaled)[2],
+                                             float scale_log2) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    s[i] = ptx::ex2_approx_ftz_f32(fmaf(s[i], scale_log2, -max_scaled[i % 4 / 2]));
+    st.sum[i % 4 / 2] += s[i];
+  }
+}
+
+__device__ __forceinline__ void rescale_rows(RowState& st, const float (&rescale)[2]) {
+#pragma unroll
+  for (int i = 0; i < kHalfV / 2; ++i) st.o[i] *= rescale[i % 4 / 2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) st.sum[r] *= rescale[r];
+}
+
+// P's k16 A fragments (keys 16 kk .. 16 kk + 15) from the accumulator layout of s.
+template <typename T>
+__device__ __forceinline__ void pack_p(uint32_t (&frag)[4][4], const float (&s)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) frag[kk][i] = frag::pack2<T>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+}
+
+// P (times `factor` per row) into a 128-byte swizzled 64 x 64 box, the layout of an A operand.
+template <typename T>
+__device__ __forceinline__ void store_p(unsigned char* box, const float (&s)[32], const float (&factor)[2],
+                                        const int (&local_row)[2], int col) {
+#pragma unroll
+  for (int i = 0; i < 32; i += 2) {
+    const int r = local_row[i % 4 / 2], key = i / 4 * 8 + col;
+    const float f = factor[i % 4 / 2];
+    *reinterpret_cast<uint32_t*>(box + r * 128 + ((key / 8) ^ r % 8) * 16 + key % 8 * 2) =
+        frag::pack2<T>(s[i] * f, s[i + 1] * f);
+  }
+}
+
+// The request's last tile: rows past its keys hold another request's keys or anything (NaN
+// too), and P = 0 there does not cancel NaN in P V. The tile's scorer zeroes V's rows there
+// once all its warps' S are done; the other consumer reads them after a barrier that follows.
+// Generic writes before wgmma reads: fence, then this warpgroup's barrier.
+__device__ __forceinline__ void zero_tail_rows(SharedStorage& smem, int stage, int valid, int w, int thread) {
+  ptx::bar_sync(kOwnGroup + w, 128);
+  unsigned char* tile = smem.kv[stage];
+  for (int i = thread; i < (kBlockN - valid) * kLatentBoxes * 8; i += 128) {
+    const int row = valid + i / (kLatentBoxes * 8), box = i / 8 % kLatentBoxes, c = i % 8;
+    *reinterpret_cast<uint4*>(tile + box * kBoxBytes + row * 128 + c * 16) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  ptx::fence_proxy_async_shared_cta();
+  ptx::bar_sync(kOwnGroup + w, 128);
+}
+
+// O += P V over 64 keys for this consumer's 256 columns of the tile in `stage`; P from
+// registers or from a shared box. Two may be chained (issued with the first in flight); the
+// caller fences O (fence_o) after writing it and before the first.
+template <typename T>
+__device__ __forceinline__ void add_pv_regs(RowState& st, const uint32_t (&frag)[4][4], uint64_t v_desc, int stage) {
+  v_desc = opaque(v_desc);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)  // 16 keys = 2048 bytes down V's boxes
+    ptx::WgmmaM64K16<T, kHalfV>::template rs<1>(st.o, frag[kk],
+                                                ptx::advance_smem_desc(v_desc, stage * kTileBytes + kk * 2048), 1);
+  ptx::wgmma_commit_group();
+}
+
+template <typename T>
+__device__ __forceinline__ void add_pv_shared(RowState& st, uint64_t p_desc, uint64_t v_desc, int stage) {
+  p_desc = opaque(p_desc), v_desc = opaque(v_desc);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    ptx::WgmmaM64K16<T, kHalfV>::template ss<1>(st.o, ptx::advance_smem_desc(p_desc, stage * kTileBytes + kk * 32),
+                                                ptx::advance_smem_desc(v_desc, stage * kTileBytes + kk * 2048), 1);
+  ptx::wgmma_commit_group();
+}
+
+__device__ __forceinline__ void fence_o(RowState& st) {
+#pragma unroll
+  for (int i = 0; i < kHalfV / 2; ++i) ptx::fence_operand(st.o[i]);
+}
+
+__device__ __forceinline__ void wait_pv(RowState& st) {
+  ptx::wgmma_wait_group<0>();
+#pragma unroll
+  for (int i = 0; i < kHalfV / 2; ++i) ptx::fence_operand(st.o[i]);
+}
+
+// Consumer w (a template argument: each role is compiled on its own, and the registers of one
+// do not constrain the other's).
+template <typename T, int w>
+__device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, int thread) {
+  const int warp = thread / 32, lane = thread % 32;
+  const int local_row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};  // the accumulator's rows g, g + 8
+  const int row_base = int(blockIdx.y) * kBlockM;
+  TileContext c;
+  c.col = 2 * (lane % 4);  // the thread's first column in an n8 tile
+  // Causal: the rows of new token s see the keys below len - (seqlen_q - 1 - s).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = min(row_base + local_row[r], p.rows - 1);
+    c.limit_shift[r] = p.causal ? row / p.heads_q - (p.seqlen_q - 1) : 0;
+  }
+  c.min_shift = p.causal ? -(p.seqlen_q - 1) : 0;
+  c.q_desc = ptx::make_smem_desc_sw128(smem.q, 16, 1024);
+  c.k_desc = ptx::make_smem_desc_sw128(smem.kv[0], 16, 1024);
+  // V N-major: this consumer's four 64-column boxes, kBoxBytes apart (LBO).
+  const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.kv[0] + w * 4 * kBoxBytes, kBoxBytes, 1024);
+  // P0 and P1 as A operands: each in its tile's rope box, dead once the tile is scored.
+  const uint64_t p_desc = ptx::make_smem_desc_sw128(smem.kv[0] + kRopeBox * kBoxBytes, 16, 1024);
+  const Run run = load_run(p);
+  const int32_t* split_begin = p.schedule + int64_t(p.parts) * kRunInts;
+  int uses = 0;  // tiles this consumer scored so far: its stage's full barriers' phase
+
+  for (int b = run.begin_batch; run_covers(run, b); ++b) {
+    const Segment seg = segment(p, run, b);
+    c.len = seg.keys;
+
+    // Both consumers have waited for their last S of the previous request (before the sum
+    // exchange), so Q may be overwritten. Generic-proxy writes, then wgmma (async proxy) reads:
+    // each writer fences, then the barrier.
+    load_q<T>(smem, p, b, row_base, w * 128 + thread);
+    ptx::fence_proxy_async_shared_cta();
+    ptx::bar_sync(kQReady, kConsumerThreads);
+
+    RowState st;
+#pragma unroll
+    for (int i = 0; i < kHalfV / 2; ++i) st.o[i] = 0.f;
+    st.max[0] = st.max[1] = -INFINITY;
+    st.sum[0] = st.sum[1] = 0.f;
+
+    for (int tile0 = seg.lo; tile0 < seg.hi; tile0 += 2) {
+      const bool has_odd = tile0 + 1 < seg.hi;
+      float s[32], tile_max[2], rescale[2], max_scaled[2];
+      uint32_t frag[4][4];
+      if constexpr (w == 0) {
+        // S0, m0, P0; O rescaled to m0.
+        score<T>(s, smem, c, 0, 0, uses++ % 2);
+        ptx::mbarrier_arrive(&smem.empty[0][1]);  // S0 read boxes 4-8 (P0 V0 right still reads 4-7)
+        mask_and_max(s, c, tile0, tile_max);
+        const float m0[2] = {fmaxf(st.max[0], tile_max[0]), fmaxf(st.max[1], tile_max[1])};
+        take_max(st.max, m0, p.scale_log2, rescale, max_scaled);
+        if (lane % 4 == 0) {
+          smem.max_exchange[local_row[0]] = m0[0];
+          smem.max_exchange[local_row[1]] = m0[1];
+        }
+        if (tile0 * kBlockN + kBlockN > c.len) zero_tail_rows(smem, 0, c.len - tile0 * kBlockN, 0, thread);
+        ptx::bar_arrive(kMaxReady0, kConsumerThreads);
+        rescale_rows(st, rescale);
+        exponentiate(s, st, max_scaled, p.scale_log2);
+        // O += P0 V0 (left) while consumer 1 takes the pair's max.
+        pack_p<T>(frag, s);
+        fence_o(st);
+        add_pv_regs<T>(st, frag, v_desc, 0);
+        wait_pv(st);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) ptx::fence_operand(frag[kk][i]);  // the registers wgmma read stay live to here
+        ptx::mbarrier_arrive(&smem.empty[0][0]);  // P0 V0 left read boxes 0-3
+        // m1: P0 and O rescaled to it; P0 shared for consumer 1's half of P0 V0.
+        ptx::bar_sync(kMaxReady1, kConsumerThreads);
+        float m1[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) m1[r] = smem.max_exchange[local_row[r]];
+        take_max(st.max, m1, p.scale_log2, rescale, max_scaled);
+        store_p<T>(smem.kv[0] + kRopeBox * kBoxBytes, s, rescale, local_row, c.col);
+        ptx::fence_proxy_async_shared_cta();
+        ptx::bar_arrive(kP0Ready, kConsumerThreads);
+        rescale_rows(st, rescale);
+        if (has_odd) {  // O += P1 V1 (left), P1 from consumer 1
+          fence_o(st);
+          add_pv_shared<T>(st, p_desc, v_desc, 1);
+          wait_pv(st);
+          ptx::mbarrier_arrive(&smem.empty[1][0]);  // P1 V1 left read boxes 0-3
+          ptx::mbarrier_arrive(&smem.empty[1][1]);  // and P1 in the rope box
+        }
+      } else {
+        // S1 (the odd tile, if any), then m1 = max(m0, its max), P1; O rescaled to m1.
+        tile_max[0] = tile_max[1] = -INFINITY;
+        if (has_odd) {
+          score<T>(s, smem, c, 1, 1, uses++ % 2);
+          ptx::mbarrier_arrive(&smem.empty[1][0]);  // S1 read boxes 0-3 (P1 V1 left still reads them)
+          mask_and_max(s, c, tile0 + 1, tile_max);
+        }
+        ptx::bar_sync(kMaxReady0, kConsumerThreads);
+        float m1[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) m1[r] = fmaxf(smem.max_exchange[local_row[r]], tile_max[r]);
+        __syncwarp();  // every lane of the quad read m0 before one writes m1 over it
+        if (lane % 4 == 0) {
+          smem.max_exchange[local_row[0]] = m1[0];
+          smem.max_exchange[local_row[1]] = m1[1];
+        }
+        take_max(st.max, m1, p.scale_log2, rescale, max_scaled);
+        rescale_rows(st, rescale);
+        if (has_odd) {
+          exponentiate(s, st, max_scaled, p.scale_log2);
+          if ((tile0 + 1) * kBlockN + kBlockN > c.len) zero_tail_rows(smem, 1, c.len - (tile0 + 1) * kBlockN, 1, thread);
+          const float one[2] = {1.f, 1.f};
+          store_p<T>(smem.kv[1] + kRopeBox * kBoxBytes, s, one, local_row, c.col);
+          ptx::fence_proxy_async_shared_cta();
+        }
+        ptx::bar_arrive(kMaxReady1, kConsumerThreads);
+        fence_o(st);
+        // O += P1 V1 (right), then P0 V0 (right) with P0 from consumer 0, already rescaled to
+        // m1. Two straight paths: a chain of matrix products with a branch inside is serialized.
+        if (has_odd) {
+          pack_p<T>(frag, s);
+          add_pv_regs<T>(st, frag, v_desc, 1);
+          ptx::bar_sync(kP0Ready, kConsumerThreads);
+          add_pv_shared<T>(st, p_desc, v_desc, 0);
+          wait_pv(st);
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ptx::fence_operand(frag[kk][i]);
+          ptx::mbarrier_arrive(&smem.empty[1][1]);  // S1 and P1 V1 right read boxes 4-8
+        } else {
+          ptx::bar_sync(kP0Ready, kConsumerThreads);
+          add_pv_shared<T>(st, p_desc, v_desc, 0);
+          wait_pv(st);
+        }
+        ptx::mbarrier_arrive(&smem.empty[0][1]);  // P0 V0 right read boxes 4-8
+      }
+    }
+
+    // The segment's end: the row sums over the quad and both consumers.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      st.sum[r] += __shfl_xor_sync(0xffffffffu, st.sum[r], 1);
+      st.sum[r] += __shfl_xor_sync(0xffffffffu, st.sum[r], 2);
+      if (lane % 4 == 0) smem.sum_exchange[w][local_row[r]] = st.sum[r];
+    }
+    ptx::bar_sync(kSumExchange, kConsumerThreads);
+    const int first_slot = split_begin[b];
+    const bool whole = split_begin[b + 1] - first_slot == 1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float sum = st.sum[r] + smem.sum_exchange[1 - w][local_row[r]];
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that saw no key: O = 0
+      const float lse = sum > 0.f ? st.max[r] * p.scale + __logf(sum) : -INFINITY;
+      const int row = row_base + local_row[r];
+      if (row >= p.rows) continue;
+      const int s_idx = row / p.heads_q, h = row % p.heads_q;
+      if (whole) {
+        T* dst = static_cast<T*>(p.out) + b * p.o_batch + s_idx * p.o_seq + h * p.o_head + w * kHalfV + c.col;
+#pragma unroll
+        for (int nt = 0; nt < kHalfV / 8; ++nt)
+          *reinterpret_cast<uint32_t*>(dst + nt * 8) =
+              frag::pack2<T>(st.o[nt * 4 + 2 * r] * inv, st.o[nt * 4 + 2 * r + 1] * inv);
+        if (w == 0 && lane % 4 == 0 && p.lse != nullptr)
+          p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + s_idx] = lse;
+      } else {
+        const int64_t slot_row = int64_t(first_slot + seg.split) * p.rows + row;
+        float* dst = p.o_partial + slot_row * kDimV + w * kHalfV + c.col;
+#pragma unroll
+        for (int nt = 0; nt < kHalfV / 8; ++nt)
+          *reinterpret_cast<float2*>(dst + nt * 8) =
+              make_float2(st.o[nt * 4 + 2 * r] * inv, st.o[nt * 4 + 2 * r + 1] * inv);
+        if (w == 0 && lane % 4 == 0) p.lse_partial[slot_row] = lse;
+      }
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    seesaw_decode_kernel(const __grid_constant__ CUtensorMap kv_map,  // [num_pages, page_size, 1, 576], 64 x 64 boxes
+                      const __grid_constant__ Params p) {
+  extern __shared__ unsigned char smem_raw[];
+  // wgmma descriptors and TMA's 128-byte swizzle assume 1024-byte aligned boxes.
+  auto& smem = *reinterpret_cast<SharedStorage*>(ptx::align_shared<1024>(smem_raw));
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&kv_map);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s)
+      for (int piece = 0; piece < kPieces; ++piece) {
+        ptx::mbarrier_init(&smem.full[s][piece], 1);
+        ptx::mbarrier_init(&smem.empty[s][piece], piece_readers(s, piece));  // each reader thread releases
+      }
+    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+    // The combine kernel may launch now: its CTAs take the SMs this grid leaves free and wait
+    // there (griddepcontrol.wait) for this grid to finish, so its launch does not follow the
+    // last CTA's exit.
+    ptx::griddepcontrol_launch_dependents();
+  }
+  __syncthreads();  // no thread waits on a barrier before it is initialized
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) produce(smem, kv_map, p);
+    return;
+  }
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+  if (warpgroup == 1)
+    consume<T, 0>(smem, p, int(threadIdx.x) % 128);
+  else
+    consume<T, 1>(smem, p, int(threadIdx.x) % 128);
+}
+#endif
+
+}  // namespace hattn::mla::seesaw
