@@ -526,6 +526,15 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
                                              ": no softcap (bwd_sm90 has it at D <= 128; at D = 256 "
                                              "bwd_12_dkdv_pipeline on dense batches, bwd_10_dq_pass on variable-length "
                                              "ones)"};
+    if (problem.deterministic) {
+      using D = Features::Deterministic;
+      const D d = k.features.deterministic;
+      if (d == D::no || (d == D::without_gqa && p.heads_q != p.heads_kv))
+        return {StatusCode::not_supported,
+                std::string(k.name) + ": deterministic=true" + (d == D::no ? "" : " with GQA") +
+                    " is not supported (its fp32 sums add in no fixed order; bwd_sm90 has it at D <= 128, "
+                    "bwd_12_dkdv_pipeline and bwd_10_dq_pass at D = 256 without GQA)"};
+    }
     return k.supports(problem);
   };
   return resolve_entry(backward_kernels(), name, "backward kernel", supports, out);

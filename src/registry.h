@@ -19,6 +19,11 @@ struct Features {
   bool paged = false;    // keys in use, paged caches, cache entries, left padding
   bool fp8 = false;      // e4m3 inputs
   bool softcap = false;  // softcap > 0
+  // The backward's BackwardProblem::deterministic: gradients bitwise the same from run to run
+  // never, only without GQA (a group's query heads add into dK and dV in no fixed order), or
+  // always.
+  enum class Deterministic { no, without_gqa, yes };
+  Deterministic deterministic = Deterministic::no;
 };
 
 // A registered kernel. The forward's registry (Problem = AttentionProblem) and the backward's

@@ -470,7 +470,11 @@ struct BackwardBuffers {
 
 // Runs `kernel` on case `c` (scratch from `allocator`; null: the stream's pool) and checks the
 // gradients against the fp64 reference; skips a case the kernel does not run. Needs a GPU.
-void check_backward_case(const std::string& kernel, const Case& c, const ScratchAllocator* allocator = nullptr) {
+// With deterministic_repeats > 0 the backward runs with BackwardProblem::deterministic, then
+// that many times again while another backward of the same problem runs on a second stream:
+// every repeat's dq, dk and dv must be bitwise the first's.
+void check_backward_case(const std::string& kernel, const Case& c, const ScratchAllocator* allocator = nullptr,
+                         int deterministic_repeats = 0) {
   SCOPED_TRACE(kernel + ": " + describe(c));
   const int D = c.head_dim;
   const size_t q_elems = size_t(c.batch) * c.seqlen_q * c.heads_q * D;
@@ -533,6 +537,7 @@ void check_backward_case(const std::string& kernel, const Case& c, const Scratch
   p.softcap = c.softcap;
   d.point(&b, h.q_strides, h.k_strides, dq_strides, dk_strides);
   p.allocator = allocator;
+  b.deterministic = deterministic_repeats > 0;
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
@@ -543,6 +548,35 @@ void check_backward_case(const std::string& kernel, const Case& c, const Scratch
   check_gradient("dq", d.dq, dq_strides, c.batch, c.seqlen_q, c.heads_q, D, c.dtype, dq_ref);
   check_gradient("dk", d.dk, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dk_ref);
   check_gradient("dv", d.dv, dk_strides, c.batch, c.seqlen_k, c.heads_kv, D, c.dtype, dv_ref);
+  if (deterministic_repeats == 0) return;
+
+  auto bytes_of = [](const harness::DeviceBuffer& buf) {
+    std::vector<unsigned char> host(buf.bytes());
+    EXPECT_EQ(cudaMemcpy(host.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  };
+  const std::vector<unsigned char> dq_first = bytes_of(d.dq), dk_first = bytes_of(d.dk), dv_first = bytes_of(d.dv);
+  // The other backward: the same inputs, its own gradients, the default (unordered) sums.
+  BackwardBuffers other;
+  ASSERT_NO_FATAL_FAILURE(other.load(q, k, v, out_bits, lse_host, dout, dq_span, dk_span));
+  BackwardProblem busy = b;
+  busy.deterministic = false;
+  other.point(&busy, h.q_strides, h.k_strides, dq_strides, dk_strides);
+  cudaStream_t side = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  Options busy_options;
+  busy_options.stream = side;
+  for (int r = 0; r < deterministic_repeats; ++r) {
+    SCOPED_TRACE("repeat " + std::to_string(r));
+    for (auto* buf : {&d.dq, &d.dk, &d.dv}) ASSERT_EQ(cudaMemset(buf->get(), 0xFF, buf->bytes()), cudaSuccess);
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(backward(busy, busy_options).ok());  // queued first, running beside
+    ASSERT_TRUE(backward(b, options).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+    EXPECT_TRUE(bytes_of(d.dq) == dq_first) << "dq differs from the first run's";
+    EXPECT_TRUE(bytes_of(d.dk) == dk_first) << "dk differs from the first run's";
+    EXPECT_TRUE(bytes_of(d.dv) == dv_first) << "dv differs from the first run's";
+  }
+  ASSERT_EQ(cudaStreamDestroy(side), cudaSuccess);
 }
 
 class BackwardTest : public ::testing::TestWithParam<std::tuple<std::string, Case>> {};
@@ -552,6 +586,46 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
   if (!skip.empty()) GTEST_SKIP() << skip;
   const auto& [kernel, c] = GetParam();
   check_backward_case(kernel, c);
+}
+
+// BackwardProblem::deterministic: 20 repeats bitwise equal, with another backward on a second
+// stream, at each head dim: causal GQA and a window through bwd_sm90, D = 256 without GQA
+// through bwd_12.
+TEST(BackwardDeterministic, RepeatsAreBitwiseEqual) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  for (const Case& c : {Case{2, 300, 517, 8, 2, 64, true, -1, DType::bf16, false},
+                        Case{1, 700, 700, 4, 1, 128, false, 100, DType::fp16, true},
+                        Case{2, 257, 384, 4, 4, 128, true, -1, DType::bf16, false, 30.f},
+                        Case{1, 333, 450, 2, 2, 256, true, -1, DType::bf16, false}})
+    check_backward_case("auto", c, nullptr, /*deterministic_repeats=*/20);
+}
+
+// Who runs BackwardProblem::deterministic: bwd_sm90 at D <= 128, and at D = 256 the kernels
+// "auto" runs, without GQA; GQA at D = 256 and the other kernels are refused with the reason.
+TEST(BackwardValidation, DeterministicRouting) {
+  auto with_head_dim = [](BackwardProblem b, int d, int heads_kv) {
+    AttentionProblem& p = b.forward;
+    p.head_dim = d;
+    p.heads_kv = heads_kv;
+    p.q_strides = p.out_strides = b.dout_strides = b.dq_strides = contiguous_bshd(p.seqlen_q, p.heads_q, d);
+    p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, d);
+    b.deterministic = true;
+    return b;
+  };
+  std::string resolved;
+  for (int d : {64, 128}) {
+    ASSERT_TRUE(resolve_backward_kernel(with_head_dim(valid_backward(), d, 2), "auto", &resolved).ok());
+    EXPECT_EQ(resolved, "bwd_sm90");
+  }
+  ASSERT_TRUE(resolve_backward_kernel(with_head_dim(valid_backward(), 256, 4), "auto", &resolved).ok());
+  EXPECT_EQ(resolved, "bwd_12_dkdv_pipeline");
+  Status s = resolve_backward_kernel(with_head_dim(valid_backward(), 256, 2), "auto", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+  EXPECT_NE(s.message().find("deterministic=true with GQA"), std::string::npos) << s.message();
+  s = resolve_backward_kernel(with_head_dim(valid_backward(), 128, 2), "bwd_15_tma_sums", &resolved);
+  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
+  EXPECT_EQ(s.message().rfind("bwd_15_tma_sums: deterministic=true is not supported", 0), 0u) << s.message();
 }
 
 // The fp32 sums come from the problem's allocator, one block a call, all of it given back; an

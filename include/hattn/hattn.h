@@ -288,6 +288,11 @@ struct BackwardProblem {
   Strides dk_strides;
   void* dv = nullptr;  // [B, Sk, Hkv, D] ([total_k, Hkv, D] when varlen)
   Strides dv_strides;
+  // Gradients bitwise the same from run to run: the kernel adds into its fp32 sums in a fixed
+  // order (key blocks in turn for dQ, a group's query heads in turn for GQA's dK and dV), at
+  // some cost in speed. bwd_sm90 (D <= 128) has it; at D = 256 bwd_12 and bwd_10 are
+  // deterministic without GQA and refuse it with GQA; the other kernels refuse it.
+  bool deterministic = false;
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"

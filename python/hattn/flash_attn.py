@@ -16,8 +16,9 @@ default scale is 1/sqrt(D). flash_attn_func and flash_attn_varlen_func are diffe
 is forward only, and appends new keys and values to the cache (with rotary embedding) as
 FlashAttention does; softcap works in all three (with gradients in the first two). What
 hattn does not have (dropout, ALiBi, the attention
-probabilities, a deterministic backward, gradients through the KV-cache function, paged KV with
-varlen, left padding of a paged cache) raises NotImplementedError naming the argument.
+probabilities, gradients through the KV-cache function, paged KV with varlen, left padding of a
+paged cache) raises NotImplementedError naming the argument. deterministic=True gives a
+backward bitwise the same from run to run (hattn.attention's deterministic).
 Nothing falls back to another library.
 
 flash_attn_func also takes FlashAttention-3's FP8 call: float8_e4m3fn q, k, v with the keywords
@@ -54,10 +55,6 @@ def _flash_window(window_size, causal) -> Tuple[int, int]:
     if causal:
         right = 0  # flash_attn: causal=True is window_size[1] = 0
     return left, right
-
-
-# deterministic=True asks for a deterministic backward; the forward is deterministic already.
-_DETERMINISTIC = "deterministic=True with inputs that require grad (hattn's backward is not: it sums with atomic adds)"
 
 
 def _fp8_unsupported(window_size, causal, softcap) -> List[str]:
@@ -99,10 +96,9 @@ def flash_attn_func(
     """flash_attn_func's arguments and result, run by hattn.attention.
 
     Differentiable like hattn.attention: with q, k or v requiring grad, backward gives dq, dk
-    and dv. hattn's forward is deterministic, its backward is not (it sums dq, dk and dv in fp32
-    with atomic adds), so deterministic=True is accepted without gradients and refused with
-    them. softcap (> 0: scores capped at softcap * tanh(s / softcap)) runs with gradients at
-    every head dim. Everything
+    and dv; deterministic=True makes them bitwise the same from run to run (at D = 256 not with
+    GQA, which raises NotImplementedError). softcap (> 0: scores capped at softcap *
+    tanh(s / softcap)) runs with gradients at every head dim. Everything
     else beyond q, k, v, softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
 
@@ -117,8 +113,6 @@ def flash_attn_func(
     is the causal mask. Descales with bf16/fp16 inputs raise ValueError.
     """
     unsupported = _unsupported(dropout_p, alibi_slopes)
-    if deterministic and _needs_grad(q, k, v):
-        unsupported.append(_DETERMINISTIC)
     fp8 = isinstance(q, torch.Tensor) and q.dtype == _FP8_DTYPE
     window = _flash_window(window_size, causal)
     if fp8:
@@ -136,9 +130,10 @@ def flash_attn_func(
     _check_no_descales(q, q_descale, k_descale, v_descale)
     if return_attn_probs:  # FlashAttention-2's (out, softmax_lse, S_dmask); no dropout, so no S_dmask
         out, lse = attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window,
-                             softcap=softcap, return_lse=True)  # fmt: skip
+                             softcap=softcap, return_lse=True, deterministic=bool(deterministic))  # fmt: skip
         return out, lse, None
-    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap)
+    return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap,
+                     deterministic=bool(deterministic))  # fmt: skip
 
 
 def flash_attn_varlen_func(
@@ -164,15 +159,12 @@ def flash_attn_varlen_func(
     q [total_q, Hq, D], k and v [total_k, Hkv, D], cu_seqlens_q/k int32 [batch + 1] on q's
     device, max_seqlen_q/k the longest lengths; returns out [total_q, Hq, D]. The offsets are
     not read on the host: they are the caller's promise, as in FlashAttention. Differentiable
-    like hattn.attention_varlen: with q, k or v requiring grad, backward gives dq, dk and dv;
-    deterministic=True is accepted without gradients and refused with them (the backward sums
-    with atomic adds). softcap runs as in flash_attn_func. Everything else
+    like hattn.attention_varlen: with q, k or v requiring grad, backward gives dq, dk and dv,
+    bitwise the same from run to run with deterministic=True. softcap runs as in flash_attn_func. Everything else
     beyond those and softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.
     """
     unsupported = _unsupported(dropout_p, alibi_slopes)
-    if deterministic and _needs_grad(q, k, v):
-        unsupported.append(_DETERMINISTIC)
     if block_table is not None:
         unsupported.append("block_table (no paged KV with a variable-length batch; flash_attn_with_kvcache has it)")
     if unsupported:
@@ -181,7 +173,7 @@ def flash_attn_varlen_func(
     result = attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         causal=causal, softmax_scale=softmax_scale, window_size=window, softcap=softcap,
-        return_lse=return_attn_probs,
+        return_lse=return_attn_probs, deterministic=bool(deterministic),
     )  # fmt: skip
     if return_attn_probs:  # FlashAttention-2's (out, softmax_lse [Hq, total_q], S_dmask); no S_dmask
         out, lse = result

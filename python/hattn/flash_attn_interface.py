@@ -28,8 +28,7 @@ are differentiable (dq, dk and dv through hattn's backward), except with FP8 inp
 Arguments hattn cannot honour raise NotImplementedError naming each of them (all in one
 message) when they differ from their defaults: qv (except flash_attn_with_kvcache's MLA call,
 see there), attention_chunk != 0, sm_margin != 0 (hattn's
-persistent kernels take every SM), deterministic=True with inputs that require grad (hattn's
-backward sums with atomic adds), seqused_q and seqused_k (varlen), cu_seqlens_q,
+persistent kernels take every SM), seqused_q and seqused_k (varlen), cu_seqlens_q,
 cu_seqlens_k_new, rotary_seqlens and scheduler_metadata (KV cache), FP8 inputs or descales
 with a variable-length batch or a KV cache, and with FP8 inputs a window or softcap. Two are
 hints that change no result beyond rounding, accepted and described where they are taken:
@@ -45,7 +44,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from .flash_attn import (
-    _DETERMINISTIC, _check_no_descales, _flash_window, _fp8_unsupported, _unpack,
+    _check_no_descales, _flash_window, _fp8_unsupported, _unpack,
     flash_attn_with_kvcache as _flash_attn_with_kvcache,
 )  # fmt: skip
 from .ops import attention, attention_fp8, attention_varlen
@@ -103,8 +102,6 @@ def _dense(
 ):  # fmt: skip
     """flash_attn_func's body; function names the caller in refusals."""
     unsupported = _unsupported(qv, attention_chunk, sm_margin)
-    if deterministic and _needs_grad(q, k, v):
-        unsupported.append(_DETERMINISTIC)
     fp8 = isinstance(q, torch.Tensor) and q.dtype == _FP8_DTYPE
     window = _flash_window(window_size, causal)
     if fp8:
@@ -121,7 +118,7 @@ def _dense(
     _check_no_descales(q, q_descale, k_descale, v_descale)
     return attention(
         q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=return_attn_probs, window_size=window,
-        num_splits=splits, softcap=softcap,
+        num_splits=splits, softcap=softcap, deterministic=bool(deterministic),
     )  # fmt: skip
 
 
@@ -157,8 +154,8 @@ def flash_attn_func(
     decide (split-KV, and the tail split of its last round), n > 1 asks for n parts, more than
     64 counts as 64; it changes the result only by rounding. pack_gqa is a hint that hattn does
     not take (it packs the query heads of a K/V head when that pays, with the same result up to
-    rounding); None, True and False are all accepted. deterministic=True is accepted when no
-    input requires grad (the forward is deterministic) and refused otherwise.
+    rounding); None, True and False are all accepted. deterministic=True makes the backward's
+    dq, dk and dv bitwise the same from run to run (at D = 256 not with GQA: NotImplementedError).
 
     FP8: with torch.float8_e4m3fn q, k and v (D = 64 or 128), q_descale, k_descale and v_descale
     (None or fp32 [B, Hkv]) go with them to hattn.attention_fp8, which returns bf16 out (and
@@ -166,8 +163,7 @@ def flash_attn_func(
     the causal mask's (-1, 0), softcap 0, and num_splits is not used. Descales with bf16/fp16
     inputs raise ValueError.
 
-    qv, attention_chunk != 0, sm_margin != 0 and deterministic=True with gradients raise
-    NotImplementedError naming them.
+    qv, attention_chunk != 0 and sm_margin != 0 raise NotImplementedError naming them.
     """
     return _dense(
         "flash_attn_func", q, k, v, softmax_scale, causal, qv, q_descale, k_descale, v_descale, window_size,
@@ -254,10 +250,9 @@ def flash_attn_varlen_func(
     sequence's own bottom-right corner.
 
     Hints, accepted and not used: num_splits (hattn's variable-length forward plans its own
-    work; any int) and pack_gqa (None, True or False). deterministic=True is accepted when no
-    input requires grad. seqused_q, seqused_k, qv, attention_chunk != 0, sm_margin != 0, FP8
-    inputs and descales (hattn's FP8 forward takes dense batches) and deterministic=True with
-    gradients raise NotImplementedError naming them.
+    work; any int) and pack_gqa (None, True or False). deterministic=True as in flash_attn_func.
+    seqused_q, seqused_k, qv, attention_chunk != 0, sm_margin != 0, FP8 inputs and descales
+    (hattn's FP8 forward takes dense batches) raise NotImplementedError naming them.
     """
     unsupported = []
     for name, t in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
@@ -265,14 +260,13 @@ def flash_attn_varlen_func(
             unsupported.append(f"{name} (no lengths in use apart from cu_seqlens_q and cu_seqlens_k)")
     unsupported += _unsupported(qv, attention_chunk, sm_margin)
     unsupported += _fp8_batch_unsupported(q, (q_descale, k_descale, v_descale), "a variable-length batch")
-    if deterministic and _needs_grad(q, k, v):
-        unsupported.append(_DETERMINISTIC)
     _refuse("flash_attn_varlen_func", unsupported)
     _check_pack_gqa(pack_gqa)
     _num_splits(num_splits)
     return attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
         return_lse=return_attn_probs, window_size=_flash_window(window_size, causal), softcap=softcap,
+        deterministic=bool(deterministic),
     )  # fmt: skip
 
 

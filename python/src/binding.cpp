@@ -245,8 +245,12 @@ void bind_problems(nb::module_& m) {
   using B = hattn::BackwardProblem;
   nb::class_<B> grads(m, "BackwardProblem",
                       "hattn::BackwardProblem: the forward problem (its out and lse are inputs) and the gradients' "
-                      "tensors, dout, dq, dk and dv, with their strides.");
-  grads.def(nb::init<>()).def_rw("forward", &B::forward).def("__copy__", [](const B& b) { return b; });
+                      "tensors, dout, dq, dk and dv, with their strides; deterministic: gradients bitwise the same "
+                      "from run to run.");
+  grads.def(nb::init<>())
+      .def_rw("forward", &B::forward)
+      .def_rw("deterministic", &B::deterministic)
+      .def("__copy__", [](const B& b) { return b; });
   def_pointer(grads, "dout", &B::dout);
   for (auto [name, field] : {std::pair{"dq", &B::dq}, {"dk", &B::dk}, {"dv", &B::dv}}) def_pointer(grads, name, field);
   for (auto [name, field] : {std::pair{"dout_strides", &B::dout_strides}, {"dq_strides", &B::dq_strides},

@@ -20,8 +20,8 @@ def test_backward_op_schema():
     schema = str(torch.ops.hattn.attention_bwd.default._schema)
     assert schema.startswith(
         "hattn::attention_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
-        "float? softmax_scale, SymInt window_left=-1, SymInt window_right=-1, float softcap=0.) -> (Tensor, Tensor, "
-        "Tensor)"
+        "float? softmax_scale, SymInt window_left=-1, SymInt window_right=-1, float softcap=0., bool deterministic=False) "
+        "-> (Tensor, Tensor, Tensor)"
     )
 
 
@@ -38,8 +38,8 @@ def test_varlen_backward_op_schema():
     assert schema.startswith(
         "hattn::attention_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, "
-        "float? softmax_scale, SymInt window_left=-1, SymInt window_right=-1, float softcap=0.) -> (Tensor, Tensor, "
-        "Tensor)"
+        "float? softmax_scale, SymInt window_left=-1, SymInt window_right=-1, float softcap=0., bool deterministic=False) "
+        "-> (Tensor, Tensor, Tensor)"
     )
 
 
@@ -165,6 +165,86 @@ def test_softcap_backward_matches_reference(shape, causal, window, softcap, dtyp
         *(t.double() for t in packed),
     )  # fmt: skip
     check_gradients(got, want, dtype, f"varlen softcap={softcap}")
+
+
+def test_deterministic_with_gqa_at_256_is_refused_at_the_call():
+    q = torch.randn(1, 8, 4, 256, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 8, 2, 256, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"deterministic=True with GQA at head_dim 256 \(Hq 4, Hkv 2\)"):
+        hattn.attention(q, k, k, deterministic=True)
+    with pytest.raises(TypeError, match="deterministic: must be a bool"):
+        hattn.attention(q, k, k, deterministic=1)
+
+
+def _repeated_gradients(run, q, k, v, dout, repeats):
+    """dq, dk, dv of `repeats` backwards, each while another (unordered) backward of the same
+    inputs runs on a second stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # the inputs are made
+    results = []
+    for _ in range(repeats):
+        with torch.cuda.stream(side):
+            busy = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            torch.autograd.grad(run(*busy, False), busy, dout)
+        results.append(gradients(lambda q, k, v: run(q, k, v, True), q, k, v, dout))
+    torch.cuda.synchronize()
+    return results
+
+
+@requires_hopper
+@pytest.mark.parametrize(
+    "shape, causal, window",
+    [
+        ((2, 300, 517, 8, 2, 64), True, (-1, -1)),
+        ((1, 700, 700, 4, 1, 128), False, (100, -1)),
+        ((1, 333, 450, 2, 2, 256), True, (-1, -1)),
+    ],
+)
+def test_deterministic_gradients_are_bitwise_equal(shape, causal, window):
+    """deterministic=True: 20 backwards bitwise equal with other work on another stream; and
+    the gradients as close to the reference as the default's."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
+    gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 7 + head_dim)
+
+    def rand(seqlen, heads):
+        return torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    q, k, v, dout = rand(seqlen_q, heads_q), rand(seqlen_k, heads_kv), rand(seqlen_k, heads_kv), rand(seqlen_q, heads_q)
+
+    def run(q, k, v, deterministic):
+        return hattn.attention(q, k, v, causal=causal, window_size=window, deterministic=deterministic)
+
+    first, *rest = _repeated_gradients(run, q, k, v, dout, 20)
+    for i, again in enumerate(rest):
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} of repeat {i + 1} differs from the first"
+    want = gradients(
+        lambda q, k, v: attention_ref(q, k, v, causal=causal, window=window)[0],
+        q.double(), k.double(), v.double(), dout.double(),
+    )  # fmt: skip
+    check_gradients(first, want, torch.bfloat16)
+
+
+@requires_hopper
+def test_deterministic_varlen_gradients_are_bitwise_equal():
+    lens_q, lens_k, heads_q, heads_kv, head_dim = [300, 1, 0, 517], [400, 64, 9, 517], 4, 2, 128
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def rand(rows, h):
+        return torch.randn(rows, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    q, k, v, dout = rand(sum(lens_q), heads_q), rand(sum(lens_k), heads_kv), rand(sum(lens_k), heads_kv), rand(
+        sum(lens_q), heads_q)  # fmt: skip
+    cu_q, cu_k = cu_seqlens_of(lens_q), cu_seqlens_of(lens_k)
+
+    def run(q, k, v, deterministic):
+        return hattn.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                      deterministic=deterministic)  # fmt: skip
+
+    first, *rest = _repeated_gradients(run, q, k, v, dout, 20)
+    for i, again in enumerate(rest):
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} of repeat {i + 1} differs from the first"
 
 
 @requires_hopper

@@ -78,14 +78,19 @@ def test_inputs_that_need_grad_reach_the_op():
         hattn.flash_attn_func(q.requires_grad_(), k, v, causal=True, window_size=(8, 0))
 
 
-def test_deterministic_is_refused_only_with_grad():
-    # The forward is deterministic, the backward (atomic adds) is not.
+def test_deterministic_goes_on_to_the_backward():
+    # With gradients the call goes on (the backward adds in a fixed order) and needs the GPU like
+    # any other; at D = 256 with GQA, which the backward cannot order, it is refused at the call.
     q, k, v = cpu_qkv()
     q.requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"deterministic=True with inputs that require grad"):
+    with pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
+        hattn.flash_attn_func(q, k, v, deterministic=True)
+    q, k, v = (torch.randn(1, 8, heads, 256, dtype=torch.bfloat16) for heads in (4, 2, 2))
+    q.requires_grad_()
+    with pytest.raises(NotImplementedError, match=r"deterministic=True with GQA at head_dim 256"):
         hattn.flash_attn_func(q, k, v, deterministic=True)
     with torch.no_grad(), pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
-        hattn.flash_attn_func(q, k, v, deterministic=True)
+        hattn.flash_attn_func(q, k, v, deterministic=True)  # no backward: nothing to order
 
 
 def test_meta_gradients_have_the_inputs_shapes():
@@ -153,12 +158,10 @@ def test_varlen_inputs_that_need_grad_reach_the_op(which):
         hattn.flash_attn_varlen_func(*args, causal=True)
 
 
-def test_varlen_deterministic_is_refused_only_with_grad():
+def test_varlen_deterministic_goes_on_to_the_backward():
     args = list(cpu_varlen())
     args[0].requires_grad_()
-    with pytest.raises(NotImplementedError, match=r"deterministic=True with inputs that require grad"):
-        hattn.flash_attn_varlen_func(*args, deterministic=True)
-    with torch.no_grad(), pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
+    with pytest.raises((RuntimeError, ValueError), match=r"no suitable GPU|must be a CUDA tensor"):
         hattn.flash_attn_varlen_func(*args, deterministic=True)
 
 

@@ -50,7 +50,7 @@ def test_op_schema():
     args = (
         "Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
         "SymInt max_seqlen_k, bool causal, float? softmax_scale, str kernel, bool return_lse, "
-        "SymInt window_left=-1, SymInt window_right=-1, float softcap=0."
+        "SymInt window_left=-1, SymInt window_right=-1, float softcap=0., bool deterministic=False"
     )
     assert schema.startswith(f"hattn::attention_varlen_fwd({args})")
     assert schema.endswith("-> (Tensor, Tensor)")

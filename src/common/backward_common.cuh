@@ -41,6 +41,20 @@ struct BackwardParams {
   int64_t dq_batch_stride, dq_seq_stride, dq_head_stride;
   int64_t dk_batch_stride, dk_seq_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
+  // The deterministic backward (BackwardProblem::deterministic; null otherwise): counters of
+  // turns that order the adds into the fp32 sums, zeroed per call. dq_turns: [B][Hq][q_blocks]
+  // [2] (a block of the kernel's queries, a consumer warpgroup's half of the columns);
+  // dkdv_turns: [B][Hkv][k_blocks][2] (GQA only: a block of keys, a warpgroup's 64 of them).
+  int* dq_turns;
+  int* dkdv_turns;
+  int q_blocks, k_blocks;
+};
+
+// How many turn counters a deterministic backward needs (BackwardParams::dq_turns, dkdv_turns):
+// zero for the kernels that add in a fixed order without them.
+struct TurnCounts {
+  int64_t dq = 0, dkdv = 0;
+  int q_blocks = 0, k_blocks = 0;
 };
 
 // Softcapping (the kernels with Features::softcap): the forward's softmax saw
@@ -340,9 +354,10 @@ Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem,
 // With dkdv_written_by_kernel, dK and dV get no sums (params.dk_accum and dv_accum are null)
 // and no conversion: the kernel writes params.dk and dv. dq_written_by_kernel does the same for
 // dQ (params.dq_accum null; the kernel writes every row of params.dq, zeros included).
+// With problem.deterministic, `turns` counters are taken from the same scratch and zeroed.
 template <typename LaunchMain>
 Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main,
-                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false) {
+                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {}) {
   const AttentionProblem& fwd = problem.forward;
   BackwardParams p{};
   p.fwd = make_params(fwd);
@@ -370,9 +385,10 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   const int64_t rows_q_sums = dq_written_by_kernel ? 0 : rows_q;     // rows of the dQ sum
   const int64_t rows_k_sums = dkdv_written_by_kernel ? 0 : rows_k;  // rows of the dK and dV sums
   const size_t floats = size_t(rows_q) + size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
+  const size_t counters = problem.deterministic ? size_t(turns.dq + turns.dkdv) : 0;
+  const size_t bytes = (floats + counters) * sizeof(float);  // the counters are int32, after the floats
   void* taken = nullptr;
-  Status s = take_scratch(fwd.allocator, floats * sizeof(float), stream, std::string(name) + ": fp32 sums and delta",
-                          &taken);
+  Status s = take_scratch(fwd.allocator, bytes, stream, std::string(name) + ": fp32 sums and delta", &taken);
   if (!s.ok()) return s;
   float* scratch = static_cast<float*>(taken);
   // [dQ sum][dK sum][dV sum][delta], each sum only where the kernel does not write the gradient.
@@ -380,8 +396,17 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   p.dk_accum = dkdv_written_by_kernel ? nullptr : scratch + rows_q_sums * fwd.head_dim;
   p.dv_accum = dkdv_written_by_kernel ? nullptr : p.dk_accum + rows_k * fwd.head_dim;
   p.delta = scratch + (rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
+  if (counters > 0) {
+    int* turn_counters = reinterpret_cast<int*>(scratch + floats);
+    p.dq_turns = turns.dq > 0 ? turn_counters : nullptr;
+    p.dkdv_turns = turns.dkdv > 0 ? turn_counters + turns.dq : nullptr;
+    p.q_blocks = turns.q_blocks;
+    p.k_blocks = turns.k_blocks;
+    s = cuda_status(cudaMemsetAsync(turn_counters, 0, counters * sizeof(int), stream),
+                    std::string(name) + ": zeroing the deterministic backward's turn counters");
+  }
   // The dK and dV sums are zeroed here, the dQ sum by delta_kernel (row by row, as it goes).
-  if (rows_k_sums > 0)
+  if (s.ok() && rows_k_sums > 0)
     s = cuda_status(cudaMemsetAsync(p.dk_accum, 0, size_t(2 * rows_k_sums) * fwd.head_dim * sizeof(float), stream),
                     std::string(name) + ": zeroing the fp32 sums of dK and dV");
   if (s.ok()) {
@@ -408,7 +433,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
       return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides);
     });
   }
-  const Status freed = give_back_scratch(fwd.allocator, taken, floats * sizeof(float), stream, name, "fp32 sums and delta");
+  const Status freed = give_back_scratch(fwd.allocator, taken, bytes, stream, name, "fp32 sums and delta");
   return s.ok() ? freed : s;
 }
 

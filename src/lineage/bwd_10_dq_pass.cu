@@ -679,7 +679,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 const BackwardKernel& backward_dq_pass() {
   static const BackwardKernel kernel{
       kName, "D = 256: B09 without dQ, and dQ in a pass of its own (no atomics)",
-      supports, launch, Features{.softcap = true}};
+      supports, launch, Features{.softcap = true, .deterministic = Features::Deterministic::without_gqa}};
   return kernel;
 }
 

@@ -664,7 +664,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 const BackwardKernel& backward_dkdv_pipeline() {
   static const BackwardKernel kernel{
       kName, "D = 256: the dK/dV pass warp-specialized, a block's dV and dK under the next one's S^T",
-      supports, launch, Features{.softcap = true}};
+      supports, launch, Features{.softcap = true, .deterministic = Features::Deterministic::without_gqa}};
   return kernel;
 }
 

@@ -15,8 +15,9 @@
 //     scores; consumer 1 adds P1 V1 (registers), then P0 V0 with P0 rescaled to m1 and shared
 //     by consumer 0; consumer 0 adds P1 V1 with P1 shared by consumer 1.
 // The shared P tiles take the place of their tiles' rope boxes (K's last 64 columns), which
-// only the scorer reads: Q and the two stages fill shared memory. A request's segment ends with O / sum, the sums added across the two consumers: to out and lse when the
-// request is not split, else to its slot of fp32 partial results.
+// only the scorer reads: Q and the two stages fill shared memory. A request's segment ends with
+// O / sum, the sums added across the two consumers: to out and lse when the request is not
+// split, else to its slot of fp32 partial results.
 #pragma once
 
 #include "kernel.cuh"
@@ -396,7 +397,8 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
         rescale_rows(st, rescale);
         if (has_odd) {
           exponentiate(s, st, max_scaled, p.scale_log2);
-          if ((tile0 + 1) * kBlockN + kBlockN > c.len) zero_tail_rows(smem, 1, c.len - (tile0 + 1) * kBlockN, 1, thread);
+          const int odd_key0 = (tile0 + 1) * kBlockN;
+          if (odd_key0 + kBlockN > c.len) zero_tail_rows(smem, 1, c.len - odd_key0, 1, thread);
           const float one[2] = {1.f, 1.f};
           store_p<T>(smem.kv[1] + kRopeBox * kBoxBytes, s, one, local_row, c.col);
           ptx::fence_proxy_async_shared_cta();

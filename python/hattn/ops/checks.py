@@ -426,6 +426,19 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
+def _check_deterministic(q, k, deterministic) -> None:
+    """deterministic=True with gradients: at the call, what the backward would refuse (its
+    D = 256 kernels have no fixed order for GQA's dk and dv sums)."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: must be a bool, got {type(deterministic).__name__}")
+    if deterministic and q.dim() >= 3 and q.shape[-1] == 256 and q.shape[-2] != k.shape[-2]:
+        raise NotImplementedError(
+            f"deterministic=True with GQA at head_dim 256 (Hq {q.shape[-2]}, Hkv {k.shape[-2]}) is not supported: the "
+            "backward's dk and dv sums of a group's query heads add in no fixed order there (D <= 128 has it, and D = "
+            "256 without GQA)"
+        )
+
+
 def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel) -> None:
     _check_inputs(q, k, v, kernel, varlen=True)
     _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)

@@ -8,8 +8,8 @@ from typing import Optional, Tuple
 import torch
 
 from .checks import (
-    _cache_features, _check_attention_inputs, _check_num_splits, _check_problem, _check_promises, _check_softcap,
-    _check_types, _needs_grad, _window,
+    _cache_features, _check_attention_inputs, _check_deterministic, _check_num_splits, _check_problem, _check_promises,
+    _check_softcap, _check_types, _needs_grad, _window,
 )
 from .runner import _backward_needed, _bshd_outputs_like, _call, _launch_key, _launch_layout, _layout_checked
 
@@ -29,8 +29,10 @@ def _attention_fwd(
     kv_batch_idx: Optional[torch.Tensor] = None,
     leftpad_k: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
+    deterministic: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """hattn::attention_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
+    """hattn::attention_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse).
+    deterministic is the backward's (hattn::attention_bwd); the forward is deterministic anyway."""
     key = _launch_key(
         ("fwd", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits, softcap),
         q, k, v, seqlens_k, kv_batch_idx, leftpad_k,
@@ -63,7 +65,7 @@ attention_fwd = torch.library.custom_op("hattn::attention_fwd", mutates_args=())
 @attention_fwd.register_fake
 def _attention_fwd_fake(
     q, k, v, causal, softmax_scale, kernel, return_lse, window_left=-1, window_right=-1, seqlens_k=None, num_splits=0,
-    kv_batch_idx=None, leftpad_k=None, softcap=0.0,
+    kv_batch_idx=None, leftpad_k=None, softcap=0.0, deterministic=False,
 ):  # fmt: skip
     _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx, leftpad_k)
     _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
@@ -73,26 +75,26 @@ def _attention_fwd_fake(
 
 def _attention_fwd_setup_context(ctx, inputs, output) -> None:
     q, k, v, causal, softmax_scale, _kernel, return_lse, window_left, window_right, *cache = inputs
-    seqlens_k, _splits, kv_batch_idx, leftpad_k, softcap = cache
+    seqlens_k, _splits, kv_batch_idx, leftpad_k, softcap, deterministic = cache
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale, ctx.window = causal, softmax_scale, (window_left, window_right)
     ctx.has_lse = return_lse
     ctx.has_cache = any(t is not None for t in (seqlens_k, kv_batch_idx, leftpad_k))
-    ctx.softcap = softcap
+    ctx.softcap, ctx.deterministic = softcap, deterministic
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
 
 
 def _attention_fwd_backward(ctx, dout, dlse):
     if not _backward_needed(ctx, dout, dlse, "attention"):
-        return (None,) * 14
+        return (None,) * 15
     if ctx.has_cache:
         raise NotImplementedError("hattn: no backward with seqlens_k, kv_batch_idx or leftpad_k (a KV cache) yet")
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.hattn.attention_bwd(
-        dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window, ctx.softcap
+        dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window, ctx.softcap, ctx.deterministic
     )  # fmt: skip
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 12
 
 
 attention_fwd.register_autograd(_attention_fwd_backward, setup_context=_attention_fwd_setup_context)
@@ -113,6 +115,7 @@ def attention(
     kv_batch_idx: Optional[torch.Tensor] = None,
     leftpad_k: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
+    deterministic: bool = False,
 ):
     """Forward attention O = softmax(scale * Q K^T + mask) V on BSHD tensors.
 
@@ -153,6 +156,10 @@ def attention(
             s = scale * q.k becomes softcap * tanh(s / softcap) before the mask and softmax; the
             LSE is that of the capped scores. 0 (the default) leaves them as they are. Final
             kernel only; the backward has it too.
+        deterministic: a backward whose dq, dk and dv are bitwise the same from run to run (its
+            fp32 sums add in a fixed order, at some cost in speed). At D = 256 only without GQA
+            (Hq == Hkv); with GQA there it raises NotImplementedError. The forward is
+            deterministic either way.
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -176,9 +183,11 @@ def attention(
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
     needs_grad = _needs_grad(q, k, v)
+    if needs_grad:
+        _check_deterministic(q, k, deterministic)
     out, lse = _call(
         attention_fwd, _attention_fwd,
         q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, seqlens_k,
-        num_splits, kv_batch_idx, leftpad_k, softcap,
+        num_splits, kv_batch_idx, leftpad_k, softcap, bool(deterministic),
     )  # fmt: skip
     return (out, lse) if return_lse else out

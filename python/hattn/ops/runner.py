@@ -200,7 +200,7 @@ def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), 
         _LAUNCHES[remember] = (template, kernel, needed)
 
 
-def _backward(dout, q, k, v, out, lse, causal, softmax_scale, window, varlen=None, softcap=0.0):
+def _backward(dout, q, k, v, out, lse, causal, softmax_scale, window, varlen=None, softcap=0.0, deterministic=False):
     """(dq, dk, dv) from _C.backward on q's current stream, the inputs in a layout the kernels take;
     varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a variable-length batch."""
     q, k, v, out, dout = (_as_kernel_input(t) for t in (q, k, v, out, dout))
@@ -210,6 +210,7 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, window, varlen=Non
         problem, _ = _problem(_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, "auto", window, varlen,
                                               softcap=softcap))  # fmt: skip
         grads = _backward_problem(problem, dout, dq, dk, dv)
+        grads.deterministic = bool(deterministic)
         _C.backward(grads, "auto", _current_stream(q.device), _scratch, False)  # checks: checks._check_promises
     return dq, dk, dv
 

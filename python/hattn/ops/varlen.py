@@ -8,8 +8,8 @@ from typing import Optional, Tuple
 import torch
 
 from .checks import (
-    _as_kernel_input, _check_device, _check_max_seqlen, _check_problem, _check_promises, _check_softcap, _check_types,
-    _check_varlen_inputs, _needs_grad, _varlen_empty, _window,
+    _as_kernel_input, _check_deterministic, _check_device, _check_max_seqlen, _check_problem, _check_promises,
+    _check_softcap, _check_types, _check_varlen_inputs, _needs_grad, _varlen_empty, _window,
 )
 from .runner import _backward_needed, _call, _forward
 
@@ -29,8 +29,10 @@ def _attention_varlen_fwd(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    deterministic: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """hattn::attention_varlen_fwd: (out [total_q, Hq, D], lse [Hq, total_q] fp32, or empty when not return_lse)."""
+    """hattn::attention_varlen_fwd: (out [total_q, Hq, D], lse [Hq, total_q] fp32, or empty when not return_lse).
+    deterministic is the backward's (hattn::attention_varlen_bwd)."""
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
     _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap, ("varlen",))
     _check_device(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
@@ -56,7 +58,7 @@ attention_varlen_fwd = torch.library.custom_op("hattn::attention_varlen_fwd", mu
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, kernel, return_lse,
-    window_left=-1, window_right=-1, softcap=0.0,
+    window_left=-1, window_right=-1, softcap=0.0, deterministic=False,
 ):  # fmt: skip
     _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel)
     _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap, ("varlen",))
@@ -68,24 +70,24 @@ def _attention_varlen_fwd_fake(
 
 def _attention_varlen_fwd_setup_context(ctx, inputs, output) -> None:
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale, _kernel, return_lse,
-     window_left, window_right, softcap) = inputs  # fmt: skip
+     window_left, window_right, softcap, deterministic) = inputs  # fmt: skip
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.causal, ctx.softmax_scale, ctx.window = causal, softmax_scale, (window_left, window_right)
-    ctx.has_lse, ctx.softcap = return_lse, softcap
+    ctx.has_lse, ctx.softcap, ctx.deterministic = return_lse, softcap, deterministic
     ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
 
 
 def _attention_varlen_fwd_backward(ctx, dout, dlse):
     if not _backward_needed(ctx, dout, dlse, "attention_varlen"):
-        return (None,) * 14
+        return (None,) * 15
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = torch.ops.hattn.attention_varlen_bwd(
         dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlen, ctx.causal, ctx.softmax_scale,
-        *ctx.window, ctx.softcap,
+        *ctx.window, ctx.softcap, ctx.deterministic,
     )  # fmt: skip
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 12
 
 
 attention_varlen_fwd.register_autograd(
@@ -107,6 +109,8 @@ def attention_varlen(
     return_lse: bool = False,
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    *,
+    deterministic: bool = False,
 ):
     """Forward attention over a variable-length batch: sequences packed one after another along
     the rows, as FlashAttention's varlen functions take them (cu_seqlens).
@@ -133,6 +137,7 @@ def attention_varlen(
             mask to each sequence's own bottom-right corner; -1 leaves a side open.
         softcap: > 0 caps the scores at softcap * tanh(s / softcap), as in attention() (with a
             backward too).
+        deterministic: a backward bitwise the same from run to run, as in attention().
 
     Returns:
         out [total_q, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -158,9 +163,11 @@ def attention_varlen(
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
     needs_grad = _needs_grad(q, k, v)
+    if needs_grad:
+        _check_deterministic(q, k, deterministic)
     out, lse = _call(
         attention_varlen_fwd, _attention_varlen_fwd,
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, softcap,
+        bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, softcap, bool(deterministic),
     )  # fmt: skip
     return (out, lse) if return_lse else out

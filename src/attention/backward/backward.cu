@@ -27,6 +27,17 @@ Status supports(const BackwardProblem& problem) {
   return refuse_kv_cache(problem, kName);
 }
 
+// The deterministic mode's turn counters (BackwardParams::dq_turns, dkdv_turns): per query block
+// and head, and with GQA per key block and K/V head, one for each consumer warpgroup.
+TurnCounts deterministic_turns(const AttentionProblem& fwd) {
+  TurnCounts turns;
+  turns.q_blocks = (fwd.seqlen_q + bwd::kBlockM - 1) / bwd::kBlockM;
+  turns.k_blocks = (fwd.seqlen_k + bwd::kBlockN - 1) / bwd::kBlockN;
+  turns.dq = int64_t(fwd.batch) * fwd.heads_q * turns.q_blocks * bwd::kWarpgroups;
+  if (fwd.heads_q != fwd.heads_kv) turns.dkdv = int64_t(fwd.batch) * fwd.heads_kv * turns.k_blocks * bwd::kWarpgroups;
+  return turns;
+}
+
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   const AttentionProblem& fwd = problem.forward;
   QkvTensorMaps maps;
@@ -75,7 +86,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
         // dK and dV written by the kernel only for a dense batch without GQA: a packed batch may
         // have rows that belong to no sequence, which only the conversion of zeroed sums writes.
       },
-      /*dkdv_written_by_kernel=*/!fwd.is_varlen() && fwd.heads_q == fwd.heads_kv);
+      /*dkdv_written_by_kernel=*/!fwd.is_varlen() && fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/false,
+      deterministic_turns(fwd));
 }
 
 }  // namespace
@@ -83,7 +95,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 const BackwardKernel& backward_sm90() {
   static const BackwardKernel kernel{
       kName, "the production backward: B15's kernel split by role (src/attention/backward/)",
-      supports, launch, Features{.softcap = true}};
+      supports, launch, Features{.softcap = true, .deterministic = Features::Deterministic::yes}};
   return kernel;
 }
 

@@ -42,6 +42,7 @@
 #include "../../ptx/smem.cuh"
 #include "../../ptx/stmatrix.cuh"
 #include "../../ptx/tma.cuh"
+#include "../../ptx/turns.cuh"
 #include "../../ptx/wgmma.cuh"
 #include "config.h"
 #include "epilogue.cuh"
@@ -146,6 +147,17 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   };
   // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
   // the fence's and the barrier's waits do not hold them back.
+  // The deterministic backward (p.dq_turns): the CTAs whose keys a query block sees add into
+  // its half in key order, each in its turn (ptx/turns.cuh). A block's turn is passed on at the
+  // next block's reduction, once its adds have completed, or at the end.
+  int* dq_turn_held = nullptr;
+  auto pass_dq_turn = [&] {
+    if (dq_turn_held != nullptr) {
+      ptx::cp_async_bulk_wait_group<0>();  // the adds themselves, not only their reads of the tile
+      ptx::pass_turn(dq_turn_held);
+      dq_turn_held = nullptr;
+    }
+  };
   auto reduce_dq = [&](int step) {
     const int m0 = block_row(step);
     float* tiles = smem.dq[step % 2][warpgroup][0];
@@ -155,6 +167,16 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
     ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the whole half is in the tile; the other tile is free
     if (threadIdx.x % 128 == 0) {
+      if (p.dq_turns != nullptr) {
+        pass_dq_turn();
+        // This CTA's turn: its key block's place among those the block's first query sees
+        // (the masks are monotone, so the block's keys start there and run without a gap).
+        int first_key, last_key;
+        visible_keys<kVarlen>(f, seq, m0, &first_key, &last_key);
+        dq_turn_held = p.dq_turns + ((int64_t(batch) * f.heads_q + head) * p.q_blocks + m0 / kBlockM) * kWarpgroups +
+                       warpgroup;
+        ptx::wait_turn(dq_turn_held, n0 / kBlockN - first_key / kBlockN);
+      }
 #pragma unroll
       for (int box = 0; box < kCols / 32; ++box)
         ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, seq.q_start + m0, head, seq.batch_coord,
@@ -331,10 +353,11 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   issue_dq(steps - 1);
   ptx::wgmma_wait_group<0>();  // the last block's dQ (its tile was freed at the last reduction's barrier)
   send_dq(steps - 1);
+  if (threadIdx.x % 128 == 0) pass_dq_turn();
   if (!kVarlen && p.dk_accum == nullptr)
     store_dk_dv(smem, dk, dv, dk_map, dv_map, warpgroup, n_wg, head_kv, batch, grad_scale);
   else
-    add_dk_dv(smem, dk, dv, dk_map, dv_map, seq, warpgroup, n_wg, head_kv, key0, dq_lane, grad_scale);
+    add_dk_dv(smem, dk, dv, dk_map, dv_map, p, seq, warpgroup, n_wg, head, head_kv, batch, key0, dq_lane, grad_scale);
 }
 
 }  // namespace hattn::bwd

@@ -11,6 +11,7 @@
 #include "../../ptx/named_barrier.cuh"
 #include "../../ptx/smem.cuh"
 #include "../../ptx/tma.cuh"
+#include "../../ptx/turns.cuh"
 #include "config.h"
 #include "shared_storage.cuh"
 
@@ -81,11 +82,12 @@ __device__ __forceinline__ void store_dk_dv(SharedStorage<T, D, kVarlen>& smem, 
 // dK (scaled) and dV of the warpgroup's 64 keys added into the fp32 sums of the K/V head
 // (dk_map, dv_map), from fp32 tiles over K and V (warpgroup 0) or Q and dO (warpgroup 1);
 // dq_lane is the thread's float offset in a 64 x 32 box (the layout of consumer.cuh's store_dq).
+// The deterministic backward with GQA (p.dkdv_turns): a group's query heads add in turn.
 template <typename T, int D, bool kVarlen, int N>
 __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, const float (&dk)[N],
                                           const float (&dv)[N], const CUtensorMap& dk_map, const CUtensorMap& dv_map,
-                                          const Sequence& seq, int warpgroup, int n_wg, int head_kv, int key0,
-                                          int dq_lane, float grad_scale) {
+                                          const BackwardParams& p, const Sequence& seq, int warpgroup, int n_wg,
+                                          int head, int head_kv, int batch, int key0, int dq_lane, float grad_scale) {
   constexpr int kDTiles = D / 8;  // n8 column tiles of dK and dV
   // The sums of the K/V head (a GQA group's query heads add up; a packed batch's rows), by TMA
   // reductions from fp32 tiles. WAR: both warpgroups' last wgmmas (which read K, V, Q and dO)
@@ -120,6 +122,12 @@ __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, co
   ptx::fence_proxy_async_shared_cta();             // the stores above, before the reductions (async proxy) read them
   ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the warpgroup's 64 rows are in the tiles
   if (threadIdx.x % 128 == 0) {
+    int* turn = nullptr;
+    if (p.dkdv_turns != nullptr) {
+      const AttentionParams& f = p.fwd;
+      turn = p.dkdv_turns + ((int64_t(batch) * f.heads_kv + head_kv) * p.k_blocks + blockIdx.x) * kWarpgroups + warpgroup;
+      ptx::wait_turn(turn, head - head_kv * f.heads_per_kv);
+    }
     // Rows past the tensor are not written; rows of the next sequence get zeros added.
 #pragma unroll
     for (int box = 0; box < D / 32; ++box) {
@@ -129,6 +137,10 @@ __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, co
                                               dv_tiles + box * 64 * 32);
     }
     ptx::cp_async_bulk_commit_group();
+    if (turn != nullptr) {
+      ptx::cp_async_bulk_wait_group<0>();  // the adds completed, then the next head's turn
+      ptx::pass_turn(turn);
+    }
   }
   // Shared memory must outlive the reductions that read it.
   if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();

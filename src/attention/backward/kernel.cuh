@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
-  const QueryBlocks blocks = query_blocks<kVarlen>(f, seq, n0);
+  const QueryBlocks blocks = query_blocks<kVarlen>(f, seq, n0, /*in_order=*/p.dq_turns != nullptr);
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);

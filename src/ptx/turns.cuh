@@ -1,0 +1,30 @@
+// Turns on a counter in global memory: the deterministic backward's order of the fp32 sums.
+// A CTA waits until the counter reaches its turn, adds (TMA reductions), waits for its adds to
+// complete, and passes the turn on. The counters start at 0 (zeroed by the host per call).
+//
+// PTX ISA: ld (.acquire), red (.release), fence.proxy.async, Memory Consistency Model,
+// https://docs.nvidia.com/cuda/parallel-thread-execution/#memory-consistency-model
+#pragma once
+
+namespace hattn::ptx {
+
+// Spins until *counter == turn; acquire at GPU scope, so the adds of the turns before are
+// visible. The fence then orders this thread's later bulk reductions (async proxy) after it.
+__device__ __forceinline__ void wait_turn(const int* counter, int turn) {
+  int value;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(counter) : "memory");
+    if (value == turn) break;
+    __nanosleep(32);
+  }
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// Passes the turn on: the caller has waited (cp.async.bulk.wait_group, not .read) for its bulk
+// reductions to complete; the fence orders their writes (async proxy) before the release.
+__device__ __forceinline__ void pass_turn(int* counter) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
+}  // namespace hattn::ptx
