@@ -133,6 +133,41 @@ __device__ __forceinline__ void load_q(SharedStorage& smem, const Params& p, int
   }
 }
 
+// A request's segment ends with O / sum for consumer w's 256 columns (sum: the row's whole sum,
+// both consumers'): to out and lse when the request is not split, else to slot `split` of its
+// fp32 partial results.
+template <typename T>
+__device__ __forceinline__ void write_segment(const Params& p, const float (&o)[kHalfV / 2], const float (&sum)[2],
+                                              const float (&row_max)[2], int b, int split, int w, int row_base,
+                                              const int (&local_row)[2], int lane, int col) {
+  const int32_t* split_begin = p.schedule + int64_t(p.parts) * kRunInts;
+  const int first_slot = split_begin[b];
+  const bool whole = split_begin[b + 1] - first_slot == 1;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float inv = sum[r] > 0.f ? 1.f / sum[r] : 0.f;  // a row that saw no key: O = 0
+    const float lse = sum[r] > 0.f ? row_max[r] * p.scale + __logf(sum[r]) : -INFINITY;
+    const int row = row_base + local_row[r];
+    if (row >= p.rows) continue;
+    const int s_idx = row / p.heads_q, h = row % p.heads_q;
+    if (whole) {
+      T* dst = static_cast<T*>(p.out) + b * p.o_batch + s_idx * p.o_seq + h * p.o_head + w * kHalfV + col;
+#pragma unroll
+      for (int nt = 0; nt < kHalfV / 8; ++nt)
+        *reinterpret_cast<uint32_t*>(dst + nt * 8) =
+            frag::pack2<T>(o[nt * 4 + 2 * r] * inv, o[nt * 4 + 2 * r + 1] * inv);
+      if (w == 0 && lane % 4 == 0 && p.lse != nullptr) p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + s_idx] = lse;
+    } else {
+      const int64_t slot_row = int64_t(first_slot + split) * p.rows + row;
+      float* dst = p.o_partial + slot_row * kDimV + w * kHalfV + col;
+#pragma unroll
+      for (int nt = 0; nt < kHalfV / 8; ++nt)
+        *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[nt * 4 + 2 * r] * inv, o[nt * 4 + 2 * r + 1] * inv);
+      if (w == 0 && lane % 4 == 0) p.lse_partial[slot_row] = lse;
+    }
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, int w, int thread) {
   const int warp = thread / 32, lane = thread % 32;
@@ -148,7 +183,6 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
   }
   const int min_shift = p.causal ? -(p.seqlen_q - 1) : 0;
   const Run run = load_run(p);
-  const int32_t* split_begin = p.schedule + int64_t(p.parts) * kRunInts;
 
   const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q, 16, 1024);
   const uint64_t k_desc = ptx::make_smem_desc_sw128(smem.kv[0] + w * kHalfKeys * 128, 16, 1024);
@@ -302,33 +336,9 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
       if (lane % 4 == 0) smem.row_exchange[w][local_row[r]] = row_sum[r];
     }
     ptx::bar_sync(kSumExchange, kConsumerThreads);
-    const int first_slot = split_begin[b];
-    const bool whole = split_begin[b + 1] - first_slot == 1;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float sum = row_sum[r] + smem.row_exchange[1 - w][local_row[r]];
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that saw no key: O = 0
-      const float lse = sum > 0.f ? row_max[r] * p.scale + __logf(sum) : -INFINITY;
-      const int row = row_base + local_row[r];
-      if (row >= p.rows) continue;
-      const int s_idx = row / p.heads_q, h = row % p.heads_q;
-      if (whole) {
-        T* dst = static_cast<T*>(p.out) + b * p.o_batch + s_idx * p.o_seq + h * p.o_head + w * kHalfV + col;
-#pragma unroll
-        for (int nt = 0; nt < kHalfV / 8; ++nt)
-          *reinterpret_cast<uint32_t*>(dst + nt * 8) =
-              frag::pack2<T>(o[nt * 4 + 2 * r] * inv, o[nt * 4 + 2 * r + 1] * inv);
-        if (w == 0 && lane % 4 == 0 && p.lse != nullptr)
-          p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + s_idx] = lse;
-      } else {
-        const int64_t slot_row = int64_t(first_slot + seg.split) * p.rows + row;
-        float* dst = p.o_partial + slot_row * kDimV + w * kHalfV + col;
-#pragma unroll
-        for (int nt = 0; nt < kHalfV / 8; ++nt)
-          *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[nt * 4 + 2 * r] * inv, o[nt * 4 + 2 * r + 1] * inv);
-        if (w == 0 && lane % 4 == 0) p.lse_partial[slot_row] = lse;
-      }
-    }
+    const float total[2] = {row_sum[0] + smem.row_exchange[1 - w][local_row[0]],
+                            row_sum[1] + smem.row_exchange[1 - w][local_row[1]]};
+    write_segment<T>(p, o, total, row_max, b, seg.split, w, row_base, local_row, lane, col);
   }
 }
 

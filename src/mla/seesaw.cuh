@@ -310,7 +310,6 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
   // P0 and P1 as A operands: each in its tile's rope box, dead once the tile is scored.
   const uint64_t p_desc = ptx::make_smem_desc_sw128(smem.kv[0] + kRopeBox * kBoxBytes, 16, 1024);
   const Run run = load_run(p);
-  const int32_t* split_begin = p.schedule + int64_t(p.parts) * kRunInts;
   int uses = 0;  // tiles this consumer scored so far: its stage's full barriers' phase
 
   for (int b = run.begin_batch; run_covers(run, b); ++b) {
@@ -435,34 +434,9 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
       if (lane % 4 == 0) smem.sum_exchange[w][local_row[r]] = st.sum[r];
     }
     ptx::bar_sync(kSumExchange, kConsumerThreads);
-    const int first_slot = split_begin[b];
-    const bool whole = split_begin[b + 1] - first_slot == 1;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float sum = st.sum[r] + smem.sum_exchange[1 - w][local_row[r]];
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a row that saw no key: O = 0
-      const float lse = sum > 0.f ? st.max[r] * p.scale + __logf(sum) : -INFINITY;
-      const int row = row_base + local_row[r];
-      if (row >= p.rows) continue;
-      const int s_idx = row / p.heads_q, h = row % p.heads_q;
-      if (whole) {
-        T* dst = static_cast<T*>(p.out) + b * p.o_batch + s_idx * p.o_seq + h * p.o_head + w * kHalfV + c.col;
-#pragma unroll
-        for (int nt = 0; nt < kHalfV / 8; ++nt)
-          *reinterpret_cast<uint32_t*>(dst + nt * 8) =
-              frag::pack2<T>(st.o[nt * 4 + 2 * r] * inv, st.o[nt * 4 + 2 * r + 1] * inv);
-        if (w == 0 && lane % 4 == 0 && p.lse != nullptr)
-          p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + s_idx] = lse;
-      } else {
-        const int64_t slot_row = int64_t(first_slot + seg.split) * p.rows + row;
-        float* dst = p.o_partial + slot_row * kDimV + w * kHalfV + c.col;
-#pragma unroll
-        for (int nt = 0; nt < kHalfV / 8; ++nt)
-          *reinterpret_cast<float2*>(dst + nt * 8) =
-              make_float2(st.o[nt * 4 + 2 * r] * inv, st.o[nt * 4 + 2 * r + 1] * inv);
-        if (w == 0 && lane % 4 == 0) p.lse_partial[slot_row] = lse;
-      }
-    }
+    const float total[2] = {st.sum[0] + smem.sum_exchange[1 - w][local_row[0]],
+                            st.sum[1] + smem.sum_exchange[1 - w][local_row[1]]};
+    write_segment<T>(p, st.o, total, st.max, b, seg.split, w, row_base, local_row, lane, c.col);
   }
 }
 
