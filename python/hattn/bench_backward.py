@@ -13,6 +13,9 @@ events, with the L2 flushed before each call and the implementations interleaved
   sdpa_flash       torch SDPA, FLASH backend (FlashAttention-2), on the same BHSD copies
   fa3              FlashAttention-3's backward op on the BSHD tensors, after its forward, when its
                    library is given (--fa3 PATH or HATTN_FA3_LIB); else its rows say "not given"
+  hattn_det        with --deterministic: hattn.attention(..., deterministic=True) through autograd
+                   (gradients bitwise the same from run to run), checked like hattn
+  fa3_det          with --deterministic and FA3 given: FA3's backward with deterministic=True
 
 Check: the first anchor's dq, dk and dv are the reference (--anchors; cuDNN's by default). An
 anchor that fails on a shape or whose gradients hold inf or NaN is not timed there (a line says
@@ -35,6 +38,7 @@ their aten ops and autograd (what torch.nn.attention.varlen.varlen_attn calls):
   hattn:NAME       with --kernels: backward kernel NAME alone on the packed batch, through hattn._C
   varlen_flash     aten._flash_attention_forward with cum_seq_q/k (FlashAttention-2; the reference)
   fa3              FlashAttention-3's varlen backward (cu_seqlens_q/k), when given
+  hattn_det, fa3_det  with --deterministic, as for dense batches
   varlen_cudnn     aten._cudnn_attention_forward with cum_seq_q/k, only with --anchors: on the
                    H200 (torch 2.11, cuDNN 9.19) its backward gave inf/NaN gradients on some
                    shapes and faulted on one (results/evidence/bwd_08_varlen/)
@@ -81,6 +85,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels (equal or mixed lengths)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="also time hattn's and FA3's deterministic backwards (hattn_det, fa3_det)")
     p.add_argument("--anchors", default=None,
                    help=f"comma-separated anchors, the first the reference (default: {','.join(ANCHORS)}; "
                         f"with --varlen {','.join(VARLEN_DEFAULT_ANCHORS)}, known: {','.join(VARLEN_ANCHORS)})")
@@ -114,12 +120,12 @@ def backward_fn(name: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    if name == "fa3":  # its backward op, given its forward's out and log-sum-exp
+    if name in ("fa3", "fa3_det"):  # its backward op, given its forward's out and log-sum-exp
         out, lse = fa3.forward(q, k, v, causal)
-        return lambda: fa3.backward(dout, q, k, v, out, lse, causal)
-    if name == "hattn":
+        return lambda: fa3.backward(dout, q, k, v, out, lse, causal, deterministic=name == "fa3_det")
+    if name in ("hattn", "hattn_det"):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        out = hattn.attention(*leaves, causal=causal)
+        out = hattn.attention(*leaves, causal=causal, deterministic=name == "hattn_det")
         grad_out = dout
     else:
         backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
@@ -130,7 +136,7 @@ def backward_fn(name: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
 
     def call():
         grads = torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
-        return grads if name == "hattn" else tuple(g.transpose(1, 2) for g in grads)
+        return grads if name.startswith("hattn") else tuple(g.transpose(1, 2) for g in grads)
 
     return call
 
@@ -140,12 +146,14 @@ def varlen_backward_fn(name: str, q, k, v, dout, cu, longest: int, causal: bool)
     returning packed (dq, dk, dv)."""
     import hattn
 
-    if name == "fa3":
+    if name in ("fa3", "fa3_det"):
         out, lse = fa3.forward_varlen(q, k, v, cu, cu, longest, longest, causal)
-        return lambda: fa3.backward(dout, q, k, v, out, lse, causal, varlen=(cu, longest))
+        return lambda: fa3.backward(dout, q, k, v, out, lse, causal, varlen=(cu, longest),
+                                    deterministic=name == "fa3_det")  # fmt: skip
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    if name == "hattn":
-        out = hattn.attention_varlen(*leaves, cu, cu, longest, longest, causal=causal)
+    if name in ("hattn", "hattn_det"):
+        out = hattn.attention_varlen(*leaves, cu, cu, longest, longest, causal=causal,
+                                     deterministic=name == "hattn_det")  # fmt: skip
     elif name == "varlen_flash":
         out = torch.ops.aten._flash_attention_forward(*leaves, cu, cu, longest, longest, 0.0, causal, False)[0]
     else:  # varlen_cudnn; the log-sum-exp is what its backward needs
@@ -212,7 +220,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         fa3_missing = fa3.load_for("python -m hattn.bench_backward", args.fa3)
     # Without its library FA3 is not timed; its rows in the CSV say so.
     anchors = tuple(a for a in args.anchor_list if not (a == "fa3" and fa3_missing))
-    names = ["hattn"] + [f"hattn:{k}" for k in args.kernels.split(",") if k] + list(anchors)
+    deterministic = ["hattn_det"] + (["fa3_det"] if "fa3" in anchors else []) if args.deterministic else []
+    names = ["hattn"] + [f"hattn:{k}" for k in args.kernels.split(",") if k] + deterministic + list(anchors)
     if args.varlen:
         shapes = varlen_shapes(args.dim_list, parse_int_list(args.seqlens), causal, args.varlen)
     else:
@@ -239,6 +248,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for name in names:
                 if name.startswith("hattn:"):
                     fns[name] = kernel_backward_fn(name[6:], q, k, v, dout, shape.causal, (cu, shape.seqlen_q))
+                elif name in deterministic:
+                    try:
+                        fns[name] = varlen_backward_fn(name, q, k, v, dout, cu, shape.seqlen_q, shape.causal)
+                    except RuntimeError as e:
+                        drop_anchor(name, str(e).splitlines()[0])
             for name in anchors:
                 try:
                     fns[name] = varlen_backward_fn(name, q, k, v, dout, cu, shape.seqlen_q, shape.causal)
@@ -249,10 +263,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             fns = {
                 name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal) if name.startswith("hattn:")
                 else backward_fn(name, q, k, v, dout, shape.causal)
-                for name in names if name not in anchors
+                for name in names if name not in anchors and name != "fa3_det"
             }  # fmt: skip
-            for name in anchors:  # an anchor's forward runs here: one that does not take the shape is dropped
-                try:
+            for name in list(anchors) + [n for n in deterministic if n == "fa3_det"]:
+                try:  # FA3's forward runs here: where it does not take the shape, it is dropped
                     fns[name] = backward_fn(name, q, k, v, dout, shape.causal)
                 except RuntimeError as e:
                     drop_anchor(name, str(e).splitlines()[0])
@@ -280,7 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch_grads = [g for n, g in anchor_grads.items() if n != "fa3"]
         other = torch_grads[1] if len(torch_grads) > 1 and used != "fa3" else None
         for name in names:  # hattn's, and FA3's: a library called wrongly must not pass unseen
-            if name in anchors and (name != "fa3" or name not in fns):
+            if name not in fns or (name in anchors and name != "fa3"):
                 continue
             try:
                 got = fns[name]()

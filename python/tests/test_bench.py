@@ -272,6 +272,8 @@ def test_backward_bench_varlen_flags():
     from hattn import bench_backward
 
     assert bench_backward.parse_args(["--varlen", "mixed"]).varlen == "mixed"
+    assert bench_backward.parse_args(["--deterministic"]).deterministic
+    assert not bench_backward.parse_args([]).deterministic
     # cuDNN's varlen backward only when asked for (inf/NaN and a fault on the H200); FA2 the reference
     assert bench_backward.parse_args(["--varlen", "mixed"]).anchor_list == ["varlen_flash", "fa3"]
     args = bench_backward.parse_args(["--varlen", "mixed", "--anchors", "varlen_flash,varlen_cudnn"])
