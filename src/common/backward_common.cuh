@@ -76,8 +76,8 @@ __device__ __forceinline__ float score_grad_scale(const AttentionParams& f) {
 // The keys query i sees, [first, last), among seqlen_k keys whose causal diagonal runs through
 // key i + offset (bottom-right aligned: offset = seqlen_k - seqlen_q): the causal mask and
 // the window.
-__device__ __forceinline__ void keys_seen_by(const AttentionParams& p, int64_t offset, int seqlen_k, int i, int* first,
-                                             int* last) {
+__host__ __device__ __forceinline__ void keys_seen_by(const AttentionParams& p, int64_t offset, int seqlen_k, int i,
+                                                     int* first, int* last) {
   const int64_t diagonal = int64_t(i) + offset;
   const int right = p.causal ? 0 : p.window_right;
   int64_t lo = p.window_left >= 0 ? diagonal - p.window_left : 0;
@@ -103,10 +103,11 @@ __host__ __device__ __forceinline__ void queries_seeing_keys(const AttentionPara
   *last = int(hi);
 }
 
-// The two for a dense batch: the problem's lengths and the forward's causal_offset. queries_seeing
-// runs on the host too (the persistent backward trial planned its work list with it:
+// The two for a dense batch: the problem's lengths and the forward's causal_offset. Both run on
+// the host too (tests/test_backward_turns.cu checks the deterministic backward's turns with
+// them; the persistent backward trial planned its work list with queries_seeing:
 // results/evidence/bwd_14_persistent/).
-__device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
+__host__ __device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
   keys_seen_by(p, p.causal_offset, p.seqlen_k, i, first, last);
 }
 __host__ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first,
