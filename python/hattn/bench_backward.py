@@ -28,6 +28,11 @@ tests check against float64 (python/tests).
 FLOPs = 2.5 x the forward's (4 B H Sq Sk D, halved when causal): five matrix products where the
 forward has two, FlashAttention's convention. Output: a table and pybench_backward.csv in --out.
 
+--step: times one attention layer's training step instead, the forward and the backward of each
+implementation in one call (hattn: attention then autograd.grad; SDPA's backends likewise; FA3:
+its forward and backward ops); FLOPs = 3.5 x the forward's. Dense batches, not with --kernels;
+the CSV name gains _step.
+
 --gqa R: R query heads per K/V head on the grid (torch SDPA with enable_gqa); the CSV is then
 pybench_backward_gqa<R>.csv.
 
@@ -85,6 +90,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels (equal or mixed lengths)")
+    p.add_argument("--step", action="store_true",
+                   help="time the forward and the backward together (one layer's training step)")
     p.add_argument("--deterministic", action="store_true",
                    help="also time hattn's and FA3's deterministic backwards (hattn_det, fa3_det)")
     p.add_argument("--anchors", default=None,
@@ -110,32 +117,43 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(f"--anchors: some of {', '.join(known)}{mode}, each once (got {args.anchors!r})")
     if args.anchor_list == ["fa3"]:
         p.error("--anchors: fa3 with at least one torch anchor, the reference")
+    if args.step and (args.varlen or args.kernels):
+        p.error("--step: dense batches through each implementation's own API, without --varlen or --kernels")
     return args
 
 
-def backward_fn(name: str, q, k, v, dout, causal: bool) -> Callable[[], tuple]:
+def backward_fn(name: str, q, k, v, dout, causal: bool, step: bool = False) -> Callable[[], tuple]:
     """The backward of implementation `name` on BSHD q, k, v (its own leaf copies), as a call
-    returning (dq, dk, dv) in BSHD."""
+    returning (dq, dk, dv) in BSHD; with step, the call runs the forward too."""
     import hattn
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+    deterministic = name.endswith("_det")
     if name in ("fa3", "fa3_det"):  # its backward op, given its forward's out and log-sum-exp
+        if step:
+            return lambda: fa3.backward(dout, q, k, v, *fa3.forward(q, k, v, causal), causal, deterministic=deterministic)
         out, lse = fa3.forward(q, k, v, causal)
-        return lambda: fa3.backward(dout, q, k, v, out, lse, causal, deterministic=name == "fa3_det")
+        return lambda: fa3.backward(dout, q, k, v, out, lse, causal, deterministic=deterministic)
     if name in ("hattn", "hattn_det"):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        out = hattn.attention(*leaves, causal=causal, deterministic=name == "hattn_det")
         grad_out = dout
+
+        def forward():
+            return hattn.attention(*leaves, causal=causal, deterministic=deterministic)
     else:
         backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
         leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
-        with sdpa_kernel(backend):
-            out = sdpa(*leaves, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
         grad_out = dout.transpose(1, 2).contiguous()
 
+        def forward():
+            with sdpa_kernel(backend):
+                return sdpa(*leaves, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2])
+
+    out = None if step else forward()
+
     def call():
-        grads = torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
+        grads = torch.autograd.grad(forward() if step else out, leaves, grad_out, retain_graph=not step)
         return grads if name.startswith("hattn") else tuple(g.transpose(1, 2) for g in grads)
 
     return call
@@ -262,12 +280,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             q, k, v, dout = make_inputs(shape, dtype, seed=seed, with_dout=True)
             fns = {
                 name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal) if name.startswith("hattn:")
-                else backward_fn(name, q, k, v, dout, shape.causal)
+                else backward_fn(name, q, k, v, dout, shape.causal, args.step)
                 for name in names if name not in anchors and name != "fa3_det"
             }  # fmt: skip
             for name in list(anchors) + [n for n in deterministic if n == "fa3_det"]:
                 try:  # FA3's forward runs here: where it does not take the shape, it is dropped
-                    fns[name] = backward_fn(name, q, k, v, dout, shape.causal)
+                    fns[name] = backward_fn(name, q, k, v, dout, shape.causal, args.step)
                 except RuntimeError as e:
                     drop_anchor(name, str(e).splitlines()[0])
 
@@ -315,7 +333,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         del reference, other, anchor_grads
         timed = [n for n in names if n in fns and status.get(n) != "unsupported"]
         times = dict(zip(timed, timer.interleaved([fns[n] for n in timed])))
-        flops = 2.5 * shape.flops
+        flops = (3.5 if args.step else 2.5) * shape.flops
         tflops = {n: flops / (ms * 1e-3) / 1e12 for n, (ms, _) in times.items()}
         best = max(tflops[a] for a in anchors if a in tflops)  # the reference ran, so one did
         mask = "causal" if shape.causal else "full"
@@ -348,7 +366,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.varlen:
         file_name = f"pybench_backward_varlen_{args.varlen}.csv"
     else:
-        file_name = f"pybench_backward_gqa{args.gqa}.csv" if args.gqa > 1 else "pybench_backward.csv"
+        file_name = f"pybench_backward_gqa{args.gqa}" if args.gqa > 1 else "pybench_backward"
+        file_name += "_step.csv" if args.step else ".csv"
     path = os.path.join(args.out, file_name)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))

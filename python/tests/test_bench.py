@@ -273,6 +273,10 @@ def test_backward_bench_varlen_flags():
 
     assert bench_backward.parse_args(["--varlen", "mixed"]).varlen == "mixed"
     assert bench_backward.parse_args(["--deterministic"]).deterministic
+    assert bench_backward.parse_args(["--step"]).step
+    for bad in (["--step", "--varlen", "mixed"], ["--step", "--kernels", "bwd_sm90"]):
+        with pytest.raises(SystemExit):
+            bench_backward.parse_args(bad)
     assert not bench_backward.parse_args([]).deterministic
     # cuDNN's varlen backward only when asked for (inf/NaN and a fault on the H200); FA2 the reference
     assert bench_backward.parse_args(["--varlen", "mixed"]).anchor_list == ["varlen_flash", "fa3"]
@@ -327,7 +331,7 @@ def test_backward_bench_gqa_flags(monkeypatch, tmp_path):
             bench_backward.parse_args(bad)
     seen = []
 
-    def backward_fn(name, q, k, v, dout, causal):
+    def backward_fn(name, q, k, v, dout, causal, step=False):
         seen.append((name, q.shape[2], k.shape[2]))
         return lambda: tuple(torch.ones(1) for _ in range(3))
 
@@ -364,7 +368,7 @@ def test_backward_bench_drops_failing_anchors(monkeypatch, tmp_path, capsys, fai
     ones = torch.ones(2, 4, 2, 8)
     bad = dict(f.split(":") for f in failing)
 
-    def backward_fn(name, q, k, v, dout, causal):
+    def backward_fn(name, q, k, v, dout, causal, step=False):
         if bad.get(name) == "build":
             raise RuntimeError(f"{name} does not take this shape\nsecond line")
 
