@@ -113,13 +113,17 @@ def test_anchors_table_shows_the_chosen_steps_and_rates_all():
     assert "| D=128 full S=4096 B=4 H=16 | 500 | 400 | 550 | 1.20 |" in table  # 99's 600 / 500
 
 
+MLA_HEAD = "commit,gpu,sm_clock_mhz,name,batch,seqlen_k,heads_q,seqlen_q,rows,ms,reps,gbps,hbm_fraction,tflops,max_err,tol,status"
+MLA_OURS = "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,16,1,16,0.10,50,4300,0.90,95,0.001,0.01,ok"
+MLA_TORCH = "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,16,1,16,0.30,50,1400,0.30,31,,,ok"
+
+
 def test_mla_table_rates_ours_beside_torch_and_fa3(tmp_path, monkeypatch):
     monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
     path = tmp_path / "pybench_mla.csv"
-    head = "commit,gpu,sm_clock_mhz,name,batch,seqlen_k,heads_q,seqlen_q,rows,ms,reps,gbps,hbm_fraction,tflops,max_err,tol,status"
-    lines = [head,
-             "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,16,1,16,0.10,50,4300,0.90,95,0.001,0.01,ok",
-             "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,16,1,16,0.30,50,1400,0.30,31,,,ok",
+    lines = [MLA_HEAD,
+             MLA_OURS,
+             MLA_TORCH,
              "abcdef123456,NVIDIA H200,1980,fa3_mla,64,4096,16,1,16,0.12,50,3600,0.75,80,,,ok"]
     path.write_text("\n".join(lines) + "\n")
     table = gen_docs.mla_table(path)
@@ -130,10 +134,9 @@ def test_mla_table_rates_ours_beside_torch_and_fa3(tmp_path, monkeypatch):
 def test_status_rates_mla_over_its_best_anchor(tmp_path, monkeypatch):
     monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
     (tmp_path / "results").mkdir()
-    head = "commit,gpu,sm_clock_mhz,name,batch,seqlen_k,heads_q,seqlen_q,rows,ms,reps,gbps,hbm_fraction,tflops,max_err,tol,status"
-    lines = [head,
-             "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,16,1,16,0.10,50,4300,0.90,95,0.001,0.01,ok",
-             "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,16,1,16,0.30,50,1400,0.30,31,,,ok",
+    lines = [MLA_HEAD,
+             MLA_OURS,
+             MLA_TORCH,
              "abcdef123456,NVIDIA H200,1980,fa3_mla,64,4096,16,1,16,0.12,50,3600,0.75,80,,,ok",
              "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,128,2,256,0.50,50,900,0.20,700,0.001,0.01,ok",
              "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,128,2,256,0.45,50,990,0.22,780,,,ok"]
@@ -147,12 +150,11 @@ def test_mla_table_states_the_ceilings_of_its_run(tmp_path, monkeypatch):
     monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
     (tmp_path / "results").mkdir()
     path = tmp_path / "results" / "pybench_mla.csv"
-    head = "commit,gpu,sm_clock_mhz,name,batch,seqlen_k,heads_q,seqlen_q,rows,ms,reps,gbps,hbm_fraction,tflops,max_err,tol,status"
-    lines = [head,
+    lines = [MLA_HEAD,
              "abcdef123456,NVIDIA H200,1980,ceiling_copy,,,,,,1.00,50,4300,0.8958,,,,ok",
              "abcdef123456,NVIDIA H200,1980,ceiling_cublas,,,,,,1.40,50,,,785,,,ok",
-             "abcdef123456,NVIDIA H200,1980,hattn_mla,64,4096,16,1,16,0.10,50,4300,0.90,95,0.001,0.01,ok",
-             "abcdef123456,NVIDIA H200,1980,torch_mla,64,4096,16,1,16,0.30,50,1400,0.30,31,,,ok"]
+             MLA_OURS,
+             MLA_TORCH]
     path.write_text("\n".join(lines) + "\n")
     table = gen_docs.mla_table(path)
     assert "| 64 | 4096 | 16 x 1 | 4300 | 0.90 | 95 | 3.00 | – | – | ok |" in table
