@@ -18,8 +18,9 @@ hattn runs a call when all of these hold (sdpa_fallback_reason says which one fa
   * torch.use_deterministic_algorithms is off, or no input requires grad (with grad mode on).
 
 A call hattn runs is differentiable: when query, key or value requires grad, backward gives
-their gradients through hattn's backward (hattn.attention's). Its fp32 sums use atomic adds,
-so the gradients may differ in their last bits from run to run; hence the last rule.
+their gradients through hattn's default backward (hattn.attention's). Its fp32 sums use atomic
+adds, so the gradients may differ in their last bits from run to run; hence the last rule
+(hattn.attention's deterministic=True is not used on this path yet).
 
 The output is a [B, H, L, E] view of a [B, L, H, E] tensor, as torch's own flash and cuDNN
 backends return it, so `out.transpose(1, 2).reshape(B, L, H * E)` needs no copy.
