@@ -145,8 +145,6 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
       }
     }
   };
-  // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
-  // the fence's and the barrier's waits do not hold them back.
   // The deterministic backward (p.dq_turns): the CTAs whose keys a query block sees add into
   // its half in key order, each in its turn (ptx/turns.cuh). A block's turn is passed on at the
   // next block's reduction, once its adds have completed, or at the end.
@@ -158,6 +156,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
       dq_turn_held = nullptr;
     }
   };
+  // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
+  // the fence's and the barrier's waits do not hold them back.
   auto reduce_dq = [&](int step) {
     const int m0 = block_row(step);
     float* tiles = smem.dq[step % 2][warpgroup][0];
