@@ -117,8 +117,8 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const CUtensorMap& 
 
 // Q's 64 rows of request b into the 128-byte swizzled boxes wgmma reads (16-byte chunk c of
 // row r at chunk c ^ r % 8), zeros past the request's rows. The 256 consumer threads share it.
-template <typename T>
-__device__ __forceinline__ void load_q(SharedStorage& smem, const Params& p, int b, int row_base, int thread) {
+template <typename T, typename Storage>  // Storage: this file's SharedStorage or seesaw.cuh's
+__device__ __forceinline__ void load_q(Storage& smem, const Params& p, int b, int row_base, int thread) {
   constexpr int kChunks = kDimQk * int(sizeof(T)) / 16;  // 72 per row
   for (int i = thread; i < kBlockM * kChunks; i += kConsumerThreads) {
     const int r = i / kChunks, chunk = i % kChunks, row = row_base + r;

@@ -91,24 +91,6 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const CUtensorMap& 
   }
 }
 
-// Q's 64 rows of request b into the 128-byte swizzled boxes wgmma reads (16-byte chunk c of
-// row r at chunk c ^ r % 8), zeros past the request's rows. The 256 consumer threads share it.
-template <typename T>
-__device__ __forceinline__ void load_q(SharedStorage& smem, const Params& p, int b, int row_base, int thread) {
-  constexpr int kChunks = kDimQk * int(sizeof(T)) / 16;  // 72 per row
-  for (int i = thread; i < kBlockM * kChunks; i += kConsumerThreads) {
-    const int r = i / kChunks, chunk = i % kChunks, row = row_base + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row < p.rows) {
-      const int s = row / p.heads_q, h = row % p.heads_q;
-      v = *reinterpret_cast<const uint4*>(static_cast<const T*>(p.q) + b * p.q_batch + s * p.q_seq + h * p.q_head +
-                                          chunk * 8);
-    }
-    const int box = chunk / 8, c = chunk % 8;
-    *reinterpret_cast<uint4*>(smem.q + box * kBoxBytes + r * 128 + (c ^ r % 8) * 16) = v;
-  }
-}
-
 // The state a consumer carries through a segment: its 64 x 256 share of O, and per row (g and
 // g + 8 of the accumulator) the running max and this thread's part of the row sum.
 struct RowState {
