@@ -168,20 +168,42 @@ __device__ __forceinline__ void write_segment(const Params& p, const float (&o)[
   }
 }
 
+// Causal: the rows of new token s see the keys below len - (seqlen_q - 1 - s). Each of the
+// thread's two accumulator rows (row_base + local_row[r]) gets its shift from len; returns the
+// smallest shift of any row (tiles that end below len plus it need no mask).
+__device__ __forceinline__ int causal_limits(const Params& p, int row_base, const int (&local_row)[2],
+                                             int (&limit_shift)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = min(row_base + local_row[r], p.rows - 1);
+    limit_shift[r] = p.causal ? row / p.heads_q - (p.seqlen_q - 1) : 0;
+  }
+  return p.causal ? -(p.seqlen_q - 1) : 0;
+}
+
+// The start both schedules' kernels share: thread 0 prefetches the tensor map, initializes the
+// barriers (init_barriers) and lets the combine kernel launch: its CTAs take the SMs this grid
+// leaves free and wait there (griddepcontrol.wait) for this grid to finish, so its launch does
+// not follow the last CTA's exit. No thread waits on a barrier before it is initialized.
+template <typename InitBarriers>
+__device__ __forceinline__ void start_cta(const CUtensorMap& kv_map, InitBarriers init_barriers) {
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&kv_map);
+    init_barriers();
+    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+    ptx::griddepcontrol_launch_dependents();
+  }
+  __syncthreads();
+}
+
 template <typename T>
 __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, int w, int thread) {
   const int warp = thread / 32, lane = thread % 32;
   const int local_row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};  // the accumulator's rows g, g + 8
   const int col = 2 * (lane % 4);                                               // its first column in an n8 tile
   const int row_base = int(blockIdx.y) * kBlockM;
-  // Causal: the rows of new token s see the keys below len - (seqlen_q - 1 - s).
   int limit_shift[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = min(row_base + local_row[r], p.rows - 1);
-    limit_shift[r] = p.causal ? row / p.heads_q - (p.seqlen_q - 1) : 0;
-  }
-  const int min_shift = p.causal ? -(p.seqlen_q - 1) : 0;
+  const int min_shift = causal_limits(p, row_base, local_row, limit_shift);
   const Run run = load_run(p);
 
   const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q, 16, 1024);
@@ -350,20 +372,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // wgmma descriptors and TMA's 128-byte swizzle assume 1024-byte aligned boxes.
   auto& smem = *reinterpret_cast<SharedStorage*>(ptx::align_shared<1024>(smem_raw));
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
-  if (threadIdx.x == 0) {
-    ptx::prefetch_tensormap(&kv_map);
+  start_cta(kv_map, [&] {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&smem.full[s], 1);
       ptx::mbarrier_init(&smem.empty[s], kConsumerThreads);  // every consumer thread releases
     }
-    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
-    // The combine kernel may launch now: its CTAs take the SMs this grid leaves free and wait
-    // there (griddepcontrol.wait) for this grid to finish, so its launch does not follow the
-    // last CTA's exit.
-    ptx::griddepcontrol_launch_dependents();
-  }
-  __syncthreads();  // no thread waits on a barrier before it is initialized
+  });
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) produce(smem, kv_map, p);

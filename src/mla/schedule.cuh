@@ -97,5 +97,4 @@ __host__ __device__ inline void make_schedule(const int32_t* cache_seqlens, int 
   split_begin[batch] = slot;
 }
 
-
 }  // namespace hattn::mla

@@ -278,13 +278,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
   const int row_base = int(blockIdx.y) * kBlockM;
   TileContext c;
   c.col = 2 * (lane % 4);  // the thread's first column in an n8 tile
-  // Causal: the rows of new token s see the keys below len - (seqlen_q - 1 - s).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = min(row_base + local_row[r], p.rows - 1);
-    c.limit_shift[r] = p.causal ? row / p.heads_q - (p.seqlen_q - 1) : 0;
-  }
-  c.min_shift = p.causal ? -(p.seqlen_q - 1) : 0;
+  c.min_shift = causal_limits(p, row_base, local_row, c.limit_shift);
   c.q_desc = ptx::make_smem_desc_sw128(smem.q, 16, 1024);
   c.k_desc = ptx::make_smem_desc_sw128(smem.kv[0], 16, 1024);
   // V N-major: this consumer's four 64-column boxes, kBoxBytes apart (LBO).
@@ -430,21 +424,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // wgmma descriptors and TMA's 128-byte swizzle assume 1024-byte aligned boxes.
   auto& smem = *reinterpret_cast<SharedStorage*>(ptx::align_shared<1024>(smem_raw));
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
-  if (threadIdx.x == 0) {
-    ptx::prefetch_tensormap(&kv_map);
+  start_cta(kv_map, [&] {
 #pragma unroll
     for (int s = 0; s < kStages; ++s)
       for (int piece = 0; piece < kPieces; ++piece) {
         ptx::mbarrier_init(&smem.full[s][piece], 1);
         ptx::mbarrier_init(&smem.empty[s][piece], piece_readers(s, piece));  // each reader thread releases
       }
-    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
-    // The combine kernel may launch now: its CTAs take the SMs this grid leaves free and wait
-    // there (griddepcontrol.wait) for this grid to finish, so its launch does not follow the
-    // last CTA's exit.
-    ptx::griddepcontrol_launch_dependents();
-  }
-  __syncthreads();  // no thread waits on a barrier before it is initialized
+  });
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) produce(smem, kv_map, p);
