@@ -22,10 +22,10 @@ python/tests/test_mla.py holds the fp64 bound). Timing: hattn.bench's
 Timer (CUDA events, an L2 flush before each call, interleaved rounds, the median).
 
 Bytes = the cache rows read (B x L x 576 x 2) plus q and out; GB/s over the H200's 4.8 TB/s is
-the memory-bound figure. The run first measures two ceilings with the same timer, as rows of the
-CSV: ceiling_copy (a 2 GiB device-to-device copy, GB/s counting bytes read and written) and
-ceiling_cublas (an 8192^3 bf16 matrix product through torch.matmul, TFLOP/s). FLOPs = 2 x B x rows x L x (576 + 512) with rows = heads_q x seqlen_q (the
-compute-bound figure, FlashMLA's count). Output: a table on stdout and pybench_mla.csv in --out;
+the memory-bound figure. FLOPs = 2 x B x rows x L x (576 + 512) with rows = heads_q x seqlen_q (the
+compute-bound figure, FlashMLA's count). The run first measures two ceilings with the same timer,
+as rows of the CSV: ceiling_copy (a 2 GiB device-to-device copy, GB/s counting bytes read and
+written) and ceiling_cublas (an 8192^3 bf16 matrix product through torch.matmul, TFLOP/s). Output: a table on stdout and pybench_mla.csv in --out;
 exit status 1 when an output was wrong or a call failed, 2 without a GPU.
 """
 
@@ -140,15 +140,19 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
             return [{**base, "name": "hattn_mla", "max_err": err, "tol": tol, "status": "wrong"}]
     except Exception as e:  # noqa: BLE001  a refused or failed call is a row, not the end of the run
         return [{**base, "name": "hattn_mla", "status": f"failed: {e}"}]
+    def timed_if_right(name, fn) -> Optional[float]:
+        """fn joins the timed calls when its output is within tol of the reference; else its error."""
+        err = (fn().float() - ref).abs().max().item()
+        checks[name] = (err, tol)
+        if err <= tol:
+            fns.append(fn), names.append(name)
+            return None
+        return err
+
     records = []
     if args.seesaw:
-        seesaw = on_schedule("seesaw")
         try:
-            err = (seesaw().float() - ref).abs().max().item()
-            checks["hattn_mla_seesaw"] = (err, tol)
-            if err <= tol:
-                fns.append(seesaw), names.append("hattn_mla_seesaw")
-            else:
+            if (err := timed_if_right("hattn_mla_seesaw", on_schedule("seesaw"))) is not None:
                 records.append({**base, "name": "hattn_mla_seesaw", "max_err": err, "tol": tol, "status": "wrong"})
         except Exception as e:  # noqa: BLE001
             records.append({**base, "name": "hattn_mla_seesaw", "status": f"failed: {e}"})
@@ -162,11 +166,7 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
             return fa3.forward_mla(q_rope, k_rope, v_latent, q_latent, seqlens, True, scale)
 
         try:
-            err = (theirs().float() - ref).abs().max().item()
-            checks["fa3_mla"] = (err, tol)
-            if err <= tol:
-                fns.append(theirs), names.append("fa3_mla")
-            else:  # a row that says so, and no time for a wrong answer
+            if (err := timed_if_right("fa3_mla", theirs)) is not None:  # a line that says so, no time for it
                 print(f"bench_mla: fa3_mla differs from the fp32 formulation (max error {err:.3g} > {tol:.3g}); "
                       "not timed", flush=True)
         except Exception as e:  # noqa: BLE001  FA3 built without the mode: a note, not a failure
