@@ -1,17 +1,17 @@
 // The deterministic backward's turns (src/attention/backward/consumer.cuh, reduce_dq): the CTA
-// of key block n adds into query block m when m's counter reads n - n_first(m), n_first(m) being
-// the key block of the first key that m's first query sees. That is right only if the key blocks
-// adding into m, those whose query blocks (work.cuh's query_blocks) include m, are n_first(m),
-// n_first(m) + 1, ... without a gap: each turn is then taken exactly once, in key order, and no
-// CTA waits for a turn no one passes. Checked here on the host, with the kernel's own mask
-// helpers, over lengths that are and are not block multiples, causal or not, windows.
+// of key block n adds into query block m when m's counter reads work.cuh's dq_turn, n minus the
+// key block of the first key that m's first query sees. That is right only if the key blocks
+// adding into m, those whose query blocks (work.cuh's query_blocks) include m, take turns 0, 1,
+// ... in key order without a gap: each turn is then taken exactly once, and no CTA waits for a
+// turn no one passes. Checked here on the host, with the kernel's own mask and block helpers,
+// over lengths that are and are not block multiples, causal or not, windows.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 #include <vector>
 
-#include "attention/backward/config.h"
+#include "attention/backward/work.cuh"
 #include "common/backward_common.cuh"
 
 namespace hattn {
@@ -44,16 +44,15 @@ TEST(BackwardTurns, AQueryBlocksKeyBlocksRunFromItsFirstQuerysFirstKeyWithoutGap
               const int n0 = n * bwd::kBlockN;
               int q_first, q_last;
               queries_seeing(f, n0, n0 + bwd::kBlockN, &q_first, &q_last);
-              const int m_begin = q_first / bwd::kBlockM * bwd::kBlockM;
-              const int steps = q_last > m_begin ? (q_last - m_begin + bwd::kBlockM - 1) / bwd::kBlockM : 0;
-              for (int s = 0; s < steps; ++s) adders[m_begin / bwd::kBlockM + s].push_back(n);
+              const bwd::QueryBlocks blocks = bwd::blocks_holding(q_first, q_last, /*keys_in_sequence=*/true);
+              for (int s = 0; s < blocks.steps; ++s) adders[blocks.m_begin / bwd::kBlockM + s].push_back(n);
             }
-            for (const auto& [m, blocks] : adders) {
+            for (const auto& [m, key_blocks] : adders) {
               int first_key, last_key;
               visible_keys(f, m * bwd::kBlockM, &first_key, &last_key);
-              const int n_first = first_key / bwd::kBlockN;
-              for (size_t i = 0; i < blocks.size(); ++i)
-                ASSERT_EQ(blocks[i], n_first + int(i)) << where << ": query block " << m << ", adder " << i;
+              for (size_t i = 0; i < key_blocks.size(); ++i)
+                ASSERT_EQ(bwd::dq_turn(key_blocks[i] * bwd::kBlockN, first_key), int(i))
+                    << where << ": query block " << m << ", adder " << i << " (key block " << key_blocks[i] << ")";
               ++checked;
             }
           }

@@ -169,13 +169,11 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     if (threadIdx.x % 128 == 0) {
       if (p.dq_turns != nullptr) {
         pass_dq_turn();
-        // This CTA's turn: its key block's place among those the block's first query sees
-        // (the masks are monotone, so the block's keys start there and run without a gap).
-        int first_key, last_key;
+        int first_key, last_key;  // the keys the block's first query sees
         visible_keys<kVarlen>(f, seq, m0, &first_key, &last_key);
         dq_turn_held = p.dq_turns + ((int64_t(batch) * f.heads_q + head) * p.q_blocks + m0 / kBlockM) * kWarpgroups +
                        warpgroup;
-        ptx::wait_turn(dq_turn_held, n0 / kBlockN - first_key / kBlockN);
+        ptx::wait_turn(dq_turn_held, dq_turn(n0, first_key));
       }
 #pragma unroll
       for (int box = 0; box < kCols / 32; ++box)

@@ -23,18 +23,31 @@ struct QueryBlocks {
   }
 };
 
+// The blocks that hold the queries [q_first, q_last) seeing a CTA's keys (none when those keys
+// lie past their sequence), in order. Host too: tests/test_backward_turns.cu checks the
+// deterministic backward's turns with it.
+__host__ __device__ __forceinline__ QueryBlocks blocks_holding(int q_first, int q_last, bool keys_in_sequence) {
+  QueryBlocks blocks;
+  blocks.m_begin = q_first / kBlockM * kBlockM;
+  blocks.steps =
+      keys_in_sequence && q_last > blocks.m_begin ? (q_last - blocks.m_begin + kBlockM - 1) / kBlockM : 0;
+  blocks.rotation = 0;
+  return blocks;
+}
+
 template <bool kVarlen>
 __device__ __forceinline__ QueryBlocks query_blocks(const AttentionParams& f, const Sequence& seq, int n0,
                                                     bool in_order) {
   int q_first, q_last;
   queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
-  QueryBlocks blocks;
-  blocks.m_begin = q_first / kBlockM * kBlockM;
-  blocks.steps = (!kVarlen || n0 < seq.seqlen_k) && q_last > blocks.m_begin
-                     ? (q_last - blocks.m_begin + kBlockM - 1) / kBlockM
-                     : 0;
-  blocks.rotation = blocks.steps > 0 && !in_order ? int(blockIdx.x) % blocks.steps : 0;
+  QueryBlocks blocks = blocks_holding(q_first, q_last, !kVarlen || n0 < seq.seqlen_k);
+  if (blocks.steps > 0 && !in_order) blocks.rotation = int(blockIdx.x) % blocks.steps;
   return blocks;
 }
+
+// The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose
+// first query sees keys from first_key on: its key block's place among the block's adders
+// (the masks are monotone, so those start at first_key's block and run without a gap).
+__host__ __device__ __forceinline__ int dq_turn(int n0, int first_key) { return n0 / kBlockN - first_key / kBlockN; }
 
 }  // namespace hattn::bwd
