@@ -3,9 +3,12 @@
 // Messages are built with std::string and std::to_string, not iostreams: inside a Python
 // extension loaded beside torch, ostream formatting crashed in libstdc++'s locale code (seen on
 // the H200 image), and validation must never crash.
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 
 #include "hattn/hattn.h"
 #include "backward.h"
@@ -240,14 +243,19 @@ Status check_cache_entries(const int32_t* kv_batch_idx, int kv_batch) {
   return Status::Ok();
 }
 
+Status current_device(int* device) {
+  if (cudaError_t err = cudaGetDevice(device); err != cudaSuccess) {
+    cudaGetLastError();
+    return {StatusCode::cuda_error, std::string("querying the current device: ") + cudaGetErrorString(err)};
+  }
+  return Status::Ok();
+}
+
 Status check_device_and_pointers(std::initializer_list<std::pair<const char*, const void*>> pointers) {
   Status s = check_device();
   if (!s.ok()) return s;
   int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
-    cudaGetLastError();
-    return {StatusCode::cuda_error, std::string("querying the current device: ") + cudaGetErrorString(err)};
-  }
+  if (!(s = current_device(&device)).ok()) return s;
   for (const auto& [name, ptr] : pointers)
     if (!(s = check_device_pointer(name, ptr, device)).ok()) return s;
   return Status::Ok();
@@ -282,17 +290,51 @@ Status resolve(const AttentionProblem& problem, const std::string& kernel, const
                        [&](const KernelEntry& entry) { return supports(entry, problem); }, out);
 }
 
+// Every address of a forward call, by name.
+struct NamedPointer {
+  const char* name;
+  const void* ptr;
+};
+std::array<NamedPointer, 15> forward_pointers(const AttentionProblem& p) {
+  return {{{"q", p.q},
+           {"k", p.k},
+           {"v", p.v},
+           {"out", p.out},
+           {"lse", p.lse},
+           {"cu_seqlens_q", p.cu_seqlens_q},
+           {"cu_seqlens_k", p.cu_seqlens_k},
+           {"seqlens_k", p.seqlens_k},
+           {"block_table", p.block_table},
+           {"kv_batch_idx", p.kv_batch_idx},
+           {"leftpad_k", p.leftpad_k},
+           {"workspace", p.workspace},
+           {"q_descale", p.q_descale},
+           {"k_descale", p.k_descale},
+           {"v_descale", p.v_descale}}};
+}
+
+// Each address of the call is memory of GPU `device`.
+Status check_forward_pointers(const AttentionProblem& problem, int device) {
+  for (const auto& [name, ptr] : forward_pointers(problem))
+    if (Status s = check_device_pointer(name, ptr, device); !s.ok()) return s;
+  return Status::Ok();
+}
+
 Status check_all(const AttentionProblem& problem, const std::string& kernel, const KernelEntry** entry) {
   Status s = validate_arguments(problem);
   if (!s.ok()) return s;
   if (!(s = resolve(problem, kernel, entry)).ok()) return s;
-  return check_device_and_pointers(
-      {{"q", problem.q},     {"k", problem.k},     {"v", problem.v},
-       {"out", problem.out}, {"lse", problem.lse}, {"cu_seqlens_q", problem.cu_seqlens_q},
-       {"cu_seqlens_k", problem.cu_seqlens_k}, {"seqlens_k", problem.seqlens_k},
-       {"block_table", problem.block_table}, {"kv_batch_idx", problem.kv_batch_idx},
-       {"leftpad_k", problem.leftpad_k}, {"workspace", problem.workspace},
-       {"q_descale", problem.q_descale}, {"k_descale", problem.k_descale}, {"v_descale", problem.v_descale}});
+  if (!(s = check_device()).ok()) return s;
+  int device = 0;
+  if (!(s = current_device(&device)).ok()) return s;
+  return check_forward_pointers(problem, device);
+}
+
+// The caller's workspace, when given, holds the `needed` bytes.
+Status check_workspace(const AttentionProblem& problem, const KernelEntry& entry, size_t needed) {
+  if (problem.workspace == nullptr || problem.workspace_bytes >= needed) return Status::Ok();
+  return invalid("workspace_bytes: " + std::to_string(problem.workspace_bytes) + " bytes given; " + entry.name +
+                 " needs " + std::to_string(needed) + " for this problem (workspace_size())");
 }
 
 }  // namespace
@@ -435,14 +477,120 @@ Status forward(const AttentionProblem& problem, const Options& options) {
   if (!s.ok()) return s;
   if (problem.workspace != nullptr && entry->workspace_bytes != nullptr) {
     size_t needed = 0;
-    if (!(s = entry->workspace_bytes(problem, &needed)).ok()) return s;
-    if (problem.workspace_bytes < needed)
-      return invalid("workspace_bytes: " + std::to_string(problem.workspace_bytes) + " bytes given; " +
-                     entry->name + " needs " + std::to_string(needed) + " for this problem (workspace_size())");
+    if (!(s = entry->workspace_bytes(problem, &needed)).ok() || !(s = check_workspace(problem, *entry, needed)).ok())
+      return s;
   }
   if (options.check.value_or(checking_from_environment()) && !(s = check_promises_on(problem, options.stream)).ok())
     return s;
   return entry->launch(problem, options.stream);
+}
+
+// --- plan() and run() ----------------------------------------------------------------------------
+
+struct Plan::State {
+  AttentionProblem problem;  // as planned, with the planning call's buffers
+  const KernelEntry* entry = nullptr;
+  std::string kernel;                           // entry->name
+  std::shared_ptr<const KernelPlan> decisions;  // null: the kernel decides in each launch
+  size_t workspace_bytes = 0;
+  int device = 0;  // the GPU current at plan()
+};
+
+const std::string& Plan::kernel() const {
+  static const std::string none;
+  return state_ ? state_->kernel : none;
+}
+size_t Plan::workspace_bytes() const { return state_ ? state_->workspace_bytes : 0; }
+int Plan::block_m() const { return state_ && state_->decisions ? state_->decisions->block_m : 0; }
+int Plan::block_n() const { return state_ && state_->decisions ? state_->decisions->block_n : 0; }
+int Plan::splits() const { return state_ && state_->decisions ? state_->decisions->splits : 1; }
+const AttentionProblem& Plan::problem() const {
+  static const AttentionProblem none;
+  return state_ ? state_->problem : none;
+}
+
+Buffers buffers_of(const AttentionProblem& p) {
+  Buffers b;
+  b.q = p.q;
+  b.k = p.k;
+  b.v = p.v;
+  b.out = p.out;
+  b.lse = p.lse;
+  b.cu_seqlens_q = p.cu_seqlens_q;
+  b.cu_seqlens_k = p.cu_seqlens_k;
+  b.seqlens_k = p.seqlens_k;
+  b.block_table = p.block_table;
+  b.kv_batch_idx = p.kv_batch_idx;
+  b.leftpad_k = p.leftpad_k;
+  b.q_descale = p.q_descale;
+  b.k_descale = p.k_descale;
+  b.v_descale = p.v_descale;
+  b.workspace = p.workspace;
+  b.workspace_bytes = p.workspace_bytes;
+  b.allocator = p.allocator;
+  return b;
+}
+
+Status plan(const AttentionProblem& problem, Plan* plan, const std::string& kernel) {
+  if (plan == nullptr) return invalid("plan: pointer is null");
+  *plan = Plan{};
+  auto state = std::make_shared<Plan::State>();
+  Status s = validate_arguments(problem);
+  if (!s.ok() || !(s = resolve(problem, kernel, &state->entry)).ok() || !(s = check_device()).ok() ||
+      !(s = current_device(&state->device)).ok())
+    return s;
+  const KernelEntry& entry = *state->entry;
+  if (entry.plan != nullptr && !(s = entry.plan(problem, &state->decisions)).ok()) return s;
+  if (entry.workspace_bytes != nullptr && !(s = entry.workspace_bytes(problem, &state->workspace_bytes)).ok()) return s;
+  state->problem = problem;
+  state->kernel = entry.name;
+  *plan = Plan(std::move(state));
+  return Status::Ok();
+}
+
+Status run(const Plan& plan, const Buffers& buffers, cudaStream_t stream, std::optional<bool> check) {
+  const Plan::State* state = plan.state();
+  if (state == nullptr) return invalid("plan: empty (make one with hattn::plan())");
+  AttentionProblem p = state->problem;
+  p.q = buffers.q;
+  p.k = buffers.k;
+  p.v = buffers.v;
+  p.out = buffers.out;
+  p.lse = buffers.lse;
+  p.cu_seqlens_q = buffers.cu_seqlens_q;
+  p.cu_seqlens_k = buffers.cu_seqlens_k;
+  p.seqlens_k = buffers.seqlens_k;
+  p.block_table = buffers.block_table;
+  p.kv_batch_idx = buffers.kv_batch_idx;
+  p.leftpad_k = buffers.leftpad_k;
+  p.q_descale = buffers.q_descale;
+  p.k_descale = buffers.k_descale;
+  p.v_descale = buffers.v_descale;
+  p.workspace = buffers.workspace;
+  p.workspace_bytes = buffers.workspace_bytes;
+  p.allocator = buffers.allocator;
+  // The kernel's decisions rest on which arrays the problem has (a variable-length batch, a
+  // paged cache, ...), so each must be there exactly where it was planned. The workspace may differ.
+  const auto planned = forward_pointers(state->problem), given = forward_pointers(p);
+  for (size_t i = 0; i < planned.size(); ++i) {
+    if (std::string_view(planned[i].name) == "workspace" || (planned[i].ptr == nullptr) == (given[i].ptr == nullptr))
+      continue;
+    return invalid(std::string(given[i].name) + ": the plan was made " + (planned[i].ptr ? "with" : "without") +
+                   " it, and this run " + (given[i].ptr ? "gives" : "does not give") + " it (plan this problem)");
+  }
+  // The addresses as forward() checks them (the shape checks again too: arithmetic only).
+  Status s = validate_arguments(p);
+  if (!s.ok()) return s;
+  int device = 0;
+  if (!(s = current_device(&device)).ok()) return s;
+  if (device != state->device)
+    return invalid("plan: made for GPU " + std::to_string(state->device) + ", but GPU " + std::to_string(device) +
+                   " is current (a plan belongs to one GPU)");
+  if (!(s = check_forward_pointers(p, device)).ok()) return s;
+  if (!(s = check_workspace(p, *state->entry, state->workspace_bytes)).ok()) return s;
+  if (check.value_or(checking_from_environment()) && !(s = check_promises_on(p, stream)).ok()) return s;
+  if (state->decisions != nullptr) return state->entry->launch_planned(p, *state->decisions, stream);
+  return state->entry->launch(p, stream);
 }
 
 Status validate_backward_arguments(const BackwardProblem& problem) {

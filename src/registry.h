@@ -1,6 +1,7 @@
 // The dispatch table: every lineage kernel and the production forward register one entry here.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@ struct Features {
   Deterministic deterministic = Deterministic::no;
 };
 
+// A kernel's own decisions for one problem shape (the production forward's fwd::ForwardPlan),
+// which plan() keeps and run() hands back to the same kernel's launch_planned.
+struct KernelPlan {
+  virtual ~KernelPlan() = default;
+  int block_m = 0, block_n = 0;  // query rows and keys per tile
+  int splits = 1;                // split-KV parts
+};
+
 // A registered kernel. The forward's registry (Problem = AttentionProblem) and the backward's
 // (BackwardProblem, common/backward.h) hold this one type and resolve "auto" by one rule
 // (resolve_entry below).
@@ -42,6 +51,10 @@ struct Entry {
   // Bytes of workspace the launch needs for `problem` (AttentionProblem::workspace); null for
   // kernels that never need any.
   Status (*workspace_bytes)(const Problem& problem, size_t* bytes) = nullptr;
+  // Optional: the decisions launch() makes for `problem`'s shape, made once (plan()), and the
+  // launch that takes them instead of deciding again (run()). Without them, run() calls launch().
+  Status (*plan)(const Problem& problem, std::shared_ptr<const KernelPlan>* decisions) = nullptr;
+  Status (*launch_planned)(const Problem& problem, const KernelPlan& decisions, cudaStream_t stream) = nullptr;
 };
 using KernelEntry = Entry<AttentionProblem>;
 

@@ -44,6 +44,8 @@ def main() -> None:
     launch = copy.copy(problem)
     if needed:
         launch.workspace, launch.workspace_bytes = workspace.data_ptr(), needed
+    plan = _C.plan(problem, kernel)
+    buffers = _C.buffers_of(launch)
 
     def host_us(fn) -> float:
         for _ in range(20):
@@ -85,6 +87,8 @@ def main() -> None:
         ("_C.resolve_kernel (argument checks, dispatch)", lambda: _C.resolve_kernel(problem, kernel)),
         ("_C.workspace_size (+ device and pointer checks)", lambda: _C.workspace_size(problem, kernel)),
         ("_C.forward, prebuilt problem (+ launch)", lambda: _C.forward(launch, kernel, stream)),
+        ("_C.plan (checks, dispatch, the kernel's decisions)", lambda: _C.plan(problem, kernel)),
+        ("_C.run, prebuilt plan and buffers (+ launch)", lambda: _C.run(plan, buffers, stream)),
         ("_attention_fwd (the op's body)", lambda: _attention_fwd(q, k, v, False, None, "auto", False, -1, -1, lens)),
         ("hattn.attention(seqlens_k=...), every check", every_check),
         ("hattn.attention(seqlens_k=...)", lambda: hattn.attention(q, k, v, seqlens_k=lens)),

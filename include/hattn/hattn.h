@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -269,6 +270,76 @@ Status workspace_size(const AttentionProblem& problem, size_t* bytes, const std:
 // Checks of the arguments alone: shapes, dtype, pointers' nullness and alignment, strides.
 // Needs no GPU.
 Status validate_arguments(const AttentionProblem& problem);
+
+// Plan once, run many. Calls that repeat a problem's shape on other tensors (a decoding loop, a
+// model's layers) can make forward()'s decisions once: plan() checks the problem as forward()
+// does and resolves the kernel, and for the production forward fixes its tiles, split-KV parts
+// and workspace; run() launches the plan on one call's memory, checking only what depends on
+// the addresses (nullness, alignment, outputs overlapping inputs, the GPU they live on), as
+// forward() checks them. A plan is immutable, may be shared between threads, and belongs to the
+// GPU that was current when it was made.
+
+// The memory of one forward call: every address of an AttentionProblem, its workspace and its
+// scratch allocator. An array the plan's problem has (lse, cu_seqlens_q, seqlens_k, ...) must be
+// given, and one it lacks must be null; the workspace may be given or not.
+struct Buffers {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqlens_k = nullptr;
+  const int32_t* block_table = nullptr;
+  const int32_t* kv_batch_idx = nullptr;
+  const int32_t* leftpad_k = nullptr;
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  void* workspace = nullptr;  // at least Plan::workspace_bytes(), or null: taken from `allocator`
+  size_t workspace_bytes = 0;
+  const ScratchAllocator* allocator = nullptr;  // null: the stream's pool
+};
+
+// The buffers `problem` names.
+Buffers buffers_of(const AttentionProblem& problem);
+
+class Plan {
+ public:
+  struct State;  // what run() needs; defined in the library
+  Plan() = default;
+  explicit Plan(std::shared_ptr<const State> state) : state_(std::move(state)) {}
+
+  bool empty() const { return state_ == nullptr; }
+  // The kernel that runs ("auto" resolved); empty for an empty plan.
+  const std::string& kernel() const;
+  // Bytes of workspace a run needs beside its tensors (workspace_size() of the problem).
+  size_t workspace_bytes() const;
+  // The production forward's decisions: query rows and keys per tile, and split-KV parts (1:
+  // unsplit). 0, 0 and 1 for the lineage kernels, which decide in each launch.
+  int block_m() const;
+  int block_n() const;
+  int splits() const;
+  // The problem it was made for, with the buffers it was made with (an empty plan: an empty problem).
+  const AttentionProblem& problem() const;
+  const State* state() const { return state_.get(); }
+
+ private:
+  std::shared_ptr<const State> state_;
+};
+
+// Validates `problem`, resolves `kernel` ("auto" or a name) and makes the kernel's decisions on
+// the current GPU, as forward() does before launching; nothing is launched. The pointers are
+// checked for nullness, alignment and overlap here and again in each run(), and for the GPU
+// they live on only in run().
+Status plan(const AttentionProblem& problem, Plan* plan, const std::string& kernel = "auto");
+
+// Launches `plan` on `buffers` on `stream`, as forward() would launch the plan's problem with
+// these buffers, without deciding again. check: the checking mode, as Options::check. On
+// another GPU than the plan's, or with buffers that do not match the plan's arrays, it returns
+// invalid_argument and launches nothing. Asynchronous, like forward().
+Status run(const Plan& plan, const Buffers& buffers, cudaStream_t stream = nullptr, std::optional<bool> check = {});
 
 // The gradients of a forward call (training): given dL/d out, dq, dk and dv. `forward` is the
 // problem of that call, with its out and lse (lse is required here: the backward recomputes

@@ -189,6 +189,21 @@ std::string resolve_kernel(const hattn::AttentionProblem& problem, const std::st
   return resolved;
 }
 
+hattn::Plan plan(const hattn::AttentionProblem& problem, const std::string& kernel) {
+  hattn::Plan made;
+  without_gil([&] { return hattn::plan(problem, &made, kernel); });
+  return made;
+}
+
+void run(const hattn::Plan& plan, const hattn::Buffers& buffers, uintptr_t stream, nb::object scratch,
+         std::optional<bool> check) {
+  with_scratch(std::move(scratch), [&](const hattn::ScratchAllocator* allocator) {
+    hattn::Buffers b = buffers;
+    b.allocator = allocator;
+    without_gil([&] { return hattn::run(plan, b, reinterpret_cast<cudaStream_t>(stream), check); });
+  });
+}
+
 size_t workspace_size(const hattn::AttentionProblem& problem, const std::string& kernel) {
   size_t bytes = 0;
   without_gil([&] { return hattn::workspace_size(problem, &bytes, kernel); });
@@ -256,6 +271,46 @@ void bind_problems(nb::module_& m) {
   for (auto [name, field] : {std::pair{"dout_strides", &B::dout_strides}, {"dq_strides", &B::dq_strides},
                              {"dk_strides", &B::dk_strides}, {"dv_strides", &B::dv_strides}})
     def_strides(grads, name, field);
+}
+
+// plan() and run(): the plan as a read-only object, a call's buffers like a problem's pointers.
+void bind_plans(nb::module_& m) {
+  using Bf = hattn::Buffers;
+  nb::class_<Bf> buffers(m, "Buffers",
+                         "hattn::Buffers: the addresses of one forward call (ints, 0: none), its workspace and "
+                         "workspace_bytes; what run() takes in place of the plan's.");
+  buffers.def(nb::init<>())
+      .def_rw("workspace_bytes", &Bf::workspace_bytes)
+      .def("__copy__", [](const Bf& b) { return b; });
+  for (auto [name, field] : {std::pair{"q", &Bf::q}, {"k", &Bf::k}, {"v", &Bf::v}}) def_pointer(buffers, name, field);
+  def_pointer(buffers, "out", &Bf::out);
+  def_pointer(buffers, "lse", &Bf::lse);
+  for (auto [name, field] : {std::pair{"cu_seqlens_q", &Bf::cu_seqlens_q}, {"cu_seqlens_k", &Bf::cu_seqlens_k},
+                             {"seqlens_k", &Bf::seqlens_k}, {"block_table", &Bf::block_table},
+                             {"kv_batch_idx", &Bf::kv_batch_idx}, {"leftpad_k", &Bf::leftpad_k}})
+    def_pointer(buffers, name, field);
+  def_pointer(buffers, "workspace", &Bf::workspace);
+  for (auto [name, field] : {std::pair{"q_descale", &Bf::q_descale}, {"k_descale", &Bf::k_descale},
+                             {"v_descale", &Bf::v_descale}})
+    def_pointer(buffers, name, field);
+  m.def("buffers_of", &hattn::buffers_of, nb::arg("problem"), "The Buffers an AttentionProblem names.");
+
+  using Pl = hattn::Plan;
+  nb::class_<Pl>(m, "Plan",
+                 "hattn::Plan from plan(): a forward problem checked, its kernel resolved and the kernel's decisions "
+                 "made once, for run() on calls that differ only in their buffers.")
+      .def_prop_ro("kernel", &Pl::kernel)
+      .def_prop_ro("workspace_bytes", &Pl::workspace_bytes)
+      .def_prop_ro("block_m", &Pl::block_m)
+      .def_prop_ro("block_n", &Pl::block_n)
+      .def_prop_ro("splits", &Pl::splits);
+  m.def("plan", &plan, nb::arg("problem"), nb::arg("kernel") = "auto",
+        "A Plan for `problem` (an AttentionProblem) with `kernel` ('auto' or a name): forward()'s checks and\n"
+        "decisions, on the current GPU, launching nothing.");
+  m.def("run", &run, nb::arg("plan"), nb::arg("buffers"), nb::arg("stream") = 0, nb::arg("scratch") = nb::none(),
+        nb::arg("check") = nb::none(),
+        "Launches `plan` on `buffers` (a Buffers) on `stream`, as forward() would launch the plan's problem with\n"
+        "them; scratch and check as for forward(). Asynchronous.");
 }
 
 // MLA decoding's problem, bound like the others.
@@ -391,6 +446,7 @@ NB_MODULE(_C, m) {
       "Errors: ValueError (invalid_argument), NotImplementedError (not_supported), "
       "RuntimeError (no_device, cuda_error, out_of_memory); the text starts with the status code.";
   bind_problems(m);
+  bind_plans(m);
   bind_mla(m);
   m.def("forward", &forward, nb::arg("problem"), nb::arg("kernel") = "auto", nb::arg("stream") = 0,
         nb::arg("scratch") = nb::none(), nb::arg("check") = nb::none(),

@@ -32,7 +32,7 @@ def test_no_leak_report_at_exit():
     import sys
 
     code = ("from hattn import _C\nfrom hattn.ops import runner\n"
-            "runner._LAUNCHES[('x',)] = (_C.AttentionProblem(), 'auto', 0)\n")
+            "runner._LAUNCHES[('x',)] = (_C.AttentionProblem(), _C.Buffers())\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -260,6 +260,22 @@ def test_binding_invalid_argument_is_value_error(overrides, pattern):
         binding(_C.resolve_kernel, **problem(**overrides))
     with pytest.raises(ValueError, match=pattern):
         binding(_C.workspace_size, **problem(**overrides))
+    with pytest.raises(ValueError, match=pattern):
+        binding(_C.plan, **problem(**overrides))
+
+
+def test_plan_binding_before_a_gpu():
+    """_C.plan refuses as forward() does (no_device last); _C.buffers_of gives the problem's
+    addresses; a Plan comes only from _C.plan."""
+    from hattn.ops.runner import _problem
+
+    if hopper_skip_reason() is not None:
+        with pytest.raises(RuntimeError, match=r"^no_device: "):
+            binding(_C.plan, **problem())
+    buffers = _C.buffers_of(_problem(problem(lse=5 << 40))[0])
+    assert (buffers.q, buffers.out, buffers.lse, buffers.seqlens_k) == (1 << 40, 4 << 40, 5 << 40, 0)
+    with pytest.raises(TypeError):
+        _C.Plan()  # made by _C.plan only
 
 
 def test_binding_dtype_name():

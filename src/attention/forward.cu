@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 
 #include "../common/common.cuh"
@@ -187,11 +188,11 @@ Status launch_variant(const AttentionProblem& problem, const ForwardPlan& fp, cu
   return launch_typed<T, D, kWide, kConsumers, false, false>(problem, fp, stream);
 }
 
-Status launch(const AttentionProblem& problem, cudaStream_t stream);
+Status launch_planned(const AttentionProblem& problem, ForwardPlan fp, cudaStream_t stream);
 
-// scale < 0: the same problem on a sign-flipped copy of q with |scale| (negated_q.cuh). The
-// copy is scratch from the problem's allocator, given back after the call.
-Status launch_with_negated_q(const AttentionProblem& problem, cudaStream_t stream) {
+// scale < 0: the same problem on a sign-flipped copy of q with |scale| (negated_q.cuh), and the
+// same plan. The copy is scratch from the problem's allocator, given back after the call.
+Status launch_with_negated_q(const AttentionProblem& problem, const ForwardPlan& fp, cudaStream_t stream) {
   const int elem_bytes = problem.dtype == DType::e4m3 ? 1 : 2;
   const int64_t rows = int64_t(problem.tensor_batch()) * problem.tensor_rows_q() * problem.heads_q;
   const size_t bytes = size_t(rows) * problem.head_dim * elem_bytes;
@@ -209,16 +210,17 @@ Status launch_with_negated_q(const AttentionProblem& problem, cudaStream_t strea
     flipped.q = copy;
     flipped.q_strides = contiguous_bshd(problem.tensor_rows_q(), problem.heads_q, problem.head_dim);
     flipped.softmax_scale = -problem.scale();
-    s = launch(flipped, stream);
+    s = launch_planned(flipped, fp, stream);
   }
   const Status freed = give_back_scratch(problem.allocator, copy, bytes, stream, kName, "q copy");
   return s.ok() ? freed : s;
 }
 
-Status launch(const AttentionProblem& problem, cudaStream_t stream) {
-  if (problem.scale() < 0.f) return launch_with_negated_q(problem, stream);
-  ForwardPlan fp;
-  if (Status s = make_plan(problem, sm_count(), &fp); !s.ok()) return s;
+// `fp`: make_plan's decisions for the problem's shape; its params are made again from `problem`,
+// whose addresses may be another call's than the planned one's (hattn::run()).
+Status launch_planned(const AttentionProblem& problem, ForwardPlan fp, cudaStream_t stream) {
+  if (problem.scale() < 0.f) return launch_with_negated_q(problem, fp, stream);
+  bind_params(problem, &fp);
   if (fp.fp8) {  // one shape per head dim (64, 128): supports() refused the rest
     if (problem.head_dim == 64) return launch_typed<__nv_fp8_e4m3, 64, false, 2, false, false>(problem, fp, stream);
     return launch_typed<__nv_fp8_e4m3, 128, false, 2, false, false>(problem, fp, stream);
@@ -232,6 +234,31 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
       return launch_variant<T, D, false, 2>(problem, fp, stream);
     }
   });
+}
+
+Status launch(const AttentionProblem& problem, cudaStream_t stream) {
+  ForwardPlan fp;
+  if (Status s = make_plan(problem, sm_count(), &fp); !s.ok()) return s;
+  return launch_planned(problem, fp, stream);
+}
+
+// For hattn::plan() and run(): make_plan's decisions kept, and handed back.
+struct Planned final : KernelPlan {
+  ForwardPlan fp;
+};
+
+Status plan_decisions(const AttentionProblem& problem, std::shared_ptr<const KernelPlan>* decisions) {
+  auto planned = std::make_shared<Planned>();
+  if (Status s = make_plan(problem, sm_count(), &planned->fp); !s.ok()) return s;
+  planned->block_m = planned->fp.block_m;
+  planned->block_n = planned->fp.block_n;
+  planned->splits = planned->fp.split.splits;
+  *decisions = std::move(planned);
+  return Status::Ok();
+}
+
+Status launch_decided(const AttentionProblem& problem, const KernelPlan& decisions, cudaStream_t stream) {
+  return launch_planned(problem, static_cast<const Planned&>(decisions).fp, stream);  // only its own plans come back
 }
 
 // The workspace launch() will use: the same plan, no launch.
@@ -253,7 +280,7 @@ const KernelEntry& kernel_fwd_sm90() {
                                  "softcap, FP8, GQA packing), split by role in src/attention/",
                                  fwd::supports, fwd::launch,
                                  Features{.window = true, .varlen = true, .paged = true, .fp8 = true, .softcap = true},
-                                 fwd::workspace_bytes};
+                                 fwd::workspace_bytes, fwd::plan_decisions, fwd::launch_decided};
   return entry;
 }
 

@@ -75,21 +75,27 @@ int block_n_of(int d, bool wide) {
 
 }  // namespace
 
+void bind_params(const AttentionProblem& problem, ForwardPlan* plan) {
+  const int pack_shift = plan->params.pack_shift;
+  plan->params = make_params(problem);
+  plan->params.pack_shift = pack_shift;
+  if (problem.scale() == 0.f) {
+    // Every weight is equal (softcapped too: softcap * tanh(0) = 0). The kernels fold the scale
+    // into exp2, where a masked score times 0 would be NaN, so they run with a scale so small
+    // that every 2^(s c) rounds to exactly 1 and the LSE's scale * max to 0 (launch() flips
+    // q's signs for a negative scale).
+    plan->params.scale = kZeroScale;
+    plan->params.softcap_scale = 0.f;
+  }
+}
+
 Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   ForwardPlan& c = *plan;
   c = ForwardPlan{};
   if (sms <= 0)
     return {StatusCode::cuda_error, "fwd_sm90: cannot query the number of SMs of the current device"};
   c.sms = sms;
-  c.params = make_params(problem);
-  if (problem.scale() == 0.f) {
-    // Every weight is equal (softcapped too: softcap * tanh(0) = 0). The kernels fold the scale
-    // into exp2, where a masked score times 0 would be NaN, so they run with a scale so small
-    // that every 2^(s c) rounds to exactly 1 and the LSE's scale * max to 0 (launch() flips
-    // q's signs for a negative scale).
-    c.params.scale = kZeroScale;
-    c.params.softcap_scale = 0.f;
-  }
+  bind_params(problem, &c);
   c.fp8 = problem.dtype == DType::e4m3;
   // The window's kernels only where a window edge binds beyond what causal already does.
   c.window = c.params.window_left >= 0 || (!problem.causal && c.params.window_right >= 0);

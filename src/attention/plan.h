@@ -88,4 +88,9 @@ void plan_tail_split(const AttentionProblem& problem, int block_m, int block_n, 
 // The whole plan of a validated problem the forward supports, on a GPU with `sms` SMs.
 Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan);
 
+// plan->params made again from `problem` (its addresses, strides and scale), keeping the plan's
+// GQA packing: a plan's decisions hold for every call of its shape (hattn::run()), and for the
+// sign-flipped copy of q a negative scale runs on.
+void bind_params(const AttentionProblem& problem, ForwardPlan* plan);
+
 }  // namespace hattn::fwd

@@ -181,23 +181,21 @@ def launch(
 
 
 def _forward(q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, remember=None, **extra):
-    """Launches on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales,
+    """Plans and runs on q's current stream; extra: _problem_kwargs' seqlens_k, block_table, num_splits, descales,
     kv_batch_idx, leftpad_k, softcap.
-    remember: a _launch_key under which to keep this call's problem for _forward_again."""
-    # The current device decides where the C++ side checks the GPU and launches.
+    remember: a _launch_key under which to keep this call's plan for _forward_again."""
+    # The current device decides where the C++ side checks the GPU, plans and launches.
     with torch.cuda.device(q.device):
         problem, kernel = _problem(_problem_kwargs(q, k, v, out, lse, causal, softmax_scale, kernel, window, varlen,
                                                    **extra))  # fmt: skip
-        # Split-KV's partial results and FP8's transposed V go to memory from torch's caching
-        # allocator: stream-ordered like the launch, recorded by CUDA graph captures, and
-        # counted in torch's memory stats.
-        needed = _C.workspace_size(problem, kernel)
-        template = copy.copy(problem) if remember is not None else None  # before _launch adds the workspace
-        _launch(problem, kernel, needed, q.device)
-    if remember is not None:  # after a launch that passed every check
+        plan = _C.plan(problem, kernel)
+        buffers = _C.buffers_of(problem)
+        template = copy.copy(buffers) if remember is not None else None  # before _run adds the workspace
+        _run(plan, buffers, q.device)
+    if remember is not None:  # after a run that passed every check
         if len(_LAUNCHES) >= _MAX_LAUNCHES:
             _LAUNCHES.clear()
-        _LAUNCHES[remember] = (template, kernel, needed)
+        _LAUNCHES[remember] = (plan, template)
 
 
 def _backward(dout, q, k, v, out, lse, causal, softmax_scale, window, varlen=None, softcap=0.0, deterministic=False):
@@ -215,13 +213,17 @@ def _backward(dout, q, k, v, out, lse, causal, softmax_scale, window, varlen=Non
     return dq, dk, dv
 
 
-def _launch(problem, kernel: str, needed: int, device: torch.device) -> None:
-    """_C.forward with a workspace of `needed` bytes from torch's allocator (none when 0)."""
+def _run(plan, buffers, device: torch.device) -> None:
+    """_C.run with a workspace of the plan's bytes from torch's allocator (none when 0)."""
+    # Split-KV's partial results and FP8's transposed V go to memory from torch's caching
+    # allocator: stream-ordered like the launch, recorded by CUDA graph captures, and counted
+    # in torch's memory stats.
+    needed = plan.workspace_bytes
     workspace = None
     if needed:
         workspace = torch.empty(needed, dtype=torch.uint8, device=device)
-        problem.workspace, problem.workspace_bytes = workspace.data_ptr(), needed
-    _C.forward(problem, kernel, _current_stream(device), _scratch, False)  # checks: checks._check_promises
+        buffers.workspace, buffers.workspace_bytes = workspace.data_ptr(), needed
+    _C.run(plan, buffers, _current_stream(device), _scratch, False)  # checks: checks._check_promises
 
 
 def _scratch(nbytes: int, stream: int) -> torch.Tensor:
@@ -250,10 +252,11 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 #
 # A decoding loop calls the same op on tensors of the same layout every step, where the checks
 # and bookkeeping of a call cost the host more than the kernel takes on the GPU. A call that
-# passed them and needed no copies keeps its _C.AttentionProblem, kernel and workspace size under its
-# layout (_launch_key: shapes, strides, dtypes, devices, the pointers' 16-byte alignment, the
-# flags); a later call with the same layout only puts in the new pointers (_forward_again). The
-# C++ side still checks every call's pointers and device.
+# passed them and needed no copies keeps its _C.Plan (the checks of the problem, the kernel and its
+# decisions, made once) and _C.Buffers under its layout (_launch_key: shapes, strides, dtypes,
+# devices, the pointers' 16-byte alignment, the flags); a later call with the same layout only
+# puts in the new pointers (_forward_again) and runs the plan. The C++ side still checks every
+# call's pointers and device.
 _LAUNCHES: dict = {}
 _MAX_LAUNCHES = 256
 # Emptied at exit, before the extension is torn down: nanobind reports the problems a module
@@ -302,18 +305,17 @@ def _launch_layout(remembered, key, q, k, v, out, lse, causal, softmax_scale, ke
 
 
 def _forward_again(remembered, q, k, v, out, lse, **pointers: Optional[torch.Tensor]) -> None:
-    """_forward for a layout seen before: its arguments with the pointers of these tensors
-    (pointers: seqlens_k, block_table, kv_batch_idx, leftpad_k when the problem has them)."""
-    template, kernel, needed = remembered
-    problem = copy.copy(template)  # the template stays as it is for the next call (and other threads)
-    problem.q, problem.k, problem.v, problem.out = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-    problem.lse = 0 if lse is None else lse.data_ptr()
+    """_forward for a layout seen before: its plan run on these tensors' buffers (pointers:
+    seqlens_k, block_table, kv_batch_idx, leftpad_k when the problem has them)."""
+    plan, template = remembered
+    buffers = copy.copy(template)  # the template stays as it is for the next call (and other threads)
+    buffers.q, buffers.k, buffers.v, buffers.out = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    buffers.lse = 0 if lse is None else lse.data_ptr()
     for name, t in pointers.items():
         if t is not None:
-            setattr(problem, name, t.data_ptr())
+            setattr(buffers, name, t.data_ptr())
     with torch.cuda.device(q.device):
-        _launch(problem, kernel, needed, q.device)
-
+        _run(plan, buffers, q.device)
 
 
 def _bshd_outputs_like(
