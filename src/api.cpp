@@ -540,8 +540,12 @@ Status plan(const AttentionProblem& problem, Plan* plan, const std::string& kern
       !(s = current_device(&state->device)).ok())
     return s;
   const KernelEntry& entry = *state->entry;
-  if (entry.plan != nullptr && !(s = entry.plan(problem, &state->decisions)).ok()) return s;
-  if (entry.workspace_bytes != nullptr && !(s = entry.workspace_bytes(problem, &state->workspace_bytes)).ok()) return s;
+  if (entry.plan != nullptr) {  // the decisions once, the workspace with them
+    if (!(s = entry.plan(problem, &state->decisions)).ok()) return s;
+    state->workspace_bytes = state->decisions->workspace_bytes;
+  } else if (entry.workspace_bytes != nullptr && !(s = entry.workspace_bytes(problem, &state->workspace_bytes)).ok()) {
+    return s;
+  }
   state->problem = problem;
   state->kernel = entry.name;
   *plan = Plan(std::move(state));

@@ -33,6 +33,7 @@ struct KernelPlan {
   virtual ~KernelPlan() = default;
   int block_m = 0, block_n = 0;  // query rows and keys per tile
   int splits = 1;                // split-KV parts
+  size_t workspace_bytes = 0;    // what the launch needs beside the tensors
 };
 
 // A registered kernel. The forward's registry (Problem = AttentionProblem) and the backward's

@@ -253,6 +253,7 @@ Status plan_decisions(const AttentionProblem& problem, std::shared_ptr<const Ker
   planned->block_m = planned->fp.block_m;
   planned->block_n = planned->fp.block_n;
   planned->splits = planned->fp.split.splits;
+  planned->workspace_bytes = planned->fp.workspace_bytes;
   *decisions = std::move(planned);
   return Status::Ok();
 }
