@@ -34,7 +34,7 @@ TEST(BackwardTurns, AQueryBlocksKeyBlocksRunFromItsFirstQuerysFirstKeyWithoutGap
             problem.causal = causal;
             problem.window_left = window_left;
             problem.window_right = window_right;
-            const AttentionParams f = make_params(problem);
+            const FeatureParams f = make_feature_params(problem);
             const std::string where = "Sq " + std::to_string(seqlen_q) + " Sk " + std::to_string(seqlen_k) +
                                       (causal ? " causal" : "") + " window (" + std::to_string(window_left) + ", " +
                                       std::to_string(window_right) + ")";

@@ -69,7 +69,7 @@ __device__ __forceinline__ void combine_row(const float* lse_parts, const float*
 // Split-KV's combine: one warp per row of the partial layout [B][Hq][rows] (`rows_all` rows;
 // B = 1 for a varlen batch), which is also the layout of lse.
 template <typename T, int D>
-__global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionParams p, int64_t rows_all) {
+__global__ void __launch_bounds__(128) combine_splits_kernel(const FeatureParams p, int64_t rows_all) {
   // The row's coordinates (64-bit divisions) do not depend on the attention kernel: worked
   // out while it still runs.
   const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const AttentionPara
 // The tail split's combine: one warp per row of the cut items' blocks, [tail item][row of the
 // block], combining that row's parts (slots [tail item][part][row of the block]).
 template <typename T, int D>
-__global__ void __launch_bounds__(128) combine_tail_kernel(const AttentionParams p, const WorkList list, int block_m) {
+__global__ void __launch_bounds__(128) combine_tail_kernel(const FeatureParams p, const WorkList list, int block_m) {
   const int64_t r = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
   const int tail = int(r / block_m), row_in_block = int(r % block_m);
   if (tail >= list.tail_items()) return;  // warp-uniform

@@ -44,7 +44,7 @@ struct ItemRows {
 // step, the sweep and the PV issue are lambdas over it, in the order ptxas schedules best (the
 // same code as a struct's methods ran 2-4% slower on short causal sweeps at D = 64).
 template <typename T, int D, typename Cfg, bool kRuntimeBounds, bool kWindow>
-__device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUtensorMap& o_map, const AttentionParams& p,
+__device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUtensorMap& o_map, const FeatureParams& p,
                                         const WorkList& sched,
                                         const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items,
                                         const ConsumerThread& t) {

@@ -40,7 +40,7 @@ struct Epilogue {
 
   SharedStorage<T, Cfg>& smem;
   const CUtensorMap& o_map;
-  const AttentionParams& p;
+  const FeatureParams& p;
   const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items;
   const ConsumerThread& t;
 

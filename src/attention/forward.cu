@@ -28,7 +28,7 @@ constexpr const char* kName = "fwd_sm90";
 // in the caller's workspace or, without one, in scratch from the problem's allocator.
 template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
 Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cudaStream_t stream) {
-  const AttentionParams& params = fp.params;
+  const FeatureParams& params = fp.params;
   const SplitPlan& split = fp.split;
   const int sms = fp.sms;
   using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
@@ -90,7 +90,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
       plan_persistent_launch(problem.batch, params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
                              problem.seqlen_q, problem.seqlen_k, problem.causal, Cfg::kBlockM >> params.pack_shift,
                              Cfg::kBlockN, sms, params.window_left, params.window_right);
-  AttentionParams kernel_params = params;
+  FeatureParams kernel_params = params;
   const int splits = split.splits;
   const int64_t rows_all = split.rows_all;
   bool tail = false;  // the tail split runs: its parts are in the work list

@@ -36,7 +36,7 @@ inline size_t vt_bytes(const AttentionProblem& problem) {
 // swizzle puts the 8 groups' words in 8 different chunks, so on 32 banks at D = 128 (2 ways at
 // D = 64, whose rows have 4 chunks). Each of its stores writes 128 contiguous bytes of 4 V^T rows.
 template <int D>
-__global__ void __launch_bounds__(256) transpose_v_kernel(const AttentionParams p, uint8_t* vt, int keys) {
+__global__ void __launch_bounds__(256) transpose_v_kernel(const FeatureParams p, uint8_t* vt, int keys) {
   constexpr int kChunks = D / 16;  // 16-byte pieces of a row of V
   constexpr int kGroups = kVtTileKeys / 16;
   __shared__ __align__(16) uint8_t tile[kVtTileKeys][D];

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
                    const __grid_constant__ CUtensorMap k_map,  // K [B, Sk, Hkv, D], boxes of kBlockN keys
                    const __grid_constant__ CUtensorMap v_map,  // V (FP8: V^T [B][Hkv][D][keys])
                    const __grid_constant__ CUtensorMap o_map,  // O [B, Sq, Hq, D] (when stored by TMA)
-                   const __grid_constant__ AttentionParams p, const __grid_constant__ WorkList sched) {
+                   const __grid_constant__ FeatureParams p, const __grid_constant__ WorkList sched) {
   using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
   static_assert(!kIsFp8<T> || !kRuntimeBounds, "the FP8 forward runs dense batches");
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");

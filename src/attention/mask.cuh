@@ -22,7 +22,7 @@ struct Mask {
   // window's masks cost its kernels 6-15% at D = 64 and 128, measured at 6107497); elsewhere
   // the shift is a compile-time 0.
   static constexpr bool kPacks = kRuntimeBounds && !kWindow;
-  const AttentionParams& p;
+  const FeatureParams& p;
   int packed_shift;  // p.pack_shift, read once
   __device__ __forceinline__ int shift() const { return kPacks ? packed_shift : 0; }
 

@@ -77,7 +77,7 @@ int block_n_of(int d, bool wide) {
 
 void bind_params(const AttentionProblem& problem, ForwardPlan* plan) {
   const int pack_shift = plan->params.pack_shift;
-  plan->params = make_params(problem);
+  plan->params = make_feature_params(problem);
   plan->params.pack_shift = pack_shift;
   if (problem.scale() == 0.f) {
     // Every weight is equal (softcapped too: softcap * tanh(0) = 0). The kernels fold the scale

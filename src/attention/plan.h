@@ -57,7 +57,7 @@ struct SplitPlan {
 
 // Everything launch() runs a problem with.
 struct ForwardPlan {
-  AttentionParams params{};  // the window's edges, normalized; varlen offsets; GQA packing
+  FeatureParams params{};  // the window's edges, normalized; varlen offsets; GQA packing
   int sms = 0;               // the persistent grid's bound
   double mean_keys = 0;      // keys per 128-row query block, on average
   bool fp8 = false;          // e4m3 inputs: one shape per head dim, dense kernel

@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_vt_tile(VTile<T, Cfg>& dst, const CUtensorM
 // The producer thread's whole life: every item of the CTA's share of the work list.
 template <typename T, int D, typename Cfg, bool kRuntimeBounds, bool kWindow>
 __device__ __forceinline__ void produce(SharedStorage<T, Cfg>& smem, const CUtensorMap& q_map,
-                                        const CUtensorMap& k_map, const CUtensorMap& v_map, const AttentionParams& p,
+                                        const CUtensorMap& k_map, const CUtensorMap& v_map, const FeatureParams& p,
                                         const WorkList& sched,
                                         const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;

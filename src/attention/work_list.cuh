@@ -29,8 +29,8 @@ struct WorkList {
   // call's ~15 us kernel (results/evidence/decode_timeline/).
   FastItemOrder order;  // sched's order
   FastDivisor tail;     // tail_parts
-  FastDivisor splits;   // split-KV's parts per query block (AttentionParams::splits)
-  FastDivisor group;    // query heads per K/V head (AttentionParams::heads_per_kv)
+  FastDivisor splits;   // split-KV's parts per query block (FeatureParams::splits)
+  FastDivisor group;    // query heads per K/V head (FeatureParams::heads_per_kv)
   // Each consumer sweeps only the tiles its own rows see (Consumer::kOwnSweeps).
   bool own_sweeps = false;
 
@@ -75,7 +75,7 @@ struct WorkList {
 template <int kBlockM, int kBlockN, bool kRuntimeBounds, bool kWindow>
 struct ItemSweep {
   static constexpr bool kFastDivide = !kWindow;
-  const AttentionParams& p;
+  const FeatureParams& p;
   const WorkList& list;
   Mask<kBlockM, kBlockN, kRuntimeBounds, kWindow> mask;
 

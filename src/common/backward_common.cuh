@@ -28,7 +28,7 @@ namespace hattn {
 namespace {
 
 struct BackwardParams {
-  AttentionParams fwd;  // q, k, v, out, lse and the mask, as in the forward call
+  FeatureParams fwd;  // q, k, v, out, lse and the mask, as in the forward call
   const void* dout;     // like q: [B, Sq, Hq, D], or [total_q, Hq, D] when varlen
   int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
   float* delta;     // rowsum(dO * O), laid out like lse: [B, Hq, Sq], or [Hq, total_q] when varlen
@@ -69,14 +69,14 @@ __device__ __forceinline__ void softcap_score_and_dp(float* s, float* dp, float 
 
 // d score / d(q.k), which dQ and dK take at the end: the softmax scale (with softcapping,
 // `scale` is the softcap and softcap_scale * scale the softmax scale; the cap's slope is in dS).
-__device__ __forceinline__ float score_grad_scale(const AttentionParams& f) {
+__device__ __forceinline__ float score_grad_scale(const FeatureParams& f) {
   return f.softcap_scale > 0.f ? f.softcap_scale * f.scale : f.scale;
 }
 
 // The keys query i sees, [first, last), among seqlen_k keys whose causal diagonal runs through
 // key i + offset (bottom-right aligned: offset = seqlen_k - seqlen_q): the causal mask and
 // the window.
-__host__ __device__ __forceinline__ void keys_seen_by(const AttentionParams& p, int64_t offset, int seqlen_k, int i,
+__host__ __device__ __forceinline__ void keys_seen_by(const FeatureParams& p, int64_t offset, int seqlen_k, int i,
                                                      int* first, int* last) {
   const int64_t diagonal = int64_t(i) + offset;
   const int right = p.causal ? 0 : p.window_right;
@@ -90,7 +90,7 @@ __host__ __device__ __forceinline__ void keys_seen_by(const AttentionParams& p, 
 
 // The queries [first, last) among seqlen_q that see at least one of the keys [n0, n1): the
 // inverse of keys_seen_by over a block of keys.
-__host__ __device__ __forceinline__ void queries_seeing_keys(const AttentionParams& p, int64_t offset, int seqlen_q,
+__host__ __device__ __forceinline__ void queries_seeing_keys(const FeatureParams& p, int64_t offset, int seqlen_q,
                                                              int n0, int n1, int* first, int* last) {
   const int right = p.causal ? 0 : p.window_right;
   // Query i sees key n1 - 1 or earlier only from i + offset + right >= n0; it sees a key
@@ -107,21 +107,21 @@ __host__ __device__ __forceinline__ void queries_seeing_keys(const AttentionPara
 // the host too (tests/test_backward_turns.cu checks the deterministic backward's turns with
 // them; the persistent backward trial planned its work list with queries_seeing:
 // results/evidence/bwd_14_persistent/).
-__host__ __device__ __forceinline__ void visible_keys(const AttentionParams& p, int i, int* first, int* last) {
+__host__ __device__ __forceinline__ void visible_keys(const FeatureParams& p, int i, int* first, int* last) {
   keys_seen_by(p, p.causal_offset, p.seqlen_k, i, first, last);
 }
-__host__ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, int n0, int n1, int* first,
+__host__ __device__ __forceinline__ void queries_seeing(const FeatureParams& p, int n0, int n1, int* first,
                                                        int* last) {
   queries_seeing_keys(p, p.causal_offset, p.seqlen_q, n0, n1, first, last);
 }
 
 // The same two for one sequence of a variable-length batch: its own lengths, its masks
 // aligned to its own bottom-right corner.
-__device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,
+__device__ __forceinline__ void visible_keys(const FeatureParams& p, const Sequence& seq, int i, int* first,
                                              int* last) {
   keys_seen_by(p, seq.seqlen_k - seq.seqlen_q, seq.seqlen_k, i, first, last);
 }
-__device__ __forceinline__ void queries_seeing(const AttentionParams& p, const Sequence& seq, int n0, int n1,
+__device__ __forceinline__ void queries_seeing(const FeatureParams& p, const Sequence& seq, int n0, int n1,
                                                int* first, int* last) {
   queries_seeing_keys(p, seq.seqlen_k - seq.seqlen_q, seq.seqlen_q, n0, n1, first, last);
 }
@@ -136,7 +136,7 @@ __device__ __forceinline__ void queries_seeing(const AttentionParams& p, const S
 // seqlens_k, leftpad_k or kv_batch_idx (backward() refuses those): told so, the compiler drops
 // sequence_of's other paths.
 template <bool kVarlen>
-__device__ __forceinline__ Sequence sequence_at(const AttentionParams& p, int b) {
+__device__ __forceinline__ Sequence sequence_at(const FeatureParams& p, int b) {
   if constexpr (kVarlen) {
     __builtin_assume(p.cu_seqlens_q != nullptr);
     __builtin_assume(p.seqlens_k == nullptr);
@@ -147,35 +147,35 @@ __device__ __forceinline__ Sequence sequence_at(const AttentionParams& p, int b)
 }
 // The sequence's lengths: a dense batch's read where they are used, as before.
 template <bool kVarlen>
-__device__ __forceinline__ int seqlen_q_of(const AttentionParams& p, const Sequence& seq) {
+__device__ __forceinline__ int seqlen_q_of(const FeatureParams& p, const Sequence& seq) {
   return kVarlen ? seq.seqlen_q : p.seqlen_q;
 }
 template <bool kVarlen>
-__device__ __forceinline__ int seqlen_k_of(const AttentionParams& p, const Sequence& seq) {
+__device__ __forceinline__ int seqlen_k_of(const FeatureParams& p, const Sequence& seq) {
   return kVarlen ? seq.seqlen_k : p.seqlen_k;
 }
 // Row i of the sequence's queries (keys) in the rows of the fp32 sums, counted over the batch
 // entries: [b, i] of a dense batch, [0, start + i] of a packed one.
 template <bool kVarlen>
-__device__ __forceinline__ int64_t query_row(const AttentionParams& p, const Sequence& seq, int i) {
+__device__ __forceinline__ int64_t query_row(const FeatureParams& p, const Sequence& seq, int i) {
   if constexpr (kVarlen) return int64_t(seq.q_start) + i;
   return int64_t(seq.batch_coord) * p.seqlen_q + i;
 }
 template <bool kVarlen>
-__device__ __forceinline__ int64_t key_row(const AttentionParams& p, const Sequence& seq, int j) {
+__device__ __forceinline__ int64_t key_row(const FeatureParams& p, const Sequence& seq, int j) {
   if constexpr (kVarlen) return int64_t(seq.k_start) + j;
   return int64_t(seq.batch_coord) * p.seqlen_k + j;
 }
 // Where query 0 of the sequence's head h lies in lse and delta: [B, Hq, Sq] or [Hq, total_q].
 template <bool kVarlen>
-__device__ __forceinline__ int64_t stats_row0(const AttentionParams& p, const Sequence& seq, int h) {
+__device__ __forceinline__ int64_t stats_row0(const FeatureParams& p, const Sequence& seq, int h) {
   if constexpr (kVarlen) return int64_t(h) * p.total_q + seq.q_start;
   return (int64_t(seq.batch_coord) * p.heads_q + h) * p.seqlen_q;
 }
 // visible_keys and queries_seeing of the sequence: a dense batch's from the forward's
 // causal_offset, as before.
 template <bool kVarlen>
-__device__ __forceinline__ void visible_keys(const AttentionParams& p, const Sequence& seq, int i, int* first,
+__device__ __forceinline__ void visible_keys(const FeatureParams& p, const Sequence& seq, int i, int* first,
                                              int* last) {
   if constexpr (kVarlen)
     visible_keys(p, seq, i, first, last);
@@ -183,7 +183,7 @@ __device__ __forceinline__ void visible_keys(const AttentionParams& p, const Seq
     visible_keys(p, i, first, last);
 }
 template <bool kVarlen>
-__device__ __forceinline__ void queries_seeing(const AttentionParams& p, const Sequence& seq, int n0, int n1,
+__device__ __forceinline__ void queries_seeing(const FeatureParams& p, const Sequence& seq, int n0, int n1,
                                                int* first, int* last) {
   if constexpr (kVarlen)
     queries_seeing(p, seq, n0, n1, first, last);
@@ -238,7 +238,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(BackwardParams p) {
   constexpr int kLanesPerRow = D / 8, kRowsPerPass = kDeltaThreads / kLanesPerRow;
   static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0, "a row's lanes are within one warp");
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   const int64_t rows = int64_t(f.batch) * f.heads_q * f.seqlen_q;
   const int64_t block_row = int64_t(blockIdx.x) * delta_rows_per_block<D>();  // token (b, i), head h
   const int64_t block_token = block_row / f.heads_q;
@@ -335,7 +335,7 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int smem, cudaStr
 // element (of the longest sequence's keys, when varlen: a CTA past its own sequence's keys
 // exits).
 template <typename Kernel, typename... Args>
-Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const AttentionParams& f,
+Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const FeatureParams& f,
                             cudaStream_t stream, const char* name, const Args&... args) {
   const dim3 grid(unsigned((f.seqlen_k + block_n - 1) / block_n), unsigned(f.heads_q), unsigned(f.batch));
   return launch_with_smem(kernel, grid, threads, smem, stream, name, args...);
@@ -343,7 +343,7 @@ Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, c
 
 // The same, one CTA per `block_m` queries of each query head and batch element.
 template <typename Kernel, typename... Args>
-Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem, const AttentionParams& f,
+Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem, const FeatureParams& f,
                               cudaStream_t stream, const char* name, const Args&... args) {
   const dim3 grid(unsigned((f.seqlen_q + block_m - 1) / block_m), unsigned(f.heads_q), unsigned(f.batch));
   return launch_with_smem(kernel, grid, threads, smem, stream, name, args...);
@@ -361,7 +361,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
                     bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {}) {
   const AttentionProblem& fwd = problem.forward;
   BackwardParams p{};
-  p.fwd = make_params(fwd);
+  p.fwd = make_feature_params(fwd);
   p.dout = problem.dout;
   p.dout_batch_stride = problem.dout_strides.batch;
   p.dout_seq_stride = problem.dout_strides.seq;

@@ -21,7 +21,7 @@ struct Sequence {
 
 // Sequence `batch` of `p`; with kRuntimeBounds false, the dense batch entry (no reads).
 template <bool kRuntimeBounds>
-__device__ __forceinline__ Sequence sequence_of(const AttentionParams& p, int batch) {
+__device__ __forceinline__ Sequence sequence_of(const FeatureParams& p, int batch) {
   Sequence seq = {p.seqlen_q, p.seqlen_k, 0, 0, batch, batch};
   if (kRuntimeBounds && p.cu_seqlens_q != nullptr) {
     // Clamped to the tensors: offsets that break the caller's promise cannot send a load or a

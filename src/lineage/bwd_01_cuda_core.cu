@@ -44,7 +44,7 @@ template <typename T, int D, bool kVarlen>
 __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<SharedStorage<D>*>(smem_raw);
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   const int n0 = blockIdx.x * kBlockN, h = blockIdx.y;
   const int hk = h / f.heads_per_kv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

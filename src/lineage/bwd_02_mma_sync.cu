@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
   constexpr int kDqCols = kHalf < 64 ? kHalf : 64;  // dQ columns per pass
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   const int n0 = blockIdx.x * kBlockN, h = blockIdx.y;
   const int hk = h / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, blockIdx.z);  // dense: {Sq, Sk, 0, 0, blockIdx.z, blockIdx.z}, no reads

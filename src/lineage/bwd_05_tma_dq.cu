@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
   auto& smem = *reinterpret_cast<SharedStorage<T, D>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) / kAtomBytes * kAtomBytes);
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
   // descriptors built from it in uniform registers (with plain threadIdx.x / 128, ptxas spilled).
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);

@@ -102,7 +102,7 @@ template <typename T>
 __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int batch, int head_kv, int key0, int c0, int tig,
                                             const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
   auto& smem = *reinterpret_cast<SharedStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform (as in B03-B08).
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;

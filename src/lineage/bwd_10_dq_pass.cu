@@ -107,7 +107,7 @@ template <typename T, bool kVarlen>
 __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int key0, int c0,
                                             int tig, const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   const float grad_scale = score_grad_scale(f);
   const int batch = seq.batch_coord;
 #pragma unroll
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
   auto& smem = *reinterpret_cast<SharedStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform (as in B03-B08).
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kDTiles = kHalfD / 8;  // n8 column tiles of its dQ
   extern __shared__ unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<DqStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1

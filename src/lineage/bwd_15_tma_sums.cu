@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // offset added to smem_raw keeps the pointer in the shared window (B05 went through an
   // integer, and its plain loads and stores of shared memory became generic ones).
   auto& smem = *reinterpret_cast<SharedStorage<T, D, kVarlen>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
   // descriptors built from it in uniform registers (with plain threadIdx.x / 128, ptxas spilled).
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer

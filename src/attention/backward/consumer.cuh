@@ -60,7 +60,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
                                         int head_kv, int batch) {
   constexpr int kDTiles = D / 8;        // n8 column tiles of dK, dV and dQ
   constexpr int kQTiles = kBlockM / 8;  // n8 column tiles of S^T and dP^T
-  const AttentionParams& f = p.fwd;
+  const FeatureParams& f = p.fwd;
   const int consumer_thread = int(threadIdx.x) - 128;  // 0-255 in the consumer warpgroups
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;       // accumulator coordinates: rows g, g+8; columns 2t, 2t+1

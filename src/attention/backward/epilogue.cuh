@@ -124,7 +124,7 @@ __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, co
   if (threadIdx.x % 128 == 0) {
     int* turn = nullptr;
     if (p.dkdv_turns != nullptr) {
-      const AttentionParams& f = p.fwd;
+      const FeatureParams& f = p.fwd;
       turn = p.dkdv_turns + ((int64_t(batch) * f.heads_kv + head_kv) * p.k_blocks + blockIdx.x) * kWarpgroups + warpgroup;
       ptx::wait_turn(turn, head - head_kv * f.heads_per_kv);
     }

@@ -17,7 +17,7 @@ namespace hattn::bwd {
 template <typename T, int D, bool kVarlen, int N>
 __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], float (&dp)[N],
                                                               const SharedStorage<T, D, kVarlen>& smem, int stage,
-                                                              const AttentionParams& f, const Sequence& seq, int m0,
+                                                              const FeatureParams& f, const Sequence& seq, int m0,
                                                               int n0, int n_wg, int key0, int tig, float scale_log2) {
   constexpr int kQTiles = N / 4;  // n8 column tiles of S^T and dP^T
   // Columns 8 nt + 2 t and + 1 of the block: their LSE and delta as one 8-byte load each.

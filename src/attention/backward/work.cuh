@@ -36,7 +36,7 @@ __host__ __device__ __forceinline__ QueryBlocks blocks_holding(int q_first, int 
 }
 
 template <bool kVarlen>
-__device__ __forceinline__ QueryBlocks query_blocks(const AttentionParams& f, const Sequence& seq, int n0,
+__device__ __forceinline__ QueryBlocks query_blocks(const FeatureParams& f, const Sequence& seq, int n0,
                                                     bool in_order) {
   int q_first, q_last;
   queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
