@@ -17,6 +17,7 @@
 #include "../tools/harness.h"
 #include "counting_scratch.h"
 #include "gpu_env.h"
+#include "make_shape.h"
 #include "hattn/hattn.h"
 
 namespace hattn {
@@ -25,21 +26,7 @@ namespace {
 using harness::Layout;
 using harness::Shape;
 
-Shape make(int b, int sq, int sk, int hq, int hkv, int d, bool causal, DType dtype, Layout layout,
-           bool lse = true) {
-  Shape s;
-  s.batch = b;
-  s.seqlen_q = sq;
-  s.seqlen_k = sk;
-  s.heads_q = hq;
-  s.heads_kv = hkv;
-  s.head_dim = d;
-  s.causal = causal;
-  s.dtype = dtype;
-  s.layout = layout;
-  s.with_lse = lse;
-  return s;
-}
+using testing::make;
 
 // Hand-picked edge cases, then seeded random shapes over every (D, dtype, causal) corner.
 std::vector<Shape> test_shapes() {

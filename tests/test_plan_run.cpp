@@ -11,6 +11,7 @@
 #include "../tools/harness.h"
 #include "fake_problem.h"
 #include "gpu_env.h"
+#include "make_shape.h"
 #include "hattn/hattn.h"
 
 namespace hattn {
@@ -58,17 +59,9 @@ TEST(Plan, BuffersOfAProblemAreItsAddresses) {
   EXPECT_EQ(b.cu_seqlens_q, nullptr);
 }
 
+// Padded strides, bf16, with an LSE.
 Shape shape_of(int b, int sq, int sk, int hq, int hkv, int d, bool causal) {
-  Shape s;
-  s.batch = b;
-  s.seqlen_q = sq;
-  s.seqlen_k = sk;
-  s.heads_q = hq;
-  s.heads_kv = hkv;
-  s.head_dim = d;
-  s.causal = causal;
-  s.layout = Layout::padded;
-  return s;
+  return testing::make(b, sq, sk, hq, hkv, d, causal, DType::bf16, Layout::padded);
 }
 
 // The cases: a dense causal batch, decoding that splits its keys, a varlen batch with a
@@ -135,14 +128,19 @@ TEST(PlanRun, RunsOtherTensorsAsForwardDoes) {
   }
 }
 
+// Decoding, 2 sequences x 8 query heads (GQA 4) over 5000 keys: few items, so split-KV.
+void planned_decoding(uint64_t seed, harness::Workload* w, Plan* made) {
+  ASSERT_TRUE(harness::make_workload(shape_of(2, 1, 5000, 8, 2, 128, false), seed, w).ok());
+  ASSERT_TRUE(plan(w->problem, made).ok());
+}
+
 // Decoding with few items splits its keys: the plan says so and sizes the workspace.
 TEST(PlanRun, SaysItsDecisions) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
   harness::Workload w;
-  ASSERT_TRUE(harness::make_workload(shape_of(2, 1, 5000, 8, 2, 128, false), 3, &w).ok());
   Plan made;
-  ASSERT_TRUE(plan(w.problem, &made).ok());
+  ASSERT_NO_FATAL_FAILURE(planned_decoding(3, &w, &made));
   EXPECT_GT(made.splits(), 1);
   EXPECT_GT(made.workspace_bytes(), 0u);
   AttentionProblem unsplit = w.problem;
@@ -165,9 +163,8 @@ TEST(PlanRun, RefusesBuffersThatDoNotMatch) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
   harness::Workload w;
-  ASSERT_TRUE(harness::make_workload(shape_of(2, 1, 5000, 8, 2, 128, false), 4, &w).ok());
   Plan made;
-  ASSERT_TRUE(plan(w.problem, &made).ok());
+  ASSERT_NO_FATAL_FAILURE(planned_decoding(4, &w, &made));
   const Buffers good = buffers_of(w.problem);
   Buffers b = good;
   b.lse = nullptr;  // planned with an LSE

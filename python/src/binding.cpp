@@ -128,6 +128,22 @@ void def_strides(nb::class_<Class>& c, const char* name, hattn::Strides Class::*
       [field](Class& p, const StrideTuple& t) { p.*field = to_strides(t); });
 }
 
+// The addresses an AttentionProblem and a Buffers both hold, by the same names.
+template <typename Class>
+void def_addresses(nb::class_<Class>& c) {
+  for (auto [name, field] : {std::pair{"q", &Class::q}, {"k", &Class::k}, {"v", &Class::v}}) def_pointer(c, name, field);
+  def_pointer(c, "out", &Class::out);
+  def_pointer(c, "lse", &Class::lse);
+  for (auto [name, field] : {std::pair{"cu_seqlens_q", &Class::cu_seqlens_q}, {"cu_seqlens_k", &Class::cu_seqlens_k},
+                             {"seqlens_k", &Class::seqlens_k}, {"block_table", &Class::block_table},
+                             {"kv_batch_idx", &Class::kv_batch_idx}, {"leftpad_k", &Class::leftpad_k}})
+    def_pointer(c, name, field);
+  def_pointer(c, "workspace", &Class::workspace);
+  for (auto [name, field] : {std::pair{"q_descale", &Class::q_descale}, {"k_descale", &Class::k_descale},
+                             {"v_descale", &Class::v_descale}})
+    def_pointer(c, name, field);
+}
+
 // `problem` with its allocator from `scratch`, for one call.
 template <typename Call>
 void with_scratch(nb::object scratch, Call&& call) {
@@ -242,17 +258,7 @@ void bind_problems(nb::module_& m) {
       .def_rw("pack_gqa", &P::pack_gqa)
       .def_rw("workspace_bytes", &P::workspace_bytes)
       .def("__copy__", [](const P& p) { return p; });
-  for (auto [name, field] : {std::pair{"q", &P::q}, {"k", &P::k}, {"v", &P::v}}) def_pointer(problem, name, field);
-  def_pointer(problem, "out", &P::out);
-  def_pointer(problem, "lse", &P::lse);
-  for (auto [name, field] : {std::pair{"cu_seqlens_q", &P::cu_seqlens_q}, {"cu_seqlens_k", &P::cu_seqlens_k},
-                             {"seqlens_k", &P::seqlens_k}, {"block_table", &P::block_table},
-                             {"kv_batch_idx", &P::kv_batch_idx}, {"leftpad_k", &P::leftpad_k}})
-    def_pointer(problem, name, field);
-  def_pointer(problem, "workspace", &P::workspace);
-  for (auto [name, field] : {std::pair{"q_descale", &P::q_descale}, {"k_descale", &P::k_descale},
-                             {"v_descale", &P::v_descale}})
-    def_pointer(problem, name, field);
+  def_addresses(problem);
   for (auto [name, field] : {std::pair{"q_strides", &P::q_strides}, {"k_strides", &P::k_strides},
                              {"v_strides", &P::v_strides}, {"out_strides", &P::out_strides}})
     def_strides(problem, name, field);
@@ -282,17 +288,7 @@ void bind_plans(nb::module_& m) {
   buffers.def(nb::init<>())
       .def_rw("workspace_bytes", &Bf::workspace_bytes)
       .def("__copy__", [](const Bf& b) { return b; });
-  for (auto [name, field] : {std::pair{"q", &Bf::q}, {"k", &Bf::k}, {"v", &Bf::v}}) def_pointer(buffers, name, field);
-  def_pointer(buffers, "out", &Bf::out);
-  def_pointer(buffers, "lse", &Bf::lse);
-  for (auto [name, field] : {std::pair{"cu_seqlens_q", &Bf::cu_seqlens_q}, {"cu_seqlens_k", &Bf::cu_seqlens_k},
-                             {"seqlens_k", &Bf::seqlens_k}, {"block_table", &Bf::block_table},
-                             {"kv_batch_idx", &Bf::kv_batch_idx}, {"leftpad_k", &Bf::leftpad_k}})
-    def_pointer(buffers, name, field);
-  def_pointer(buffers, "workspace", &Bf::workspace);
-  for (auto [name, field] : {std::pair{"q_descale", &Bf::q_descale}, {"k_descale", &Bf::k_descale},
-                             {"v_descale", &Bf::v_descale}})
-    def_pointer(buffers, name, field);
+  def_addresses(buffers);
   m.def("buffers_of", &hattn::buffers_of, nb::arg("problem"), "The Buffers an AttentionProblem names.");
 
   using Pl = hattn::Plan;
