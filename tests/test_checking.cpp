@@ -128,8 +128,10 @@ TEST(Checking, Fp8Descales) {
   p.dtype = DType::e4m3;
   p.q_descale = d.put(std::vector<float>{1.f, 0.5f, 2.f, 1.f});
   expect_kept(p);
-  p.k_descale = d.put(std::vector<float>{1.f, 0.5f, 0.f, 1.f});
-  expect_broken(p, "k_descale", "entry 2 is 0.000000; descales must be finite and > 0");
+  p.k_descale = d.put(std::vector<float>{1.f, 0.5f, 0.f, 1.f});  // 0: equal weights (tests/test_fp8.cpp)
+  expect_kept(p);
+  p.k_descale = d.put(std::vector<float>{1.f, 0.5f, -0.5f, 1.f});
+  expect_broken(p, "k_descale", "entry 2 is -0.500000; descales must be finite and >= 0");
   p.k_descale = nullptr;
   p.v_descale = d.put(std::vector<float>{1.f, std::numeric_limits<float>::quiet_NaN(), 2.f, 1.f});
   expect_broken(p, "v_descale", "entry 1 is nan");

@@ -181,13 +181,15 @@ struct Fp8Case {
   bool descales;   // random per-(batch, K/V head) scales, else none (1)
   bool padded;     // every stride padded
   bool with_lse;
+  bool zero_q_descale = false;  // batch 0, K/V head 0's q_descale is 0: its rows weigh every key they see alike
 };
 
 std::string describe(const Fp8Case& c) {
   return "D=" + std::to_string(c.head_dim) + " B=" + std::to_string(c.batch) + " Sq=" + std::to_string(c.seqlen_q) +
          " Sk=" + std::to_string(c.seqlen_k) + " Hq=" + std::to_string(c.heads_q) +
          " Hkv=" + std::to_string(c.heads_kv) + (c.causal ? " causal" : " full") +
-         (c.descales ? " descales" : "") + (c.padded ? " padded" : "") + (c.with_lse ? " lse" : "");
+         (c.descales ? " descales" : "") + (c.padded ? " padded" : "") + (c.with_lse ? " lse" : "") +
+         (c.zero_q_descale ? " zero-q_descale" : "");
 }
 
 // gtest prints a case by this (not as bytes) in its names and failures.
@@ -226,6 +228,7 @@ TEST_P(Fp8Test, MatchesFp64Reference) {
     d.resize(size_t(c.batch) * c.heads_kv);
     for (float& x : d) x = c.descales ? scale_dist(rng) : 1.f;
   }
+  if (c.zero_q_descale) descale[0][0] = 0.f;
   const int group = c.heads_q / c.heads_kv;
   auto fill = [&](std::vector<uint8_t>* codes, std::vector<float>* host, const Strides& s, int seqlen, int heads,
                   const std::vector<float>& scales, int head_div, float spread) {  // values: spread x N(0.3, 1)
@@ -373,7 +376,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp8Case{64, 1, 128, 128, 2, 2, false, false, false, true},      // D = 64: 64-byte swizzle
                       Fp8Case{64, 2, 200, 333, 4, 2, true, true, true, true},         // tails, GQA, causal, padded
                       Fp8Case{64, 1, 300, 257, 4, 4, true, true, false, true},        // Sq > Sk causal
-                      Fp8Case{64, 1, 100, 8192, 2, 2, false, true, false, true}));    // 64 tiles summed into O
+                      Fp8Case{64, 1, 100, 8192, 2, 2, false, true, false, true},      // 64 tiles summed into O
+                      Fp8Case{128, 2, 200, 333, 4, 2, true, true, false, true, true},  // a zero descale, masked keys
+                      Fp8Case{64, 1, 300, 257, 4, 4, true, true, true, true, true}));
 
 }  // namespace
 }  // namespace hattn

@@ -205,9 +205,10 @@ struct AttentionProblem {
   // FP8 (dtype e4m3): the inputs' dequantization scales, as FlashAttention-3's q_descale,
   // k_descale and v_descale: device fp32 arrays [batch, heads_kv]. Query head h of batch b
   // computes with q * q_descale[b * heads_kv + h / (heads_q / heads_kv)], and its K/V head's k
-  // and v likewise. Null means 1. Only with e4m3. The values must be positive (the kernel takes
-  // the softmax's running max on unscaled scores); like varlen offsets they stay on the GPU and
-  // are the caller's promise. The production forward runs e4m3 at head_dim 64 and 128,
+  // and v likewise. Null means 1. Only with e4m3. The values must be finite and >= 0 (the
+  // kernel takes the softmax's running max on unscaled scores; a q or k descale of 0 weighs
+  // every key a row sees alike, as a zero softmax_scale does); like varlen offsets they stay on
+  // the GPU and are the caller's promise. The production forward runs e4m3 at head_dim 64 and 128,
   // dense batches (no window, varlen, seqlens_k or paged cache); P enters the PV product in
   // e4m3 too, as in FlashAttention-3. Its V goes through a transposed copy in the workspace.
   const float* q_descale = nullptr;
@@ -256,7 +257,7 @@ Status check(const AttentionProblem& problem, const std::string& kernel = "auto"
 // for): cu_seqlens_q/k start at 0, never decrease and end within total_q/k, and no sequence is
 // longer than seqlen_q/k; seqlens_k within [0, seqlen_k]; kv_batch_idx within the kv_batch
 // entries; leftpad_k within each sequence's keys; the block_table pages each sequence uses
-// (those holding its keys in use) within num_pages; the FP8 descales finite and > 0. A broken
+// (those holding its keys in use) within num_pages; the FP8 descales finite and >= 0. A broken
 // promise gives invalid_argument naming the argument (and the entry). Validates the problem
 // and the device first. While `stream` is captured into a CUDA graph, a problem with device
 // arrays to read gives not_supported.

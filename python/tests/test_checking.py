@@ -42,7 +42,7 @@ def test_broken_indices_and_descales_are_named(on):
     # Promises kept: nothing raised.
     ops._check_promises(seqlens_k=i32(0, 128), capacity=128, block_table=i32(0, 3), num_pages=4,
                         kv_batch_idx=i32(1), kv_batch=2, leftpad_k=i32(0, 5),
-                        descales=(("q_descale", torch.ones(2, 1)),))  # fmt: skip
+                        descales=(("q_descale", torch.ones(2, 1)), ("k_descale", torch.zeros(2, 1))))  # fmt: skip
     ops._check_promises(seqlens_k=i32(5, 0), capacity=16, page_size=8, num_pages=4,
                         block_table=torch.tensor([[2, -1], [-1, -1]], dtype=torch.int32))  # unused pages: anything
     cases = [
@@ -54,7 +54,7 @@ def test_broken_indices_and_descales_are_named(on):
               page_size=8, num_pages=4), r"block_table: entry \(1, 0\) is 9, outside \[0, 4\) \(.*sequence 1 reads it\)"),
         (dict(kv_batch_idx=i32(-1), kv_batch=2), r"kv_batch_idx: entry 0 is -1, outside \[0, 2\)"),
         (dict(seqlens_k=i32(4, 4), leftpad_k=i32(0, 6), capacity=8), r"leftpad_k: sequence 1 starts at key 6"),
-        (dict(descales=(("k_descale", torch.tensor([[1.0, 0.0]])),)), r"k_descale: entry \(0, 1\) is 0.0"),
+        (dict(descales=(("k_descale", torch.tensor([[1.0, -0.5]])),)), r"k_descale: entry \(0, 1\) is -0.5"),
         (dict(descales=(("v_descale", torch.tensor([[float("nan")]])),)), r"v_descale: entry \(0, 0\) is nan"),
     ]
     for kwargs, message in cases:

@@ -15,6 +15,11 @@ constexpr int kVtTileKeys = 128;
 constexpr int kSwizzleBytes = 128;  // one row of a 64-column block
 constexpr int kAtomBytes = 1024;    // 8 rows x 128 bytes: the swizzle pattern's period
 constexpr float kLog2e = 1.4426950408889634f;
+// The scale a zero softmax scale runs with (plan.cpp), and an FP8 item whose descales multiply
+// to 0 (consumer.cuh): for scores below 10^22 in magnitude, |s| * kZeroScale * log2(e) stays
+// below 2^-24, so 2^(s c) rounds to exactly 1, while a masked score's -inf stays -inf (times 0
+// it would be NaN).
+constexpr float kZeroScale = 1e-30f;
 // FP8: P is kept as 2^8 P (at most 256 < 448, e4m3's largest), so that weights down to 2^-14
 // stay in e4m3's normal range (2^-6 up) with 3 mantissa bits instead of rounding among the
 // subnormals' steps of 2^-9 (or to 0). The row sums carry the same factor, so O / sum is

@@ -215,6 +215,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       const int64_t at = items.descale_index(item);
       scale_log2 = p.scale * (p.q_descale != nullptr ? __ldg(p.q_descale + at) : 1.f) *
                    (p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f) * kLog2e;
+      if (scale_log2 == 0.f) scale_log2 = kZeroScale * kLog2e;  // a zero descale: equal weights, not NaN
     }
 
 #pragma unroll

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "../common/params.h"
+#include "config.h"
 #include "hattn/hattn.h"
 
 namespace hattn::fwd {
@@ -40,10 +41,6 @@ constexpr int kMinTilesPerSplit = 4;
 // Pages of a paged cache hold a whole number of the K/V tiles paged problems run with (128
 // keys, 64 at D = 256; paged problems never take the wide tiles).
 constexpr int kPageMultiple = 128;
-
-// The scale a zero softmax_scale runs with: for scores below 10^22 in magnitude,
-// |s| * kZeroScale * log2(e) stays below 2^-24, so 2^(s c) rounds to exactly 1 (plan.cpp).
-constexpr float kZeroScale = 1e-30f;
 
 // The split plan of a problem: split-KV's parts (run-time bounds kernels), or the tail split
 // (the others), and the size of their partial results.

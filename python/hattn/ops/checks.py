@@ -354,10 +354,10 @@ def _check_promises(*, varlen=None, totals=(0, 0), seqlens_k=None, capacity=None
     for name, t in descales:
         if t is not None:
             c = t.to("cpu", torch.float32)
-            bad = ~(torch.isfinite(c) & (c > 0))
+            bad = ~(torch.isfinite(c) & (c >= 0))  # 0 is fine: its rows weigh their keys alike
             if bad.any():
                 i = tuple(int(x) for x in torch.nonzero(bad)[0])
-                raise _broken(f"{name}: entry {i} is {float(c[i])}; descales must be finite and > 0")
+                raise _broken(f"{name}: entry {i} is {float(c[i])}; descales must be finite and >= 0")
 
 
 def _cache_features(seqlens_k, kv_batch_idx, leftpad_k) -> Tuple[str, ...]:
