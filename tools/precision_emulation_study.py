@@ -19,7 +19,7 @@ steps its misses come from:
 Prints the misses per dtype and softcap, and writes the cases the emulation misses (--all: every
 case) as CSV. No GPU needed; 2000 cases take about 3 minutes on 2 cores.
 
-    python3 tools/precision_emulation_study.py --cases 2000 --out results/evidence/NAME/misses.csv
+    python3 tools/precision_emulation_study.py --cases 2000 --out misses.csv
 """
 import argparse
 import csv

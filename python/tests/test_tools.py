@@ -103,3 +103,22 @@ def test_the_guide_figures_pass():
     figures = sorted(check_figures.FIGURES.glob("*.svg"))
     assert figures
     assert [p for f in figures for p in check_figures.check(f)] == []
+
+
+def test_precision_emulation_study_counts_a_few_cases(tmp_path, capsys, monkeypatch):
+    """tools/precision_emulation_study.py on 12 cases of test_precision's draw: a line per dtype and
+    softcap, and a CSV row per case with --all (each gradient's bound and variants' errors)."""
+    import csv
+
+    study = load("precision_emulation_study")
+    out = tmp_path / "cases.csv"
+    monkeypatch.setattr("sys.argv", ["precision_emulation_study.py", "--cases", "12", "--out", str(out), "--all"])
+    study.main()
+    text = capsys.readouterr().out
+    assert text.startswith("12 cases") and text.count("cases; emu ") == 4
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 12
+    for row in rows:
+        for g in ("dq", "dk", "dv"):
+            assert float(row[f"{g}_bound"]) >= 1e-6 and float(row[f"{g}_fp64"]) >= 0
+            assert row[f"{g}_emu_miss"] == str(int(float(row[f"{g}_emu"]) > float(row[f"{g}_bound"])))
