@@ -59,34 +59,41 @@ enum Barrier : int {
 
 
 #ifdef __CUDACC__
-// Producer: one thread, the same walk over the run's pairs as the consumers. Stage 0's pieces
-// load in order (boxes 0-3 are freed first), stage 1's boxes 4-8 first (its scorer reads them
-// first, while consumer 0 still reads boxes 0-3 for P1 V1).
+// Producer: one thread, the same walk over the run's pairs as the consumers. A pair's pieces
+// load in the order the pair before frees them: stage 0's boxes 0-3 (consumer 0 alone, after P0
+// V0 left), stage 1's boxes 0-3 (once consumer 0 is done with P1 V1 left) and 4-8 (once
+// consumer 1 is done with P1 V1 right), then stage 0's boxes 4-8 (consumer 1's last product,
+// P0 V0 right). So consumer 1's next odd tile is on its way before consumer 1 finishes the pair.
 __device__ __forceinline__ void produce(SharedStorage& smem, const CUtensorMap& kv_map, const Params& p) {
   const Run run = load_run(p);
   int loads_even = 0, loads_odd = 0;  // tiles loaded into stages 0 and 1 so far
   for (int b = run.begin_batch; run_covers(run, b); ++b) {
     const Segment seg = segment(p, run, b);
     const int32_t* pages = p.block_table + int64_t(b) * p.max_pages_per_seq;
-    for (int tile = seg.lo; tile < seg.hi; ++tile) {
-      const int stage = (tile - seg.lo) % 2;
-      const uint32_t parity = (stage == 0 ? loads_even : loads_odd) % 2;
+    // Piece `piece` of `tile` into `stage`, the stage's `loads`-th tile.
+    auto load_piece = [&](int stage, int piece, int tile, int loads) {
       const int key = tile * kBlockN;
       // A page outside the cache reads as zeros (TMA's bounds); the caller checks the table.
       const int page = pages[key / p.page_size], row = key % p.page_size;
+      const int first_box = piece_first_box(piece);
+      // The piece's readers released its previous tile (a fresh barrier passes parity 1).
+      ptx::mbarrier_wait(&smem.empty[stage][piece], uint32_t(loads % 2) ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(&smem.full[stage][piece], piece_boxes(piece) * kBoxBytes);
 #pragma unroll
-      for (int i = 0; i < kPieces; ++i) {
-        const int piece = stage == 0 ? i : 1 - i;
-        const int first_box = piece_first_box(piece);
-        // The piece's readers released its previous tile (a fresh barrier passes parity 1).
-        ptx::mbarrier_wait(&smem.empty[stage][piece], parity ^ 1);
-        ptx::mbarrier_arrive_expect_tx(&smem.full[stage][piece], piece_boxes(piece) * kBoxBytes);
-#pragma unroll
-        for (int box = first_box; box < first_box + piece_boxes(piece); ++box)
-          ptx::cp_async_bulk_tensor_4d_g2s(smem.kv[stage] + box * kBoxBytes, &kv_map, box * 64, row, 0, page,
-                                           &smem.full[stage][piece]);
+      for (int box = first_box; box < first_box + piece_boxes(piece); ++box)
+        ptx::cp_async_bulk_tensor_4d_g2s(smem.kv[stage] + box * kBoxBytes, &kv_map, box * 64, row, 0, page,
+                                         &smem.full[stage][piece]);
+    };
+    for (int tile0 = seg.lo; tile0 < seg.hi; tile0 += 2) {
+      const bool has_odd = tile0 + 1 < seg.hi;
+      load_piece(0, 0, tile0, loads_even);
+      if (has_odd) {
+        load_piece(1, 0, tile0 + 1, loads_odd);
+        load_piece(1, 1, tile0 + 1, loads_odd);
+        ++loads_odd;
       }
-      (stage == 0 ? loads_even : loads_odd) += 1;
+      load_piece(0, 1, tile0, loads_even);
+      ++loads_even;
     }
   }
 }
@@ -287,6 +294,11 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
   const uint64_t p_desc = ptx::make_smem_desc_sw128(smem.kv[0] + kRopeBox * kBoxBytes, 16, 1024);
   const Run run = load_run(p);
   int uses = 0;  // tiles this consumer scored so far: its stage's full barriers' phase
+  // Tiles of the other stage this consumer read so far: that stage's full barriers' phase. The
+  // other consumer waited on them already, but each reader waits itself, so that the TMA's
+  // writes are seen through the barrier that completes them (a wait that returns at once: the
+  // phase cannot move on before this consumer releases it).
+  int other_uses = 0;
 
   for (int b = run.begin_batch; run_covers(run, b); ++b) {
     const Segment seg = segment(p, run, b);
@@ -312,7 +324,10 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
       if constexpr (w == 0) {
         // S0, m0, P0; O rescaled to m0.
         score<T>(s, smem, c, 0, 0, uses++ % 2);
-        ptx::mbarrier_arrive(&smem.empty[0][1]);  // S0 read boxes 4-8 (P0 V0 right still reads 4-7)
+        // S0 read boxes 4-8. The piece is free only once consumer 1 arrives too, after P0 V0
+        // right, and after this consumer's writes to it below (tail zeros, P0), which reach it
+        // through kMaxReady0 / kP0Ready first.
+        ptx::mbarrier_arrive(&smem.empty[0][1]);
         mask_and_max(s, c, tile0, tile_max);
         const float m0[2] = {fmaxf(st.max[0], tile_max[0]), fmaxf(st.max[1], tile_max[1])};
         take_max(st.max, m0, p.scale_log2, rescale, max_scaled);
@@ -345,6 +360,8 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
         ptx::bar_arrive(kP0Ready, kConsumerThreads);
         rescale_rows(st, rescale);
         if (has_odd) {  // O += P1 V1 (left), P1 from consumer 1
+          ptx::mbarrier_wait(&smem.full[1][0], other_uses % 2);
+          ptx::mbarrier_wait(&smem.full[1][1], other_uses++ % 2);
           fence_o(st);
           add_pv_shared<T>(st, p_desc, v_desc, 1);
           wait_pv(st);
@@ -355,8 +372,10 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
         // S1 (the odd tile, if any), then m1 = max(m0, its max), P1; O rescaled to m1.
         tile_max[0] = tile_max[1] = -INFINITY;
         if (has_odd) {
-          score<T>(s, smem, c, 1, 1, uses++ % 2);
-          ptx::mbarrier_arrive(&smem.empty[1][0]);  // S1 read boxes 0-3 (P1 V1 left still reads them)
+          score<T>(s, smem, c, 1, 0, uses++ % 2);  // boxes 0-3 come first (produce())
+          // S1 read boxes 0-3. The piece is free only once consumer 0 arrives too, after P1 V1
+          // left, and after this consumer's tail zeros below, which reach it through kMaxReady1.
+          ptx::mbarrier_arrive(&smem.empty[1][0]);
           mask_and_max(s, c, tile0 + 1, tile_max);
         }
         ptx::bar_sync(kMaxReady0, kConsumerThreads);
@@ -379,6 +398,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
           ptx::fence_proxy_async_shared_cta();
         }
         ptx::bar_arrive(kMaxReady1, kConsumerThreads);
+        ptx::mbarrier_wait(&smem.full[0][1], other_uses++ % 2);  // V0's right boxes, read below
         fence_o(st);
         // O += P1 V1 (right), then P0 V0 (right) with P0 from consumer 0, already rescaled to
         // m1. Two straight paths: a chain of matrix products with a branch inside is serialized.
