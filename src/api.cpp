@@ -290,32 +290,57 @@ Status resolve(const AttentionProblem& problem, const std::string& kernel, const
                        [&](const KernelEntry& entry) { return supports(entry, problem); }, out);
 }
 
-// Every address of a forward call, by name.
+// Every address of a forward call, by name: of an AttentionProblem or of Buffers, which name
+// them alike.
 struct NamedPointer {
   const char* name;
   const void* ptr;
 };
-std::array<NamedPointer, 15> forward_pointers(const AttentionProblem& p) {
-  return {{{"q", p.q},
-           {"k", p.k},
-           {"v", p.v},
-           {"out", p.out},
-           {"lse", p.lse},
-           {"cu_seqlens_q", p.cu_seqlens_q},
-           {"cu_seqlens_k", p.cu_seqlens_k},
-           {"seqlens_k", p.seqlens_k},
-           {"block_table", p.block_table},
-           {"kv_batch_idx", p.kv_batch_idx},
-           {"leftpad_k", p.leftpad_k},
-           {"workspace", p.workspace},
-           {"q_descale", p.q_descale},
-           {"k_descale", p.k_descale},
-           {"v_descale", p.v_descale}}};
+template <typename Memory>
+std::array<NamedPointer, 15> named_pointers(const Memory& m) {
+  return {{{"q", m.q},
+           {"k", m.k},
+           {"v", m.v},
+           {"out", m.out},
+           {"lse", m.lse},
+           {"cu_seqlens_q", m.cu_seqlens_q},
+           {"cu_seqlens_k", m.cu_seqlens_k},
+           {"seqlens_k", m.seqlens_k},
+           {"block_table", m.block_table},
+           {"kv_batch_idx", m.kv_batch_idx},
+           {"leftpad_k", m.leftpad_k},
+           {"workspace", m.workspace},
+           {"q_descale", m.q_descale},
+           {"k_descale", m.k_descale},
+           {"v_descale", m.v_descale}}};
+}
+
+// The memory of a call (addresses, workspace, allocator) from an AttentionProblem or Buffers to
+// the other.
+template <typename From, typename To>
+void copy_memory(const From& from, To* to) {
+  to->q = from.q;
+  to->k = from.k;
+  to->v = from.v;
+  to->out = from.out;
+  to->lse = from.lse;
+  to->cu_seqlens_q = from.cu_seqlens_q;
+  to->cu_seqlens_k = from.cu_seqlens_k;
+  to->seqlens_k = from.seqlens_k;
+  to->block_table = from.block_table;
+  to->kv_batch_idx = from.kv_batch_idx;
+  to->leftpad_k = from.leftpad_k;
+  to->q_descale = from.q_descale;
+  to->k_descale = from.k_descale;
+  to->v_descale = from.v_descale;
+  to->workspace = from.workspace;
+  to->workspace_bytes = from.workspace_bytes;
+  to->allocator = from.allocator;
 }
 
 // Each address of the call is memory of GPU `device`.
 Status check_forward_pointers(const AttentionProblem& problem, int device) {
-  for (const auto& [name, ptr] : forward_pointers(problem))
+  for (const auto& [name, ptr] : named_pointers(problem))
     if (Status s = check_device_pointer(name, ptr, device); !s.ok()) return s;
   return Status::Ok();
 }
@@ -509,25 +534,9 @@ const AttentionProblem& Plan::problem() const {
   return state_ ? state_->problem : none;
 }
 
-Buffers buffers_of(const AttentionProblem& p) {
+Buffers buffers_of(const AttentionProblem& problem) {
   Buffers b;
-  b.q = p.q;
-  b.k = p.k;
-  b.v = p.v;
-  b.out = p.out;
-  b.lse = p.lse;
-  b.cu_seqlens_q = p.cu_seqlens_q;
-  b.cu_seqlens_k = p.cu_seqlens_k;
-  b.seqlens_k = p.seqlens_k;
-  b.block_table = p.block_table;
-  b.kv_batch_idx = p.kv_batch_idx;
-  b.leftpad_k = p.leftpad_k;
-  b.q_descale = p.q_descale;
-  b.k_descale = p.k_descale;
-  b.v_descale = p.v_descale;
-  b.workspace = p.workspace;
-  b.workspace_bytes = p.workspace_bytes;
-  b.allocator = p.allocator;
+  copy_memory(problem, &b);
   return b;
 }
 
@@ -540,6 +549,11 @@ Status plan(const AttentionProblem& problem, Plan* plan, const std::string& kern
       !(s = current_device(&state->device)).ok())
     return s;
   const KernelEntry& entry = *state->entry;
+  if (problem.workspace != nullptr && entry.workspace_bytes != nullptr) {  // as forward() refuses it
+    size_t needed = 0;
+    if (!(s = entry.workspace_bytes(problem, &needed)).ok() || !(s = check_workspace(problem, entry, needed)).ok())
+      return s;
+  }
   if (entry.plan != nullptr) {  // the decisions once, the workspace with them
     if (!(s = entry.plan(problem, &state->decisions)).ok()) return s;
     state->workspace_bytes = state->decisions->workspace_bytes;
@@ -547,6 +561,11 @@ Status plan(const AttentionProblem& problem, Plan* plan, const std::string& kern
     return s;
   }
   state->problem = problem;
+  // Each run gives its own workspace and allocator; the plan keeps neither (a caller's may not
+  // outlive the planning call).
+  state->problem.workspace = nullptr;
+  state->problem.workspace_bytes = 0;
+  state->problem.allocator = nullptr;
   state->kernel = entry.name;
   *plan = Plan(std::move(state));
   return Status::Ok();
@@ -555,33 +574,20 @@ Status plan(const AttentionProblem& problem, Plan* plan, const std::string& kern
 Status run(const Plan& plan, const Buffers& buffers, cudaStream_t stream, std::optional<bool> check) {
   const Plan::State* state = plan.state();
   if (state == nullptr) return invalid("plan: empty (make one with hattn::plan())");
-  AttentionProblem p = state->problem;
-  p.q = buffers.q;
-  p.k = buffers.k;
-  p.v = buffers.v;
-  p.out = buffers.out;
-  p.lse = buffers.lse;
-  p.cu_seqlens_q = buffers.cu_seqlens_q;
-  p.cu_seqlens_k = buffers.cu_seqlens_k;
-  p.seqlens_k = buffers.seqlens_k;
-  p.block_table = buffers.block_table;
-  p.kv_batch_idx = buffers.kv_batch_idx;
-  p.leftpad_k = buffers.leftpad_k;
-  p.q_descale = buffers.q_descale;
-  p.k_descale = buffers.k_descale;
-  p.v_descale = buffers.v_descale;
-  p.workspace = buffers.workspace;
-  p.workspace_bytes = buffers.workspace_bytes;
-  p.allocator = buffers.allocator;
-  // The kernel's decisions rest on which arrays the problem has (a variable-length batch, a
-  // paged cache, ...), so each must be there exactly where it was planned. The workspace may differ.
-  const auto planned = forward_pointers(state->problem), given = forward_pointers(p);
+  // The arrays the kernel's decisions rest on (a variable-length batch, keys in use, a paged
+  // cache, cache entries, left padding) must be there exactly where they were planned; lse, the
+  // descales and the workspace may come and go.
+  const auto planned = named_pointers(state->problem), given = named_pointers(buffers);
   for (size_t i = 0; i < planned.size(); ++i) {
-    if (std::string_view(planned[i].name) == "workspace" || (planned[i].ptr == nullptr) == (given[i].ptr == nullptr))
-      continue;
-    return invalid(std::string(given[i].name) + ": the plan was made " + (planned[i].ptr ? "with" : "without") +
+    const std::string_view name = planned[i].name;
+    const bool decides = name == "cu_seqlens_q" || name == "cu_seqlens_k" || name == "seqlens_k" ||
+                         name == "block_table" || name == "kv_batch_idx" || name == "leftpad_k";
+    if (!decides || (planned[i].ptr == nullptr) == (given[i].ptr == nullptr)) continue;
+    return invalid(std::string(name) + ": the plan was made " + (planned[i].ptr ? "with" : "without") +
                    " it, and this run " + (given[i].ptr ? "gives" : "does not give") + " it (plan this problem)");
   }
+  AttentionProblem p = state->problem;
+  copy_memory(buffers, &p);
   // The addresses as forward() checks them (the shape checks again too: arithmetic only).
   Status s = validate_arguments(p);
   if (!s.ok()) return s;

@@ -590,14 +590,17 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
 
 // BackwardProblem::deterministic: 20 repeats bitwise equal, with another backward on a second
 // stream, at each head dim: causal GQA and a window through bwd_sm90, D = 256 without GQA
-// through bwd_12.
+// through bwd_12; more CTAs than SMs (512: CTAs wait on CTAs of earlier waves), and rows that
+// see no key (causal, Sq > Sk).
 TEST(BackwardDeterministic, RepeatsAreBitwiseEqual) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
   for (const Case& c : {Case{2, 300, 517, 8, 2, 64, true, -1, DType::bf16, false},
                         Case{1, 700, 700, 4, 1, 128, false, 100, DType::fp16, true},
                         Case{2, 257, 384, 4, 4, 128, true, -1, DType::bf16, false, 30.f},
-                        Case{1, 333, 450, 2, 2, 256, true, -1, DType::bf16, false}})
+                        Case{1, 333, 450, 2, 2, 256, true, -1, DType::bf16, false},
+                        Case{8, 512, 512, 16, 4, 64, true, -1, DType::bf16, false},
+                        Case{1, 1000, 300, 4, 2, 128, true, -1, DType::fp16, false}})
     check_backward_case("auto", c, nullptr, /*deterministic_repeats=*/20);
 }
 

@@ -281,8 +281,9 @@ Status validate_arguments(const AttentionProblem& problem);
 // GPU that was current when it was made.
 
 // The memory of one forward call: every address of an AttentionProblem, its workspace and its
-// scratch allocator. An array the plan's problem has (lse, cu_seqlens_q, seqlens_k, ...) must be
-// given, and one it lacks must be null; the workspace may be given or not.
+// scratch allocator. The arrays the kernel's decisions rest on (cu_seqlens_q/k, seqlens_k,
+// block_table, kv_batch_idx, leftpad_k) must be given where the plan's problem has them and null
+// where it has not; lse, the FP8 descales and the workspace may be given or not.
 struct Buffers {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -322,7 +323,8 @@ class Plan {
   int block_m() const;
   int block_n() const;
   int splits() const;
-  // The problem it was made for, with the buffers it was made with (an empty plan: an empty problem).
+  // The problem it was made for, with the addresses it was made with but no workspace or
+  // allocator (an empty plan: an empty problem).
   const AttentionProblem& problem() const;
   const State* state() const { return state_.get(); }
 
@@ -333,7 +335,8 @@ class Plan {
 // Validates `problem`, resolves `kernel` ("auto" or a name) and makes the kernel's decisions on
 // the current GPU, as forward() does before launching; nothing is launched. The pointers are
 // checked for nullness, alignment and overlap here and again in each run(), and for the GPU
-// they live on only in run().
+// they live on only in run(); a given workspace is checked here and in each run(). On failure
+// *plan is empty.
 Status plan(const AttentionProblem& problem, Plan* plan, const std::string& kernel = "auto");
 
 // Launches `plan` on `buffers` on `stream`, as forward() would launch the plan's problem with

@@ -10,11 +10,14 @@ namespace hattn::ptx {
 
 // Spins until *counter == turn; acquire at GPU scope, so the adds of the turns before are
 // visible. The fence then orders this thread's later bulk reductions (async proxy) after it.
+// The counter cannot pass a turn its holder has not passed on; if it did (a turn taken twice,
+// a miscount), the wait ends there rather than spin forever, and the sums lose their order, not
+// the kernel its end. (A __trap here made ptxas spill 2.4 KB in the consumers.)
 __device__ __forceinline__ void wait_turn(const int* counter, int turn) {
   int value;
   while (true) {
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(value) : "l"(counter) : "memory");
-    if (value == turn) break;
+    if (value >= turn) break;
     __nanosleep(32);
   }
   asm volatile("fence.proxy.async.global;\n" ::: "memory");

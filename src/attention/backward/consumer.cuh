@@ -167,8 +167,10 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
     ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the whole half is in the tile; the other tile is free
     if (threadIdx.x % 128 == 0) {
-      if (p.dq_turns != nullptr) {
-        pass_dq_turn();
+      // A block past the promised longest sequence (max_seqlen_q understated, the checking mode
+      // off) has no counter: it adds out of turn rather than wait on another block's.
+      if (p.dq_turns != nullptr) pass_dq_turn();
+      if (p.dq_turns != nullptr && m0 / kBlockM < p.q_blocks) {
         int first_key, last_key;  // the keys the block's first query sees
         visible_keys<kVarlen>(f, seq, m0, &first_key, &last_key);
         dq_turn_held = p.dq_turns + ((int64_t(batch) * f.heads_q + head) * p.q_blocks + m0 / kBlockM) * kWarpgroups +
