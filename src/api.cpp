@@ -513,7 +513,7 @@ Status forward(const AttentionProblem& problem, const Options& options) {
 // --- plan() and run() ----------------------------------------------------------------------------
 
 struct Plan::State {
-  AttentionProblem problem;  // as planned, with the planning call's buffers
+  AttentionProblem problem;  // as planned: its addresses, no workspace or allocator
   const KernelEntry* entry = nullptr;
   std::string kernel;                           // entry->name
   std::shared_ptr<const KernelPlan> decisions;  // null: the kernel decides in each launch

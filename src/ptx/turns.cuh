@@ -8,7 +8,7 @@
 
 namespace hattn::ptx {
 
-// Spins until *counter == turn; acquire at GPU scope, so the adds of the turns before are
+// Spins until *counter reaches turn; acquire at GPU scope, so the adds of the turns before are
 // visible. The fence then orders this thread's later bulk reductions (async proxy) after it.
 // The counter cannot pass a turn its holder has not passed on; if it did (a turn taken twice,
 // a miscount), the wait ends there rather than spin forever, and the sums lose their order, not
