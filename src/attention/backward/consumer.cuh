@@ -146,8 +146,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     }
   };
   // The deterministic backward (p.dq_turns): the CTAs whose keys a query block sees add into
-  // its half in key order, each in its turn (ptx/turns.cuh). A block's turn is passed on at the
-  // next block's reduction, once its adds have completed, or at the end.
+  // its half in key order, each in its turn (ptx/turns.cuh). A block's turn is passed on once
+  // its adds have completed: later in the step that issued them, or at the end.
   int* dq_turn_held = nullptr;
   auto pass_dq_turn = [&] {
     if (dq_turn_held != nullptr) {
@@ -336,6 +336,12 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
           dk, ds_frag[kk], ptx::advance_smem_desc(q_n_desc, stage_bytes + kk * 16 * kSwizzleBytes), 1);
     ptx::wgmma_commit_group();
 
+    // The deterministic backward: the last block's dQ turn goes on here, a step's work after its
+    // reduction was issued (which has then mostly completed), not at the next block's reduction:
+    // each CTA of a block's chain then waits about a step less for the one before it.
+    if constexpr (kHasLast) {
+      if (threadIdx.x % 128 == 0) pass_dq_turn();
+    }
     ptx::bar_sync(kDsBarrier, kConsumerThreads);  // both warpgroups have stored and fenced their dS^T tiles
     ptx::wgmma_wait_group<0>();                   // dV, dK done: the fragments' registers are free
 #pragma unroll
