@@ -1,12 +1,15 @@
 // The deterministic backward's turns (src/attention/backward/consumer.cuh, reduce_dq): the CTA
-// of key block n adds into query block m when m's counter reads work.cuh's dq_turn, n minus the
-// key block of the first key that m's first query sees. That is right only if the key blocks
+// of key block n adds into query block m when m's counter reads work.cuh's dq_turn, the key
+// block of the last key that m's last query sees minus n. That is right only if the key blocks
 // adding into m, those whose query blocks (work.cuh's query_blocks) include m, take turns 0, 1,
-// ... in key order without a gap: each turn is then taken exactly once, and no CTA waits for a
-// turn no one passes. Checked here on the host, with the kernel's own mask and block helpers,
-// over lengths that are and are not block multiples, causal or not, windows.
+// ... from the last key block down without a gap: each turn is then taken exactly once, no CTA
+// waits for a turn no one passes, and each waits only on a higher key block, whose CTA the
+// kernel launches first (kernel.cuh: key blocks from the last). Checked here on the host, with
+// the kernel's own mask and block helpers, over lengths that are and are not block multiples,
+// causal or not, windows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,7 +20,7 @@
 namespace hattn {
 namespace {
 
-TEST(BackwardTurns, AQueryBlocksKeyBlocksRunFromItsFirstQuerysFirstKeyWithoutGaps) {
+TEST(BackwardTurns, AQueryBlocksKeyBlocksRunDownFromItsLastQuerysLastKeyWithoutGaps) {
   int checked = 0;
   for (int seqlen_q : {1, 5, 64, 65, 200, 333, 1000})
     for (int seqlen_k : {1, 64, 127, 128, 129, 500, 1000})
@@ -48,10 +51,11 @@ TEST(BackwardTurns, AQueryBlocksKeyBlocksRunFromItsFirstQuerysFirstKeyWithoutGap
               for (int s = 0; s < blocks.steps; ++s) adders[blocks.m_begin / bwd::kBlockM + s].push_back(n);
             }
             for (const auto& [m, key_blocks] : adders) {
-              int first_key, last_key;
-              visible_keys(f, m * bwd::kBlockM, &first_key, &last_key);
+              int first_key, last_key;  // the keys the block's last query sees
+              visible_keys(f, std::min((m + 1) * bwd::kBlockM, seqlen_q) - 1, &first_key, &last_key);
+              // key_blocks ascend: the last adds first.
               for (size_t i = 0; i < key_blocks.size(); ++i)
-                ASSERT_EQ(bwd::dq_turn(key_blocks[i] * bwd::kBlockN, first_key), int(i))
+                ASSERT_EQ(bwd::dq_turn(key_blocks[i] * bwd::kBlockN, last_key), int(key_blocks.size() - 1 - i))
                     << where << ": query block " << m << ", adder " << i << " (key block " << key_blocks[i] << ")";
               ++checked;
             }

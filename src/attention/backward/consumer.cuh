@@ -146,8 +146,9 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     }
   };
   // The deterministic backward (p.dq_turns): the CTAs whose keys a query block sees add into
-  // its half in key order, each in its turn (ptx/turns.cuh). A block's turn is passed on once
-  // its adds have completed: later in the step that issued them, or at the end.
+  // its half in key order from the last key block down, each in its turn (ptx/turns.cuh,
+  // work.cuh's dq_turn). A block's turn is passed on once its adds have completed: later in
+  // the step that issued them, or at the end.
   int* dq_turn_held = nullptr;
   auto pass_dq_turn = [&] {
     if (dq_turn_held != nullptr) {
@@ -171,11 +172,11 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
       // off) has no counter: it adds out of turn rather than wait on another block's.
       if (p.dq_turns != nullptr) pass_dq_turn();
       if (p.dq_turns != nullptr && m0 / kBlockM < p.q_blocks) {
-        int first_key, last_key;  // the keys the block's first query sees
-        visible_keys<kVarlen>(f, seq, m0, &first_key, &last_key);
+        int first_key, last_key;  // the keys the block's last query sees
+        visible_keys<kVarlen>(f, seq, min(m0 + kBlockM, seqlen_q_of<kVarlen>(f, seq)) - 1, &first_key, &last_key);
         dq_turn_held = p.dq_turns + ((int64_t(batch) * f.heads_q + head) * p.q_blocks + m0 / kBlockM) * kWarpgroups +
                        warpgroup;
-        ptx::wait_turn(dq_turn_held, dq_turn(n0, first_key));
+        ptx::wait_turn(dq_turn_held, dq_turn(n0, last_key));
       }
 #pragma unroll
       for (int box = 0; box < kCols / 32; ++box)

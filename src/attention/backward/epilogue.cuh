@@ -125,7 +125,8 @@ __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, co
     int* turn = nullptr;
     if (p.dkdv_turns != nullptr) {
       const FeatureParams& f = p.fwd;
-      turn = p.dkdv_turns + ((int64_t(batch) * f.heads_kv + head_kv) * p.k_blocks + blockIdx.x) * kWarpgroups + warpgroup;
+      turn = p.dkdv_turns + ((int64_t(batch) * f.heads_kv + head_kv) * p.k_blocks + n_wg / kBlockN) * kWarpgroups +
+             warpgroup;
       ptx::wait_turn(turn, head - head_kv * f.heads_per_kv);
     }
     // Rows past the tensor are not written; rows of the next sequence get zeros added.

@@ -37,7 +37,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
   // descriptors built from it in uniform registers (with plain threadIdx.x / 128, ptxas spilled).
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
-  const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
+  // The deterministic backward takes the key blocks from the last: a query block's adders then
+  // take their turns from its last key block down (work.cuh's dq_turn), each waiting only on
+  // CTAs launched before it.
+  const int key_block = p.dq_turns != nullptr ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int n0 = key_block * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const QueryBlocks blocks = query_blocks<kVarlen>(f, seq, n0, /*in_order=*/p.dq_turns != nullptr);

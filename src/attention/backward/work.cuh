@@ -10,7 +10,7 @@ namespace hattn::bwd {
 // visited with a stagger: step s is block (s + rotation) % steps, rotation = blockIdx.x % steps,
 // so that the CTAs of a head (one range when not causal) add into different dQ blocks at once.
 // The deterministic backward visits them in order (rotation 0): there the CTAs add into a
-// block in turn, and in order each CTA's turns come one after another.
+// block in turn (work.cuh's dq_turn), and in order each CTA's turns come one after another.
 struct QueryBlocks {
   int m_begin;
   int steps;  // 0 when no query sees the keys (varlen: or they start past the sequence's)
@@ -46,8 +46,14 @@ __device__ __forceinline__ QueryBlocks query_blocks(const FeatureParams& f, cons
 }
 
 // The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose
-// first query sees keys from first_key on: its key block's place among the block's adders
-// (the masks are monotone, so those start at first_key's block and run without a gap).
-__host__ __device__ __forceinline__ int dq_turn(int n0, int first_key) { return n0 / kBlockN - first_key / kBlockN; }
+// last query sees keys up to last_key (exclusive): its key block's place among the block's
+// adders counted from the last (the masks are monotone, so those run without a gap down from
+// the block of key last_key - 1). From the last down, as FlashAttention-3's deterministic causal
+// backward: the CTA of key block n starts on query blocks that key block n + 1's CTA (launched
+// just before it, kernel.cuh) reached a step earlier, where counted from the first it would wait
+// for key block 0's CTA to sweep down to its first block.
+__host__ __device__ __forceinline__ int dq_turn(int n0, int last_key) {
+  return (last_key - 1) / kBlockN - n0 / kBlockN;
+}
 
 }  // namespace hattn::bwd
