@@ -283,7 +283,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 else backward_fn(name, q, k, v, dout, shape.causal, args.step)
                 for name in names if name not in anchors and name != "fa3_det"
             }  # fmt: skip
-            for name in list(anchors) + [n for n in deterministic if n == "fa3_det"]:
+            for name in list(anchors) + (["fa3_det"] if "fa3_det" in names else []):
                 try:  # FA3's forward runs here: where it does not take the shape, it is dropped
                     fns[name] = backward_fn(name, q, k, v, dout, shape.causal, args.step)
                 except RuntimeError as e:

@@ -22,11 +22,12 @@ python/tests/test_mla.py holds the fp64 bound). Timing: hattn.bench's
 Timer (CUDA events, an L2 flush before each call, interleaved rounds, the median).
 
 Bytes = the cache rows read (B x L x 576 x 2) plus q and out; GB/s over the H200's 4.8 TB/s is
-the memory-bound figure. FLOPs = 2 x B x rows x L x (576 + 512) with rows = heads_q x seqlen_q (the
-compute-bound figure, FlashMLA's count). The run first measures two ceilings with the same timer,
-as rows of the CSV: ceiling_copy (a 2 GiB device-to-device copy, GB/s counting bytes read and
-written) and ceiling_cublas (an 8192^3 bf16 matrix product through torch.matmul, TFLOP/s). Output: a table on stdout and pybench_mla.csv in --out;
-exit status 1 when an output was wrong or a call failed, 2 without a GPU.
+the memory-bound figure. FLOPs = 2 x B x rows x L x (576 + 512) with rows = heads_q x seqlen_q
+(the compute-bound figure, FlashMLA's count). The run first measures two ceilings with the same
+timer, as rows of the CSV: ceiling_copy (a 2 GiB device-to-device copy, GB/s counting bytes read
+and written) and ceiling_cublas (an 8192^3 bf16 matrix product through torch.matmul, TFLOP/s).
+Output: a table on stdout and pybench_mla.csv in --out; exit status 1 when an output was wrong or
+a call failed, 2 without a GPU.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
 // https://docs.nvidia.com/cuda/parallel-thread-execution/#memory-consistency-model
 #pragma once
 
+#include "tma.cuh"
+
 namespace hattn::ptx {
 
 // Spins until *counter reaches turn; acquire at GPU scope, so the adds of the turns before are
@@ -23,9 +25,11 @@ __device__ __forceinline__ void wait_turn(const int* counter, int turn) {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
-// Passes the turn on: the caller has waited (cp.async.bulk.wait_group, not .read) for its bulk
-// reductions to complete; the fence orders their writes (async proxy) before the release.
+// Passes the turn on once this thread's bulk reductions have completed (cp.async.bulk.wait_group,
+// not .read: the adds themselves, not only their reads of shared memory); the fence orders their
+// writes (async proxy) before the release.
 __device__ __forceinline__ void pass_turn(int* counter) {
+  cp_async_bulk_wait_group<0>();
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }

@@ -148,11 +148,10 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   // The deterministic backward (p.dq_turns): the CTAs whose keys a query block sees add into
   // its half in key order from the last key block down, each in its turn (ptx/turns.cuh,
   // work.cuh's dq_turn). A block's turn is passed on once its adds have completed: later in
-  // the step that issued them, or at the end.
+  // the step that issued them, or at the end; so none is held at the next reduction.
   int* dq_turn_held = nullptr;
   auto pass_dq_turn = [&] {
     if (dq_turn_held != nullptr) {
-      ptx::cp_async_bulk_wait_group<0>();  // the adds themselves, not only their reads of the tile
       ptx::pass_turn(dq_turn_held);
       dq_turn_held = nullptr;
     }
@@ -170,7 +169,6 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     if (threadIdx.x % 128 == 0) {
       // A block past the promised longest sequence (max_seqlen_q understated, the checking mode
       // off) has no counter: it adds out of turn rather than wait on another block's.
-      if (p.dq_turns != nullptr) pass_dq_turn();
       if (p.dq_turns != nullptr && m0 / kBlockM < p.q_blocks) {
         int first_key, last_key;  // the keys the block's last query sees
         visible_keys<kVarlen>(f, seq, min(m0 + kBlockM, seqlen_q_of<kVarlen>(f, seq)) - 1, &first_key, &last_key);

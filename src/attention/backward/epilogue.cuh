@@ -138,10 +138,7 @@ __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, co
                                               dv_tiles + box * 64 * 32);
     }
     ptx::cp_async_bulk_commit_group();
-    if (turn != nullptr) {
-      ptx::cp_async_bulk_wait_group<0>();  // the adds completed, then the next head's turn
-      ptx::pass_turn(turn);
-    }
+    if (turn != nullptr) ptx::pass_turn(turn);  // once the adds completed: the next head's turn
   }
   // Shared memory must outlive the reductions that read it.
   if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
