@@ -167,10 +167,11 @@ struct ForwardRanges {
 };
 ForwardRanges forward_ranges(const AttentionProblem& p) {
   const int b = p.tensor_batch(), rows_q = p.tensor_rows_q(), kv_b = p.tensor_batch_k(), rows_k = p.tensor_rows_k();
-  const int in_bytes = dtype_size(p.dtype), out_bytes = dtype_size(output_dtype(p.dtype));
+  const int in_bytes = dtype_size(p.dtype), kv_bytes = dtype_size(p.kv_type());
+  const int out_bytes = dtype_size(output_dtype(p.dtype));
   return {tensor_bytes("q", p.q, p.q_strides, b, rows_q, p.heads_q, p.head_dim, in_bytes),
-          tensor_bytes("k", p.k, p.k_strides, kv_b, rows_k, p.heads_kv, p.head_dim, in_bytes),
-          tensor_bytes("v", p.v, p.v_strides, kv_b, rows_k, p.heads_kv, p.head_dim, in_bytes),
+          tensor_bytes("k", p.k, p.k_strides, kv_b, rows_k, p.heads_kv, p.head_dim, kv_bytes),
+          tensor_bytes("v", p.v, p.v_strides, kv_b, rows_k, p.heads_kv, p.head_dim, kv_bytes),
           tensor_bytes("out", p.out, p.out_strides, b, rows_q, p.heads_q, p.head_dim, out_bytes), lse_bytes(p)};
 }
 
@@ -282,6 +283,9 @@ Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
     return {StatusCode::not_supported, std::string(entry.name) + ": no softcap; the production forward fwd_sm90 has it"};
   if (problem.dtype == DType::e4m3 && !entry.features.fp8)
     return {StatusCode::not_supported, std::string(entry.name) + ": no e4m3 (FP8) inputs; the production forward fwd_sm90 has them"};
+  if (problem.has_fp8_cache() && !entry.features.fp8_cache)
+    return {StatusCode::not_supported,
+            std::string(entry.name) + ": no e4m3 KV cache (kv_dtype); the production forward fwd_sm90 has it"};
   return entry.supports(problem);
 }
 
@@ -367,12 +371,23 @@ Status check_workspace(const AttentionProblem& problem, const KernelEntry& entry
 Status validate_arguments(const AttentionProblem& p) {
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16 && p.dtype != DType::e4m3)
     return invalid("dtype: must be bf16, fp16 or e4m3 (got value " + std::to_string(int(p.dtype)) + ")");
+  if (p.kv_dtype.has_value()) {
+    const DType kv = *p.kv_dtype;
+    if (kv != DType::bf16 && kv != DType::fp16 && kv != DType::e4m3)
+      return invalid("kv_dtype: must be bf16, fp16 or e4m3 (got value " + std::to_string(int(kv)) + ")");
+    if (kv != p.dtype && (kv != DType::e4m3 || p.dtype == DType::e4m3))
+      return invalid(std::string("kv_dtype: k and v are dtype (") + dtype_name(p.dtype) +
+                     ") or, beside bf16 or fp16 q, an e4m3 cache; got " + dtype_name(kv));
+  }
   for (const auto& [name, ptr] : {std::pair<const char*, const float*>{"q_descale", p.q_descale},
                                   std::pair<const char*, const float*>{"k_descale", p.k_descale},
                                   std::pair<const char*, const float*>{"v_descale", p.v_descale}}) {
     if (ptr == nullptr) continue;
-    if (p.dtype != DType::e4m3)
-      return invalid(std::string(name) + ": dequantization scales are only for e4m3 inputs (dtype is " +
+    if (p.has_fp8_cache() && ptr == p.q_descale)
+      return invalid(std::string("q_descale: q is ") + dtype_name(p.dtype) +
+                     "; an e4m3 KV cache takes k_descale and v_descale only");
+    if (p.dtype != DType::e4m3 && !p.has_fp8_cache())
+      return invalid(std::string(name) + ": dequantization scales are only for e4m3 inputs or an e4m3 kv_dtype (dtype is " +
                      dtype_name(p.dtype) + ")");
     if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0)
       return invalid(std::string(name) + ": pointer must be 4-byte aligned (fp32 [batch, heads_kv])");
@@ -456,12 +471,13 @@ Status validate_arguments(const AttentionProblem& p) {
   const int tensor_batch = p.tensor_batch(), rows_q = p.tensor_rows_q();
   const int kv_batch = p.tensor_batch_k(), kv_rows = p.tensor_rows_k();
   Status s;
-  const int in_bytes = dtype_size(p.dtype), out_bytes = dtype_size(output_dtype(p.dtype));
+  const int in_bytes = dtype_size(p.dtype), kv_bytes = dtype_size(p.kv_type());
+  const int out_bytes = dtype_size(output_dtype(p.dtype));
   if (!(s = check_tensor("q", p.q, p.q_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, false, in_bytes)).ok())
     return s;
-  if (!(s = check_tensor("k", p.k, p.k_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false, in_bytes)).ok())
+  if (!(s = check_tensor("k", p.k, p.k_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false, kv_bytes)).ok())
     return s;
-  if (!(s = check_tensor("v", p.v, p.v_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false, in_bytes)).ok())
+  if (!(s = check_tensor("v", p.v, p.v_strides, kv_batch, kv_rows, p.heads_kv, p.head_dim, false, kv_bytes)).ok())
     return s;
   if (!(s = check_tensor("out", p.out, p.out_strides, tensor_batch, rows_q, p.heads_q, p.head_dim, true, out_bytes))
            .ok())
@@ -669,6 +685,8 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   const AttentionProblem& p = problem.forward;
   if (p.dtype == DType::e4m3)
     return {StatusCode::not_supported, "backward: dtype e4m3 is forward-only; the backward takes bf16 or fp16"};
+  if (p.has_fp8_cache())
+    return {StatusCode::not_supported, "backward: an e4m3 kv_dtype (FP8 KV cache) is forward-only"};
   // A variable-length batch (cu_seqlens) is fine; keys in use and pages are not there yet.
   if (p.seqlens_k != nullptr || p.is_paged() || p.kv_batch_idx != nullptr || p.leftpad_k != nullptr)
     return {StatusCode::not_supported,

@@ -19,6 +19,7 @@ struct Features {
   bool varlen = false;   // a variable-length batch (cu_seqlens_q / cu_seqlens_k)
   bool paged = false;    // keys in use, paged caches, cache entries, left padding
   bool fp8 = false;      // e4m3 inputs
+  bool fp8_cache = false;  // an e4m3 KV cache beside 16-bit queries (kv_dtype)
   bool softcap = false;  // softcap > 0
   // The backward's BackwardProblem::deterministic: gradients bitwise the same from run to run
   // never, only without GQA (a group's query heads add into dK and dV in no fixed order), or

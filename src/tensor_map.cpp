@@ -29,15 +29,18 @@ Status encode_fn(PFN_cuTensorMapEncodeTiled_v12000* out) {
 
 // A tiled map of `rank` dimensions (innermost first) over `elem_bytes`-byte elements of
 // `type` with swizzled boxes whose rows are box[0] elements: 128 bytes (128-byte swizzle), or 64
-// (64-byte swizzle: FP8 rows at D = 64). `strides` are in elements, rank - 1 of them (dimension
-// 0 is contiguous); a dimension of extent 1 gets a stand-in stride (never used, but TMA wants a
-// 16-byte multiple).
-Status encode_swizzled(CUtensorMap* map, const void* base, CUtensorMapDataType type, int64_t elem_bytes, int rank,
-                       const int64_t* dims, const int64_t* strides, const uint32_t* box) {
+// (64-byte swizzle: FP8 rows at D = 64); unswizzled (`swizzled` false), rows of a multiple of
+// 16 bytes. `strides` are in elements, rank - 1 of them (dimension 0 is contiguous); a
+// dimension of extent 1 gets a stand-in stride (never used, but TMA wants a 16-byte multiple).
+Status encode_tiled(CUtensorMap* map, const void* base, CUtensorMapDataType type, int64_t elem_bytes, int rank,
+                    const int64_t* dims, const int64_t* strides, const uint32_t* box, bool swizzled = true) {
   const int64_t row_bytes = box[0] * elem_bytes;  // the kernels' swizzled tile layouts: 128- or 64-byte rows
-  if (row_bytes != 128 && row_bytes != 64)
+  if (swizzled && row_bytes != 128 && row_bytes != 64)
     return {StatusCode::invalid_argument, "tensor map: box_cols * " + std::to_string(elem_bytes) +
                                               " bytes must be 128 or 64 (got " + std::to_string(box[0]) + " columns)"};
+  if (!swizzled && (row_bytes % 16 != 0 || box[0] > 256))
+    return {StatusCode::invalid_argument, "tensor map: an unswizzled box's rows must be a multiple of 16 bytes and at "
+                                          "most 256 elements (got " + std::to_string(box[0]) + " columns)"};
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   Status s = encode_fn(&encode);
   if (!s.ok()) return s;
@@ -61,7 +64,9 @@ Status encode_swizzled(CUtensorMap* map, const void* base, CUtensorMapDataType t
   }
   const CUresult r = encode(map, type, cuuint32_t(rank), const_cast<void*>(base), global_dims, byte_strides, box_dims,
                             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                            !swizzled          ? CU_TENSOR_MAP_SWIZZLE_NONE
+                            : row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                               : CU_TENSOR_MAP_SWIZZLE_64B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return {StatusCode::cuda_error, "cuTensorMapEncodeTiled (" + std::to_string(rank) + "-D) failed with CUresult " +
@@ -81,7 +86,15 @@ Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int
   const int64_t dims[4] = {head_dim, seqlen, heads, batch};
   const int64_t element_strides[3] = {strides.seq, strides.head, strides.batch};
   const uint32_t box[4] = {uint32_t(box_cols), uint32_t(box_rows), 1, 1};
-  return encode_swizzled(map, base, element_type(dtype), dtype_size(dtype), 4, dims, element_strides, box);
+  return encode_tiled(map, base, element_type(dtype), dtype_size(dtype), 4, dims, element_strides, box);
+}
+
+Status make_bshd_rows_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
+                                 int head_dim, const Strides& strides, int box_rows) {
+  const int64_t dims[4] = {head_dim, seqlen, heads, batch};
+  const int64_t element_strides[3] = {strides.seq, strides.head, strides.batch};
+  const uint32_t box[4] = {uint32_t(head_dim), uint32_t(box_rows), 1, 1};
+  return encode_tiled(map, base, element_type(dtype), dtype_size(dtype), 4, dims, element_strides, box, false);
 }
 
 Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch, int seqlen, int heads, int head_dim,
@@ -89,7 +102,7 @@ Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch,
   const int64_t dims[4] = {head_dim, seqlen, heads, batch};
   const int64_t element_strides[3] = {int64_t(heads) * head_dim, head_dim, int64_t(seqlen) * heads * head_dim};
   const uint32_t box[4] = {32, uint32_t(box_rows), 1, 1};
-  return encode_swizzled(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 4, dims, element_strides, box);
+  return encode_tiled(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 4, dims, element_strides, box);
 }
 
 Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
@@ -101,7 +114,7 @@ Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dt
   const int64_t dims[5] = {head_dim, group, heads / group, seqlen, batch};
   const int64_t element_strides[4] = {strides.head, strides.head * group, strides.seq, strides.batch};
   const uint32_t box[5] = {uint32_t(box_cols), uint32_t(group), 1, uint32_t(box_rows / group), 1};
-  return encode_swizzled(map, base, element_type(dtype), dtype_size(dtype), 5, dims, element_strides, box);
+  return encode_tiled(map, base, element_type(dtype), dtype_size(dtype), 5, dims, element_strides, box);
 }
 
 Status make_transposed_tensor_map(CUtensorMap* map, const void* base, int batch, int heads, int head_dim, int keys,
@@ -109,7 +122,7 @@ Status make_transposed_tensor_map(CUtensorMap* map, const void* base, int batch,
   const int64_t dims[4] = {keys, head_dim, heads, batch};
   const int64_t element_strides[3] = {keys, int64_t(head_dim) * keys, int64_t(heads) * head_dim * keys};
   const uint32_t box[4] = {uint32_t(box_keys), uint32_t(head_dim), 1, 1};
-  return encode_swizzled(map, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, 4, dims, element_strides, box);
+  return encode_tiled(map, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, 4, dims, element_strides, box);
 }
 
 Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_box_rows, const char* kernel,
@@ -122,6 +135,15 @@ Status make_qkv_tensor_maps(const AttentionProblem& p, int q_box_rows, int kv_bo
   };
   Status s = named("q", make_bshd_tensor_map(&maps->q, p.q, p.dtype, p.tensor_batch(), p.tensor_rows_q(), p.heads_q,
                                              p.head_dim, p.q_strides, q_box_rows, kBoxCols));
+  if (p.has_fp8_cache()) {  // whole e4m3 rows, unswizzled: the kernel widens them in shared memory
+    if (s.ok())
+      s = named("k", make_bshd_rows_tensor_map(&maps->k, p.k, DType::e4m3, p.tensor_batch_k(), p.tensor_rows_k(),
+                                               p.heads_kv, p.head_dim, p.k_strides, kv_box_rows));
+    if (s.ok())
+      s = named("v", make_bshd_rows_tensor_map(&maps->v, p.v, DType::e4m3, p.tensor_batch_k(), p.tensor_rows_k(),
+                                               p.heads_kv, p.head_dim, p.v_strides, kv_box_rows));
+    return s;
+  }
   if (s.ok())
     s = named("k", make_bshd_tensor_map(&maps->k, p.k, p.dtype, p.tensor_batch_k(), p.tensor_rows_k(), p.heads_kv,
                                         p.head_dim, p.k_strides, kv_box_rows, kBoxCols));

@@ -14,6 +14,12 @@ namespace hattn {
 Status make_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                             int head_dim, const Strides& strides, int box_rows, int box_cols);
 
+// The same map with unswizzled boxes of {head_dim, box_rows, 1, 1}: whole rows of
+// head_dim * dtype_size(dtype) bytes (a multiple of 16, at most 256 elements), one after
+// another (an FP8 KV cache's tiles, which the kernel widens in shared memory).
+Status make_bshd_rows_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
+                                 int head_dim, const Strides& strides, int box_rows);
+
 // A 4-D tensor map over a contiguous fp32 [B, S, H, D] tensor (the backward's dQ sum): boxes
 // of {32, box_rows, 1, 1} elements (128-byte rows), 128-byte swizzle. Rows past S are skipped.
 Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch, int seqlen, int heads, int head_dim,
@@ -36,8 +42,8 @@ Status make_transposed_tensor_map(CUtensorMap* map, const void* base, int batch,
 // The three maps of an attention problem: q with boxes of q_box_rows rows, k and v with
 // boxes of kv_box_rows rows, one swizzle row wide: 128 bytes (64 columns, 128 for e4m3), or
 // 64 for e4m3 at D = 64; a variable-length batch's maps are over its packed rows
-// ([1, total, H, D]), a paged cache's over its pages ([num_pages, page_size, H, D]). Errors
-// name `kernel`.
+// ([1, total, H, D]), a paged cache's over its pages ([num_pages, page_size, H, D]); an e4m3
+// KV cache's k and v (kv_dtype) in unswizzled boxes of whole rows. Errors name `kernel`.
 struct QkvTensorMaps {
   CUtensorMap q, k, v;
 };

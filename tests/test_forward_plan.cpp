@@ -214,6 +214,34 @@ TEST(ForwardPlan, Fp8RunsOneDenseShapeWithTheTransposedV) {
   EXPECT_EQ(plan_of(p).workspace_bytes, size_t(4) * 16 * 128 * (4096 + 128));
 }
 
+TEST(ForwardPlan, Fp8CacheRunsTheRunTimeBoundsKernelWithNarrowTilesAndTwoConsumers) {
+  for (int d : {64, 128, 256}) {
+    SCOPED_TRACE("D=" + std::to_string(d));
+    // Decoding a long cache with GQA: packed, split, and never the wide tiles or three consumers.
+    AttentionProblem p = dense(2, 1, 32768, 32, 4, d, false);
+    p.kv_dtype = DType::e4m3;
+    ForwardPlan plan = plan_of(p);
+    EXPECT_TRUE(plan.fp8_cache);
+    EXPECT_FALSE(plan.fp8);
+    EXPECT_FALSE(plan.dense);
+    EXPECT_FALSE(plan.wide);
+    EXPECT_EQ(plan.consumers, 2);
+    EXPECT_EQ(plan.block_n, d == 256 ? 64 : 128);
+    EXPECT_EQ(plan.params.pack_shift, 3);
+    EXPECT_GT(plan.split.splits, 1);
+    // A dense prefill grid point, which a 16-bit cache runs in the dense kernels.
+    p = grid_point(d, 4096, true);
+    p.kv_dtype = DType::e4m3;
+    plan = plan_of(p);
+    EXPECT_FALSE(plan.dense);
+    EXPECT_FALSE(plan.wide);
+    EXPECT_EQ(plan.consumers, 2);
+    // The cache's dtype as q's is no FP8 cache.
+    p.kv_dtype = DType::bf16;
+    EXPECT_FALSE(plan_of(p).fp8_cache);
+  }
+}
+
 TEST(ForwardPlan, NoSmsIsAnErrorNotAPlan) {
   ForwardPlan plan;
   const Status s = make_plan(grid_point(128, 4096, false), 0, &plan);

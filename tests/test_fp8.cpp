@@ -156,9 +156,10 @@ TEST(Fp8Dispatch, RefusesWhatTheFinalKernelDoesNotRunInFp8) {
   expect_status(resolve_kernel(p, "auto", &name), StatusCode::not_supported, "seqlen_k up to 2^30");
 }
 
-TEST(Fp8Dispatch, BackwardRefusesE4m3) {
+// The backward of `forward`, over fake gradient pointers.
+BackwardProblem backward_of(const AttentionProblem& forward) {
   BackwardProblem b;
-  b.forward = fp8_problem();
+  b.forward = forward;
   b.forward.lse = const_cast<float*>(static_cast<const float*>(fake_ptr(8)));
   b.dout = fake_ptr(9);
   b.dout_strides = b.forward.q_strides;
@@ -168,8 +169,74 @@ TEST(Fp8Dispatch, BackwardRefusesE4m3) {
   b.dk_strides = b.forward.k_strides;
   b.dv = const_cast<void*>(fake_ptr(12));
   b.dv_strides = b.forward.k_strides;
+  return b;
+}
+
+TEST(Fp8Dispatch, BackwardRefusesE4m3) {
   std::string name;
-  expect_status(resolve_backward_kernel(b, "auto", &name), StatusCode::not_supported, "e4m3");
+  expect_status(resolve_backward_kernel(backward_of(fp8_problem()), "auto", &name), StatusCode::not_supported, "e4m3");
+}
+
+// An FP8 KV cache: e4m3 k and v with their descales beside bf16 q (kv_dtype).
+AttentionProblem fp8_cache_problem() {
+  AttentionProblem p = testing::valid_problem();
+  p.kv_dtype = DType::e4m3;
+  p.k_descale = static_cast<const float*>(fake_ptr(5));
+  p.v_descale = static_cast<const float*>(fake_ptr(6));
+  return p;
+}
+
+TEST(Fp8CacheValidation, ValidProblemPassesAndGoesToTheProductionForward) {
+  AttentionProblem p = fp8_cache_problem();
+  EXPECT_TRUE(p.has_fp8_cache());
+  EXPECT_EQ(p.kv_type(), DType::e4m3);
+  EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
+  std::string name;
+  ASSERT_TRUE(resolve_kernel(p, "auto", &name).ok());
+  EXPECT_EQ(name, "fwd_sm90");
+  expect_status(resolve_kernel(p, "15_three_consumers", &name), StatusCode::not_supported, "e4m3 KV cache");
+  p.dtype = DType::fp16;  // fp16 queries too
+  EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
+  p.kv_dtype = DType::fp16;  // the same dtype as q's: a 16-bit cache, and descales are refused
+  EXPECT_FALSE(p.has_fp8_cache());
+  expect_status(validate_arguments(p), StatusCode::invalid_argument, "k_descale:");
+}
+
+TEST(Fp8CacheValidation, KvDtypeIsQsOrAnE4m3CacheBesideSixteenBitQ) {
+  AttentionProblem p = fp8_cache_problem();
+  p.kv_dtype = DType::fp16;  // beside bf16 q
+  expect_status(validate_arguments(p), StatusCode::invalid_argument, "kv_dtype:");
+  p.kv_dtype = static_cast<DType>(7);
+  expect_status(validate_arguments(p), StatusCode::invalid_argument, "kv_dtype: must be");
+  p = fp8_problem();  // e4m3 q with a bf16 cache
+  p.kv_dtype = DType::bf16;
+  expect_status(validate_arguments(p), StatusCode::invalid_argument, "kv_dtype:");
+  p.kv_dtype = DType::e4m3;  // e4m3 throughout: plain FP8 inputs
+  EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
+  EXPECT_FALSE(p.has_fp8_cache());
+}
+
+TEST(Fp8CacheValidation, QDescaleIsRefusedAndStridesAreBytesOfTheCache) {
+  AttentionProblem p = fp8_cache_problem();
+  p.q_descale = static_cast<const float*>(fake_ptr(7));
+  expect_status(validate_arguments(p), StatusCode::invalid_argument, "q_descale: q is bf16");
+  p = fp8_cache_problem();
+  p.k_strides.seq = 2 * 128 + 8;  // 264 one-byte codes: not a 16-byte multiple
+  expect_status(validate_arguments(p), StatusCode::invalid_argument, "k: seq stride 264");
+  p = fp8_cache_problem();
+  p.q_strides.head = 128 + 8;  // q stays bf16: 8 elements are 16 bytes
+  p.q_strides.seq = 8 * 136;
+  p.q_strides.batch = 100 * 8 * 136;
+  EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
+}
+
+TEST(Fp8CacheDispatch, RefusesAWindowAndTheBackward) {
+  std::string name;
+  AttentionProblem p = fp8_cache_problem();
+  p.window_left = 16;
+  expect_status(resolve_kernel(p, "fwd_sm90", &name), StatusCode::not_supported, "without a sliding window");
+  expect_status(resolve_backward_kernel(backward_of(fp8_cache_problem()), "auto", &name), StatusCode::not_supported,
+                "FP8 KV cache");
 }
 
 // --- GPU -------------------------------------------------------------------------------------

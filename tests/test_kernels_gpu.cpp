@@ -259,6 +259,35 @@ std::vector<Shape> test_shapes() {
   varlen(make(1, 1, 1, 4, 1, 256, false, fp, Layout::padded), {3, 60, 1}, {2000, 64, 900});
   shapes.back().pack_gqa = true;
   shapes.back().num_splits = 4;
+  // An FP8 KV cache (the production forward; e4m3 k and v with descales beside bf16 or fp16 q):
+  // decoding with GQA packing and split-KV, paged (NaN codes in unused rows), cache entries with
+  // left padding, MQA at D = 64, D = 256, forced parts, a varlen batch, softcap, and prefill
+  // shapes where both consumers have rows (causal, padded, tails, one tile, a long sweep).
+  auto fp8_cache = [&](Shape s) {
+    s.fp8_cache = true;
+    shapes.push_back(s);
+  };
+  fp8_cache(make(3, 1, 1000, 32, 4, 128, false, bf, Layout::contiguous));
+  shapes.back().seqlens_k_used = {1000, 1, 513};
+  fp8_cache(make(2, 1, 1500, 8, 2, 128, false, fp, Layout::contiguous));
+  shapes.back().seqlens_k_used = {1500, 700};
+  shapes.back().page_size = 256;
+  fp8_cache(make(3, 1, 2000, 16, 2, 64, false, bf, Layout::contiguous));
+  shapes.back().seqlens_k_used = {2000, 1500, 129};
+  shapes.back().leftpad_k = {7, 1000, 128};
+  shapes.back().kv_batch_idx = true;
+  fp8_cache(make(1, 4, 3000, 4, 1, 64, true, fp, Layout::padded));
+  fp8_cache(make(2, 1, 777, 8, 1, 256, false, bf, Layout::contiguous));
+  fp8_cache(make(2, 2, 1000, 8, 2, 256, true, fp, Layout::padded));
+  shapes.back().num_splits = 5;
+  fp8_cache(make(1, 300, 300, 4, 4, 128, true, bf, Layout::padded));
+  fp8_cache(make(2, 200, 333, 4, 2, 64, false, fp, Layout::contiguous));
+  fp8_cache(make(1, 128, 128, 2, 2, 256, false, bf, Layout::contiguous));
+  fp8_cache(make(1, 100, 5000, 2, 2, 128, false, bf, Layout::contiguous));
+  shapes.back().num_splits = 1;
+  shapes.back().softcap = 2.5f;
+  varlen(make(1, 1, 1, 8, 2, 128, true, bf, Layout::contiguous), {37, 1, 100, 20}, {300, 9, 100, 700});
+  shapes.back().fp8_cache = true;
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})
@@ -358,6 +387,7 @@ std::string case_name(const ::testing::TestParamInfo<KernelTest::ParamType>& inf
   if (s.kv_batch_idx) name += "_entries";
   if (!s.leftpad_k.empty()) name += "_leftpad";
   if (s.softcap > 0.f) name += "_softcap";
+  if (s.fp8_cache) name += "_e4m3cache";
   return name;
 }
 

@@ -44,6 +44,7 @@ struct Config {
   float softcap = 0.f;  // AttentionProblem::softcap on every shape; 0: off
   std::optional<bool> pack_gqa;  // AttentionProblem::pack_gqa; empty: automatic
   bool backward = false;         // time hattn::backward instead of the forward kernels
+  bool fp8_cache = false;        // K and V as an e4m3 cache beside --dtype q (AttentionProblem::kv_dtype)
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -75,6 +76,8 @@ void usage() {
       "  --page-size N       K and V in a paged cache of N-key pages, shuffled (production forward only)\n"
       "  --gqa R             R query heads per K/V head (default 1; must divide the heads)\n"
       "  --pack-gqa on|off   force GQA packing (default: automatic; production forward only)\n"
+      "  --fp8-cache         K and V as an e4m3 cache with descales beside bf16/fp16 q (production forward\n"
+      "                      only); with --seqlen-q the GB/s count the cache's bytes at 1 each\n"
       "  --softcap C         cap the scores at C * tanh(s / C) (production forward; backward: bwd_15 to D = 128,\n"
       "                      bwd_12 and bwd_10 at D = 256)\n"
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
@@ -146,6 +149,8 @@ int parse(int argc, char** argv, Config* c) {
       c->capstone = true;
     } else if (a == "--backward") {
       c->backward = true;
+    } else if (a == "--fp8-cache") {
+      c->fp8_cache = true;
     } else if (a == "--no-gemm") {
       c->gemm = false;
     } else if (a == "--warm-l2") {
@@ -244,6 +249,10 @@ int parse(int argc, char** argv, Config* c) {
   }
   if (c->backward && c->settle_seconds > 0) {  // its CSV column would claim a settle that did not happen
     std::fprintf(stderr, "hattn-bench: --settle applies to the forward only, not with --backward\n");
+    return 2;
+  }
+  if (c->fp8_cache && (c->backward || c->dtype == DType::e4m3)) {
+    std::fprintf(stderr, "hattn-bench: --fp8-cache is a forward's e4m3 cache beside bf16 or fp16 q\n");
     return 2;
   }
   if (c->backward && c->page_size > 0) {  // the backward takes no paged cache
@@ -546,6 +555,7 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.window_left = cfg.window_left;
         sh.window_right = causal && cfg.window_right > 0 ? 0 : cfg.window_right;  // causal's right edge
         sh.dtype = cfg.dtype;
+        sh.fp8_cache = cfg.fp8_cache;
         packed(&sh, s, d);
         shapes.push_back(sh);
       }
@@ -625,7 +635,7 @@ int main(int argc, char** argv) {
         << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "")
         << (cfg.num_splits != 0 ? ",num_splits" : "") << (cfg.pack_gqa.has_value() ? ",pack_gqa" : "")
         << (cfg.settle_seconds > 0 ? ",settle_s" : "") << (cfg.softcap > 0 ? ",softcap" : "")
-        << (cfg.warm_l2 ? ",l2" : "") << '\n';
+        << (cfg.warm_l2 ? ",l2" : "") << (cfg.fp8_cache ? ",kv_dtype" : "") << '\n';
   }
 
   harness::DeviceBuffer flush;
@@ -712,6 +722,7 @@ int main(int argc, char** argv) {
         if (cfg.settle_seconds > 0) csv << ',' << cfg.settle_seconds;
         if (cfg.softcap > 0) csv << ',' << cfg.softcap;
         if (cfg.warm_l2) csv << ",warm";
+        if (cfg.fp8_cache) csv << ",e4m3";
         csv << '\n' << std::flush;
       }
       rows.push_back(row);
@@ -726,7 +737,8 @@ int main(int argc, char** argv) {
   // (--seqlen-q), which are bound by memory, not by the tensor cores.
   const bool bytes_bound = cfg.seqlen_q > 0;
   if (bytes_bound)
-    std::printf("\n# GB/s (%s; Q, K, V and O moved once; the H200's HBM3e is specified at 4800)\n%-22s", dtype_name(cfg.dtype), "shape");
+    std::printf("\n# GB/s (%s%s; Q, K, V and O moved once; the H200's HBM3e is specified at 4800)\n%-22s",
+                dtype_name(cfg.dtype), cfg.fp8_cache ? ", e4m3 KV cache" : "", "shape");
   else
     std::printf("\n# TFLOP/s (%s; cuBLAS GEMM ceiling %.0f)\n%-22s", dtype_name(cfg.dtype), gemm, "shape");
   for (const auto& k : cfg.kernels) std::printf(" %10.10s", k.c_str());

@@ -35,6 +35,7 @@ std::string describe(const Shape& s) {
   if (s.pack_gqa.has_value()) os << " pack_gqa=" << (*s.pack_gqa ? "on" : "off");
   if (s.page_size > 0) os << " page_size=" << s.page_size;
   if (s.kv_batch_idx) os << " kv_batch_idx";
+  if (s.fp8_cache) os << " e4m3-cache";
   if (!s.leftpad_k.empty()) {
     os << " leftpad_k=";
     for (size_t b = 0; b < s.leftpad_k.size() && b < 8; ++b) os << (b ? "," : "") << s.leftpad_k[b];
@@ -119,8 +120,8 @@ double forward_bytes(const Shape& s) {
     rows_q += queries;
     rows_k += keys;
   }
-  const double element = 2.0;  // bf16 and fp16
-  return element * s.head_dim * (2.0 * rows_q * s.heads_q + 2.0 * rows_k * s.heads_kv);
+  const double element = 2.0, kv_element = s.fp8_cache ? 1.0 : 2.0;  // bf16 and fp16; an e4m3 cache
+  return s.head_dim * (element * 2.0 * rows_q * s.heads_q + kv_element * 2.0 * rows_k * s.heads_kv);
 }
 
 DeviceBuffer::~DeviceBuffer() {
@@ -187,11 +188,12 @@ struct TensorPlacement {
 
 // Strides with every dimension padded by 8 elements (16 bytes), so a kernel that assumes a
 // dense layout reads or writes the wrong elements.
-Strides padded_strides(int seqlen, int heads, int head_dim) {
+// Strides padded by `pad` elements: 8 (16 bytes of a 16-bit tensor), or 16 for e4m3.
+Strides padded_strides(int seqlen, int heads, int head_dim, int pad = 8) {
   Strides s;
-  s.head = head_dim + 8;
-  s.seq = heads * s.head + 8;
-  s.batch = seqlen * s.seq + 8;
+  s.head = head_dim + pad;
+  s.seq = heads * s.head + pad;
+  s.batch = seqlen * s.seq + pad;
   return s;
 }
 
@@ -199,7 +201,7 @@ size_t extent(const Strides& s, int batch, int seqlen, int heads, int head_dim) 
   return size_t((batch - 1) * s.batch + int64_t(seqlen - 1) * s.seq + (heads - 1) * s.head + head_dim);
 }
 
-size_t round_up8(size_t x) { return (x + 7) / 8 * 8; }
+size_t round_up16(size_t x) { return (x + 15) / 16 * 16; }
 
 }  // namespace
 
@@ -226,12 +228,13 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
     case Layout::padded: {
       const bool pad = shape.layout == Layout::padded;
       q.strides = pad ? padded_strides(Sq, Hq, D) : contiguous_bshd(Sq, Hq, D);
-      k.strides = pad ? padded_strides(Sk, Hkv, D) : contiguous_bshd(Sk, Hkv, D);
+      // An FP8 KV cache's k and v: 16-byte rows and starts are 16 elements.
+      k.strides = pad ? padded_strides(Sk, Hkv, D, shape.fp8_cache ? 16 : 8) : contiguous_bshd(Sk, Hkv, D);
       v.strides = k.strides;
       out.strides = pad ? padded_strides(Sq, Hq, D) : contiguous_bshd(Sq, Hq, D);
       q.offset = 0;
-      k.offset = round_up8(q.offset + extent(q.strides, B, Sq, Hq, D));
-      v.offset = round_up8(k.offset + extent(k.strides, B, Sk, Hkv, D));
+      k.offset = round_up16(q.offset + extent(q.strides, B, Sq, Hq, D));
+      v.offset = round_up16(k.offset + extent(k.strides, B, Sk, Hkv, D));
       w->inputs.elements = v.offset + extent(v.strides, B, Sk, Hkv, D);
       break;
     }
@@ -286,6 +289,49 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
                           D, uint16_t(0xFFFF));
       }
   }
+  // An FP8 KV cache: k's and v's elements become e4m3 codes (the NaN poison the NaN code 0xFF),
+  // kept in the low byte of `bits` until upload, and their host values code x descale.
+  std::vector<float> descale[2];  // k's, v's: [batch, heads_kv]
+  if (shape.fp8_cache) {
+    if (shape.dtype == DType::e4m3 || shape.layout == Layout::packed_qkv)
+      return {StatusCode::invalid_argument, "fp8_cache: needs bf16 or fp16 q and no packed_qkv layout"};
+    std::mt19937 rng(uint32_t(seed * 977 + 13));
+    std::uniform_real_distribution<float> scale_dist(0.25f, 2.f);
+    // The sequence of tensor entry b's key row j: b, or in a varlen batch the one holding row j.
+    auto sequence_of_row = [&](int b, int j) {
+      return varlen ? int(std::upper_bound(w->cu_k.begin(), w->cu_k.end(), j) - w->cu_k.begin()) - 1 : b;
+    };
+    for (int kv = 0; kv < 2; ++kv) {
+      descale[kv].resize(size_t(shape.batch) * Hkv);
+      for (float& x : descale[kv]) x = scale_dist(rng);
+      const TensorPlacement& t = kv == 0 ? k : v;
+      for (int b = 0; b < B; ++b)
+        for (int j = 0; j < Sk; ++j)
+          for (int h = 0; h < Hkv; ++h) {
+            const size_t at = t.offset + size_t(b * t.strides.batch + int64_t(j) * t.strides.seq + h * t.strides.head);
+            const float scale = descale[kv][size_t(sequence_of_row(b, j)) * Hkv + h];
+            for (int d = 0; d < D; ++d) {
+              const uint16_t code =
+                  bits[at + d] == 0xFFFF ? 0xFF : ref::float_to_bits(w->inputs.host[at + d], DType::e4m3);
+              bits[at + d] = code;
+              w->inputs.host[at + d] = ref::bits_to_float(code, DType::e4m3) * scale;
+            }
+          }
+    }
+  }
+  // e4m3 codes as bytes (an FP8 KV cache's device image), from their 16-bit slots.
+  auto codes_of = [](const std::vector<uint16_t>& slots) {
+    std::vector<uint8_t> codes(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) codes[i] = uint8_t(slots[i]);
+    return codes;
+  };
+  const size_t kv_elem_bytes = shape.fp8_cache ? 1 : 2;
+  // Uploads a cache image (16-bit slots) as the kernel reads it: 16-bit, or e4m3 bytes.
+  auto upload_cache = [&](void* to, const std::vector<uint16_t>& slots, const char* what) {
+    if (!shape.fp8_cache) return cuda_check(cudaMemcpy(to, slots.data(), slots.size() * 2, cudaMemcpyHostToDevice), what);
+    const std::vector<uint8_t> codes = codes_of(slots);
+    return cuda_check(cudaMemcpy(to, codes.data(), codes.size(), cudaMemcpyHostToDevice), what);
+  };
   // kv_batch_idx: sequence b's cache entry, a shuffle of batch + 1 entries (the last one spare).
   std::vector<int32_t> entry_of(size_t(B) + 1);
   for (int b = 0; b <= B; ++b) entry_of[b] = b;
@@ -324,6 +370,23 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.k_strides = k.strides;
   p.v = dev + v.offset;
   p.v_strides = v.strides;
+  if (shape.fp8_cache) {  // k and v from a byte image of the inputs (q's bytes there unused)
+    if (!(s = w->kv_codes.allocate(bits.size())).ok() ||
+        !(s = upload_cache(w->kv_codes.get(), bits, "uploading the e4m3 cache")).ok())
+      return s;
+    p.k = static_cast<uint8_t*>(w->kv_codes.get()) + k.offset;
+    p.v = static_cast<uint8_t*>(w->kv_codes.get()) + v.offset;
+    p.kv_dtype = DType::e4m3;
+    const size_t n = size_t(shape.batch) * Hkv;
+    if (!(s = w->descales.allocate(2 * n * sizeof(float))).ok()) return s;
+    auto* d = static_cast<float*>(w->descales.get());
+    if (!(s = cuda_check(cudaMemcpy(d, descale[0].data(), n * 4, cudaMemcpyHostToDevice), "uploading k_descale")).ok() ||
+        !(s = cuda_check(cudaMemcpy(d + n, descale[1].data(), n * 4, cudaMemcpyHostToDevice), "uploading v_descale"))
+             .ok())
+      return s;
+    p.k_descale = d;
+    p.v_descale = d + n;
+  }
   p.out = static_cast<uint16_t*>(w->output.device.get()) + out.offset;
   p.out_strides = out.strides;
   p.lse = shape.with_lse ? static_cast<float*>(w->lse.get()) : nullptr;
@@ -375,19 +438,18 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
             std::copy_n(bits.begin() + from, D, cache.begin() + to);
           }
     }
-    const size_t bytes = cache.size() * 2 + table.size() * 4;
+    const size_t cache_bytes = cache.size() * kv_elem_bytes, bytes = cache_bytes + table.size() * 4;
     if (!(s = w->pages.allocate(bytes)).ok()) return s;
     auto* base = static_cast<char*>(w->pages.get());
-    if (!(s = cuda_check(cudaMemcpy(base, cache.data(), cache.size() * 2, cudaMemcpyHostToDevice), "uploading pages"))
-             .ok() ||
-        !(s = cuda_check(cudaMemcpy(base + cache.size() * 2, table.data(), table.size() * 4, cudaMemcpyHostToDevice),
+    if (!(s = upload_cache(base, cache, "uploading pages")).ok() ||
+        !(s = cuda_check(cudaMemcpy(base + cache_bytes, table.data(), table.size() * 4, cudaMemcpyHostToDevice),
                          "uploading the block table"))
              .ok())
       return s;
     p.k = base;
-    p.v = base + cache_elems * 2;
+    p.v = base + cache_elems * kv_elem_bytes;
     p.k_strides = p.v_strides = contiguous_bshd(shape.page_size, Hkv, D);  // batch stride: one page
-    p.block_table = reinterpret_cast<const int32_t*>(base + cache.size() * 2);
+    p.block_table = reinterpret_cast<const int32_t*>(base + cache_bytes);
     p.max_pages_per_seq = per_seq;
     p.num_pages = num_pages;
     p.page_size = shape.page_size;
@@ -404,13 +466,11 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
                             size_t(b * src.strides.batch + int64_t(j) * src.strides.seq + h * src.strides.head),
                         D, cache.begin() + kv * cache_elems + entry_elems * entry_of[b] + (size_t(j) * Hkv + h) * D);
     }
-    if (!(s = w->entries.allocate(cache.size() * 2 + size_t(B) * 4)).ok()) return s;
+    if (!(s = w->entries.allocate(cache.size() * kv_elem_bytes + size_t(B) * 4)).ok()) return s;
     auto* base = static_cast<char*>(w->entries.get());
-    if (!(s = cuda_check(cudaMemcpy(base, cache.data(), cache.size() * 2, cudaMemcpyHostToDevice), "uploading entries"))
-             .ok())
-      return s;
+    if (!(s = upload_cache(base, cache, "uploading entries")).ok()) return s;
     p.k = base;
-    p.v = base + cache_elems * 2;
+    p.v = base + cache_elems * kv_elem_bytes;
     p.k_strides = p.v_strides = contiguous_bshd(Sk, Hkv, D);
   }
   if (shape.kv_batch_idx) {

@@ -50,6 +50,10 @@ struct Shape {
   // Cache entries (AttentionProblem::kv_batch_idx): sequence b's keys go to a shuffled entry of
   // batch + 1 (the spare one NaN): dense k and v entries, or block table rows. Not with varlen.
   bool kv_batch_idx = false;
+  // An FP8 KV cache (AttentionProblem::kv_dtype e4m3): k and v as e4m3 codes with random
+  // descales per (batch, K/V head) in [0.25, 2]; the host images hold code x descale. dtype
+  // stays q's and out's (bf16 or fp16).
+  bool fp8_cache = false;
 };
 // Makes `shape` a variable-length batch of these lengths (equal counts, some non-zero).
 void set_varlen(Shape* shape, std::vector<int> seqlens_q, std::vector<int> seqlens_k);
@@ -60,8 +64,8 @@ std::string describe(const Shape& shape);
 // causal shapes, sliding windows).
 double forward_flops(const Shape& shape);
 // Bytes the forward must move at least: Q and O once each, and the keys and values in use once
-// (each K/V head once however many query heads share it), at 2 bytes an element; the LSE
-// is left out. The yardstick of memory-bound shapes such as decoding (GB/s).
+// (each K/V head once however many query heads share it), at 2 bytes an element (1 for an FP8
+// KV cache's); the LSE is left out. The yardstick of memory-bound shapes such as decoding (GB/s).
 double forward_bytes(const Shape& shape);
 
 // Owns one cudaMalloc'd allocation.
@@ -103,6 +107,8 @@ struct Workload {
   DeviceBuffer pages;                   // a paged cache: k's pages, then v's, and the block table
   DeviceBuffer entries;                 // kv_batch_idx: a dense cache's k entries, then v's, then the indices
   DeviceBuffer leftpad_k;               // leftpad_k, int32
+  DeviceBuffer kv_codes;                // fp8_cache: a dense k and v as e4m3 codes (at inputs' element offsets)
+  DeviceBuffer descales;                // fp8_cache: k_descale then v_descale, fp32 [batch, heads_kv]
   std::vector<int> cu_q, cu_k;          // varlen: the same offsets on the host
 };
 

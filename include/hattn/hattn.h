@@ -205,17 +205,30 @@ struct AttentionProblem {
   // FP8 (dtype e4m3): the inputs' dequantization scales, as FlashAttention-3's q_descale,
   // k_descale and v_descale: device fp32 arrays [batch, heads_kv]. Query head h of batch b
   // computes with q * q_descale[b * heads_kv + h / (heads_q / heads_kv)], and its K/V head's k
-  // and v likewise. Null means 1. Only with e4m3. The values must be finite and >= 0 (the
-  // kernel takes the softmax's running max on unscaled scores; a q or k descale of 0 weighs
-  // every key a row sees alike, as a zero softmax_scale does); like varlen offsets they stay on
-  // the GPU and are the caller's promise. The production forward runs e4m3 at head_dim 64 and 128,
+  // and v likewise. Null means 1. Only with e4m3 (k_descale and v_descale also with an e4m3
+  // kv_dtype, below). The values must be finite and >= 0 (the kernel takes the softmax's
+  // running max on unscaled scores; a q or k descale of 0 weighs every key a row sees alike, as
+  // a zero softmax_scale does); like varlen offsets they stay on the GPU and are the caller's
+  // promise. The production forward runs e4m3 at head_dim 64 and 128,
   // dense batches (no window, varlen, seqlens_k or paged cache); P enters the PV product in
   // e4m3 too, as in FlashAttention-3. Its V goes through a transposed copy in the workspace.
   const float* q_descale = nullptr;
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;
 
+  // An FP8 KV cache, as inference engines keep one to halve decoding's reads: k and v in e4m3
+  // while q and out stay in dtype (bf16 or fp16), each K/V head's keys and values dequantized by
+  // k_descale and v_descale above (q_descale stays null). Empty, or equal to dtype: k and v are
+  // dtype. The production forward widens each tile to dtype in shared memory, exactly (every e4m3
+  // value is a bf16 and an fp16 value), at every head dim, with every feature but a sliding
+  // window; forward only.
+  std::optional<DType> kv_dtype;
+
   float scale() const;
+  // The dtype of k and v.
+  DType kv_type() const { return kv_dtype.value_or(dtype); }
+  // k and v are an e4m3 cache beside 16-bit queries.
+  bool has_fp8_cache() const { return kv_type() == DType::e4m3 && dtype != DType::e4m3; }
   bool is_varlen() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
   bool is_paged() const { return block_table != nullptr; }
   // Features only the production forward has: a variable-length batch, keys in use, a paged cache,

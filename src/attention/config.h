@@ -27,9 +27,12 @@ constexpr float kZeroScale = 1e-30f;
 constexpr float kFp8PLog2 = 8.f;
 
 // kWide: the wide tile shape for long key sweeps; kNumConsumers: consumer warpgroups (2, or 3
-// at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 64 or 128 with 128-key tiles).
-template <int D, bool kWide, int kNumConsumers, bool kFp8 = false>
+// at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 64 or 128 with 128-key tiles); kFp8Kv:
+// an e4m3 KV cache beside 16-bit queries (kv_dequant.cuh), 128- or 64-key tiles, two consumers.
+template <int D, bool kWide, int kNumConsumers, bool kFp8 = false, bool kFp8Kv = false>
 struct Config {
+  static constexpr int kHeadDim = D;
+  static constexpr bool kFp8Cache = kFp8Kv;
   static constexpr int kConsumers = kNumConsumers;     // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA: 64 per consumer
@@ -50,7 +53,11 @@ struct Config {
   // the ring: Q + 2 x (K + V) + O is 192 KB at D = 128, but would be 240 KB with 176-key
   // tiles and 256 KB at D = 256 (64-key tiles). At D = 64 it is 130 KB, 152 KB with 160-key
   // tiles. Elsewhere O leaves from registers in 16-byte stores (epilogue.cuh).
-  static constexpr bool kStoreByTma = D == 64 || (D == 128 && !kWide);
+  // With an FP8 KV cache the e4m3 staging ring takes O's place (decoding's O is a few rows).
+  static constexpr bool kStoreByTma = !kFp8Kv && (D == 64 || (D == 128 && !kWide));
+  // FP8 KV cache: e4m3 K and V tiles in flight in the staging ring, [kBlockN][D] bytes each, as
+  // many as fit beside Q and the 16-bit ring (224 KB at D = 128 and 256).
+  static constexpr int kStagingStages = D == 64 ? 4 : D == 128 ? 2 : 1;
   // Of every 4 n8 tiles of P, this many take their exponentials on the FMA pipe (exp2_fma)
   // instead of MUFU.EX2. FP8 at D = 128 is bound by MUFU (a tile pair's ex2 and e4m3
   // conversions take as long as its halved GEMMs): on the H200 one of four ran 1-2% faster
@@ -68,8 +75,9 @@ struct Config {
   // The budgets of the 1 + kConsumers warpgroups must fit in it, or setmaxnreg.inc waits
   // forever for registers that never come (24 + 2 x 240 = 504 = 3 x 168; with three
   // consumers 24 + 3 x 160 = 504 <= 4 x 128).
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = kConsumers == 3 ? 160 : 240;
+  // An FP8 KV cache's dequantizing warps (in the producer warpgroup) take 56: 56 + 2 x 224 = 504.
+  static constexpr int kProducerRegisters = kFp8Kv ? 56 : 24;
+  static constexpr int kConsumerRegisters = kConsumers == 3 ? 160 : kFp8Kv ? 224 : 240;
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static_assert(kProducerRegisters + kConsumers * kConsumerRegisters <= (1 + kConsumers) * kLaunchRegisters,
                 "setmaxnreg budgets exceed the CTA's registers at launch");
@@ -80,6 +88,8 @@ struct Config {
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
   static_assert(!kFp8 || ((D == 64 || D == 128) && !kWide && kConsumers == 2 && kBlockN == 128),
                 "the FP8 forward runs D = 64 and 128 with 128-key tiles (one swizzle row of V^T)");
+  static_assert(!kFp8Kv || (!kFp8 && !kWide && kConsumers == 2),
+                "an FP8 KV cache runs 16-bit queries with the narrow tiles and two consumers");
 };
 
 }  // namespace hattn::fwd

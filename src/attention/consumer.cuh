@@ -209,13 +209,20 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       }
     }
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8 (packed rows)
-    if constexpr (kFp8) {
-      // Scores are in units of q's and k's e4m3 codes: the item's heads' descales fold into
-      // scale_log2 (the epilogue scales O by v's).
+    // An FP8 KV cache with softcapping: k's descale, which scales the scores inside the tanh.
+    float score_factor = 1.f;
+    if constexpr (kFp8 || Cfg::kFp8Cache) {
+      // Scores are in units of q's and k's e4m3 codes (an FP8 KV cache: k's only, q_descale
+      // null): the item's heads' descales fold into scale_log2 (the epilogue scales O by v's),
+      // or with softcapping (an FP8 cache only) k's into the tanh's argument.
       const int64_t at = items.descale_index(item);
-      scale_log2 = p.scale * (p.q_descale != nullptr ? __ldg(p.q_descale + at) : 1.f) *
-                   (p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f) * kLog2e;
-      if (scale_log2 == 0.f) scale_log2 = kZeroScale * kLog2e;  // a zero descale: equal weights, not NaN
+      const float k_scale = p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f;
+      if (Cfg::kFp8Cache && p.softcap_scale > 0.f) {
+        score_factor = k_scale;
+      } else {
+        scale_log2 = p.scale * (p.q_descale != nullptr ? __ldg(p.q_descale + at) : 1.f) * k_scale * kLog2e;
+        if (scale_log2 == 0.f) scale_log2 = kZeroScale * kLog2e;  // a zero descale: equal weights, not NaN
+      }
     }
 
 #pragma unroll
@@ -265,7 +272,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
         if (tile + 1 == wg_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);  // our last S has read our Q rows
       }
 
-      items.mask.softcap(s);
+      items.mask.softcap(s, score_factor);
       items.mask.template apply<kNTiles>(s, n_start, m_block + warp_row, row0, tig, causal_offset, seq);
       // Online softmax (a row lives in the 4 threads of a quad), beside PV(t - 1).
       softmax.update(s, scale_log2);

@@ -26,12 +26,13 @@ constexpr const char* kName = "fwd_sm90";
 // `fp` is make_plan(problem): split.splits > 1 (run-time bounds kernels only): split-KV with
 // that many parts; or split.tail_parts > 1 (not the window's kernels): the tail split. Either
 // in the caller's workspace or, without one, in scratch from the problem's allocator.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
+// kFp8Kv: k and v are an e4m3 cache (kv_dequant.cuh).
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow, bool kFp8Kv = false>
 Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cudaStream_t stream) {
   const FeatureParams& params = fp.params;
   const SplitPlan& split = fp.split;
   const int sms = fp.sms;
-  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kFp8Kv>;
   constexpr int kSmem = smem_bytes<T, Cfg>();
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
   QkvTensorMaps maps;
@@ -56,7 +57,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
                                64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
-  const auto kernel = forward_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow>;
+  const auto kernel = forward_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow, kFp8Kv>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
@@ -168,6 +169,9 @@ Status supports(const AttentionProblem& problem) {
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs take seqlen_k up to 2^30; got " +
                                              std::to_string(problem.seqlen_k)};
   }
+  if (problem.has_fp8_cache() && problem.has_window())
+    return {StatusCode::not_supported, std::string(kName) + ": an e4m3 KV cache (kv_dtype) runs without a sliding "
+                                                            "window (window_left / window_right)"};
   if (problem.is_paged() && problem.page_size % kPageMultiple != 0)
     return {StatusCode::not_supported, std::string(kName) + ": page_size must be a multiple of " +
                                            std::to_string(kPageMultiple) + " (a K/V tile never spans two pages); got " +
@@ -221,6 +225,11 @@ Status launch_with_negated_q(const AttentionProblem& problem, const ForwardPlan&
 Status launch_planned(const AttentionProblem& problem, ForwardPlan fp, cudaStream_t stream) {
   if (problem.scale() < 0.f) return launch_with_negated_q(problem, fp, stream);
   bind_params(problem, &fp);
+  if (fp.fp8_cache) {  // the run-time bounds kernel, narrow tiles, two consumers (make_plan)
+    return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
+      return launch_typed<T, D, false, 2, true, false, true>(problem, fp, stream);
+    });
+  }
   if (fp.fp8) {  // one shape per head dim (64, 128): supports() refused the rest
     if (problem.head_dim == 64) return launch_typed<__nv_fp8_e4m3, 64, false, 2, false, false>(problem, fp, stream);
     return launch_typed<__nv_fp8_e4m3, 128, false, 2, false, false>(problem, fp, stream);
@@ -278,9 +287,10 @@ namespace hattn {
 const KernelEntry& kernel_fwd_sm90() {
   static const KernelEntry entry{fwd::kName,
                                  "the production forward: every feature (windows, varlen, KV caches, split-KV, "
-                                 "softcap, FP8, GQA packing), split by role in src/attention/",
+                                 "softcap, FP8, FP8 KV caches, GQA packing), split by role in src/attention/",
                                  fwd::supports, fwd::launch,
-                                 Features{.window = true, .varlen = true, .paged = true, .fp8 = true, .softcap = true},
+                                 Features{.window = true, .varlen = true, .paged = true, .fp8 = true, .fp8_cache = true,
+                                          .softcap = true},
                                  fwd::workspace_bytes, fwd::plan_decisions, fwd::launch_decided};
   return entry;
 }

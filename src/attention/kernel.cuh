@@ -7,6 +7,7 @@
 //   epilogue.cuh   O and the LSE to global memory (or a split item's fp32 parts)
 //   work_list.cuh  the work list: the order of items, the tail split, split-KV's parts
 //   combine.cuh    the second kernel that merges a split item's parts
+//   kv_dequant.cuh an FP8 KV cache: the producer warpgroup's other warps widen its tiles
 //   plan.h         the host's decisions; forward.cu the launch
 #pragma once
 
@@ -19,6 +20,7 @@
 #include "../ptx/smem.cuh"
 #include "../ptx/tma.cuh"
 #include "consumer.cuh"
+#include "kv_dequant.cuh"
 #include "producer.cuh"
 #include "shared_storage.cuh"
 #include "work_list.cuh"
@@ -34,15 +36,17 @@ namespace hattn::fwd {
 //   kWindow: a sliding window, whose edges bound the sweeps and masks. Its kernels also take
 //            run-time bounds (kWindow implies kRuntimeBounds), so three of the four
 //            combinations are compiled.
-template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow>
+//   kFp8Kv:  k and v are an e4m3 cache beside T queries (run-time bounds kernels, no window).
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow, bool kFp8Kv = false>
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map,  // Q [B, Sq, Hq, D], boxes of 64 rows
-                   const __grid_constant__ CUtensorMap k_map,  // K [B, Sk, Hkv, D], boxes of kBlockN keys
+                   const __grid_constant__ CUtensorMap k_map,  // K [B, Sk, Hkv, D], boxes of kBlockN keys (kFp8Kv: e4m3)
                    const __grid_constant__ CUtensorMap v_map,  // V (FP8: V^T [B][Hkv][D][keys])
                    const __grid_constant__ CUtensorMap o_map,  // O [B, Sq, Hq, D] (when stored by TMA)
                    const __grid_constant__ FeatureParams p, const __grid_constant__ WorkList sched) {
-  using Cfg = ConfigOf<T, D, kWide, kNumConsumers>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kFp8Kv>;
   static_assert(!kIsFp8<T> || !kRuntimeBounds, "the FP8 forward runs dense batches");
+  static_assert(!kFp8Kv || (kRuntimeBounds && !kWindow), "an FP8 KV cache runs in the run-time bounds kernels without a window");
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
 
   extern __shared__ unsigned char smem_raw[];
@@ -63,7 +67,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   } else
     smem_base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) /
                                                  kAtomBytes * kAtomBytes);
-  auto& smem = *reinterpret_cast<SharedStorage<T, Cfg>*>(smem_base);
+  auto& smem = *reinterpret_cast<StorageOf<T, Cfg>*>(smem_base);
 
   // The consumer index; -1 is the producer. Read from lane 0 so that the compiler knows it is
   // the same in the whole warp and keeps what derives from it (Q's descriptor) in uniform
@@ -87,12 +91,22 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     }
 #pragma unroll
     for (int s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbarrier_init(&smem.k_full[s], 1);
-      ptx::mbarrier_init(&smem.v_full[s], 1);
+      // The producer's TMA completes a full barrier; with an FP8 KV cache each dequantizing warp's arrival.
+      ptx::mbarrier_init(&smem.k_full[s], kFp8Kv ? kDequantWarps : 1);
+      ptx::mbarrier_init(&smem.v_full[s], kFp8Kv ? kDequantWarps : 1);
       ptx::mbarrier_init(&smem.k_empty[s], Cfg::kConsumers * 4);  // one arrival per consumer warp
       ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumers * 4);
     }
     ptx::mbarrier_init(&smem.v_landed, 1);
+    if constexpr (kFp8Kv) {
+#pragma unroll
+      for (int s = 0; s < Cfg::kStagingStages; ++s) {
+        ptx::mbarrier_init(&smem.k8_full[s], 1);
+        ptx::mbarrier_init(&smem.v8_full[s], 1);
+        ptx::mbarrier_init(&smem.k8_empty[s], kDequantWarps);
+        ptx::mbarrier_init(&smem.v8_empty[s], kDequantWarps);
+      }
+    }
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
     // Split-KV: the combine kernel may launch now (one thread issues it for the CTA). Its CTAs
     // take the SMs this grid leaves free and wait there for this grid to finish, so its launch
@@ -107,6 +121,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     // Producer. Every warp of the warpgroup must execute setmaxnreg; one thread then loads.
     ptx::setmaxnreg_dec<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) produce<T, D, Cfg, kRuntimeBounds, kWindow>(smem, q_map, k_map, v_map, p, sched, items);
+    if constexpr (kFp8Kv) {
+      if (warp_in_wg > 0) dequantize<T, D, Cfg, kRuntimeBounds, kWindow>(smem, p, sched, items, int(threadIdx.x) - 32);
+    }
     return;
   }
   ptx::setmaxnreg_inc<Cfg::kConsumerRegisters>();

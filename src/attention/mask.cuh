@@ -43,13 +43,15 @@ struct Mask {
   }
 
   // Softcapping: s -> tanh(s scale / softcap) (the exponent's scale is then the softcap),
-  // before the mask, whose -inf must stay -inf. The run-time bounds kernels only.
+  // before the mask, whose -inf must stay -inf. The run-time bounds kernels only. `factor`
+  // scales the scores first: an FP8 KV cache's k descale, which must act inside the tanh.
   template <int kScores>
-  __device__ __forceinline__ void softcap(float (&s)[kScores]) const {
+  __device__ __forceinline__ void softcap(float (&s)[kScores], float factor = 1.f) const {
     if constexpr (kRuntimeBounds) {
       if (p.softcap_scale > 0.f) {
+        const float scale = p.softcap_scale * factor;
 #pragma unroll
-        for (int i = 0; i < kScores; ++i) s[i] = ptx::tanh_approx_f32(s[i] * p.softcap_scale);
+        for (int i = 0; i < kScores; ++i) s[i] = ptx::tanh_approx_f32(s[i] * scale);
       }
     }
   }

@@ -97,6 +97,7 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   c.sms = sms;
   bind_params(problem, &c);
   c.fp8 = problem.dtype == DType::e4m3;
+  c.fp8_cache = problem.has_fp8_cache();
   // The window's kernels only where a window edge binds beyond what causal already does.
   c.window = c.params.window_left >= 0 || (!problem.causal && c.params.window_right >= 0);
   c.params.pack_shift = c.window || c.fp8 ? 0 : pack_gqa_shift(problem);  // the window's kernels do not pack
@@ -111,7 +112,7 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
   c.dense_batch = !c.window && !problem.has_sequence_bounds() && c.params.pack_shift == 0 && problem.softcap == 0.f;
   c.dense = c.dense_batch;
-  c.wide = problem.head_dim != 64 && !problem.is_paged() &&
+  c.wide = problem.head_dim != 64 && !problem.is_paged() && !c.fp8_cache &&
            c.mean_keys >= wide_tile_min_keys(problem.head_dim, c.dense);
   // Decoding at D = 64 (a query block of at most one consumer's 64 rows) runs in the run-time
   // bounds kernels also when dense: there its consumers without rows (two of three) skip
@@ -124,7 +125,7 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
     c.dense = false;
   // A sliding window is treated like the causal mask: its sweeps are as long as the window.
   const bool three = !(problem.causal || c.window) || c.mean_keys >= kThreeConsumerMinCausalKeys;
-  c.consumers = problem.head_dim == 64 && three ? 3 : 2;
+  c.consumers = problem.head_dim == 64 && three && !c.fp8_cache ? 3 : 2;
   c.block_m = 64 * c.consumers;
   c.block_n = block_n_of(problem.head_dim, c.wide);
   // Split-KV runs in the run-time bounds kernels (their items already read their bounds).
@@ -137,6 +138,9 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
     c.split.bytes = size_t(c.split.splits) * size_t(c.split.rows_all) * (problem.head_dim + 1) * sizeof(float);
     c.dense = false;
   }
+  // An FP8 KV cache has one kernel per head dim: the run-time bounds kernel (its tiles widen
+  // the cache through the staging ring; Config::kFp8Cache).
+  if (c.fp8_cache) c.dense = false;
   c.workspace_bytes = c.split.bytes;
   c.own_sweeps = c.consumers == 3 && !c.window && problem.causal &&
                  mean_keys_per_block(c.block_m >> c.params.pack_shift, problem.seqlen_q, problem.seqlen_k, true) <

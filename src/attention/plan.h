@@ -58,6 +58,7 @@ struct ForwardPlan {
   int sms = 0;               // the persistent grid's bound
   double mean_keys = 0;      // keys per 128-row query block, on average
   bool fp8 = false;          // e4m3 inputs: one shape per head dim, dense kernel
+  bool fp8_cache = false;    // an e4m3 KV cache: the run-time bounds kernel, narrow tiles, two consumers
   bool wide = false;         // the wide K/V tiles (D = 128, 256)
   bool window = false;       // the window's kernels (a window edge binds beyond causal)
   // No window, sequence bounds, GQA packing or softcap: every item sweeps all keys of its

@@ -50,9 +50,33 @@ __device__ __forceinline__ void load_vt_tile(VTile<T, Cfg>& dst, const CUtensorM
     ptx::cp_async_bulk_tensor_4d_g2s(dst[vb], map, first_key + vb * kVtTileKeys, 0, head_kv, batch, full);
 }
 
+// Where a tile starting at the sequence's key `key` lies in k and v: its first row and its
+// batch coordinate. A paged cache's tile is rows key % page_size onward of one page (page_size
+// is a multiple of kBlockN), the page clamped to the cache.
+struct TileSource {
+  int row, entry;
+};
+template <bool kRuntimeBounds>
+__device__ __forceinline__ TileSource tile_source(const FeatureParams& p, const Sequence& seq, int key) {
+  if (kRuntimeBounds && p.block_table != nullptr) {
+    const int page = __ldg(p.block_table + int64_t(seq.kv_entry) * p.max_pages_per_seq + key / p.page_size);
+    return {key % p.page_size, min(max(page, 0), p.num_pages - 1)};
+  }
+  return {seq.k_start + key, seq.kv_entry};
+}
+
+// An FP8 KV cache: the TMA copy of one e4m3 K or V tile (kBlockN keys from row `first_key`, all
+// D codes of each, unswizzled) into the staging ring, completing on `full` (kv_dequant.cuh).
+template <typename Cfg>
+__device__ __forceinline__ void load_staged_tile(uint8_t* dst, const CUtensorMap* map, int first_key, int head_kv,
+                                                 int batch, uint64_t* full) {
+  ptx::mbarrier_arrive_expect_tx(full, Cfg::kBlockN * Cfg::kHeadDim);
+  ptx::cp_async_bulk_tensor_4d_g2s(dst, map, 0, first_key, head_kv, batch, full);
+}
+
 // The producer thread's whole life: every item of the CTA's share of the work list.
 template <typename T, int D, typename Cfg, bool kRuntimeBounds, bool kWindow>
-__device__ __forceinline__ void produce(SharedStorage<T, Cfg>& smem, const CUtensorMap& q_map,
+__device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorMap& q_map,
                                         const CUtensorMap& k_map, const CUtensorMap& v_map, const FeatureParams& p,
                                         const WorkList& sched,
                                         const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items) {
@@ -95,6 +119,23 @@ __device__ __forceinline__ void produce(SharedStorage<T, Cfg>& smem, const CUten
     ++uses;
     for (int tile = 0; tile < n_tiles; ++tile, ++kv) {
       const int stage = kv % Cfg::kStages;
+      if constexpr (Cfg::kFp8Cache) {
+        // An FP8 KV cache: both tiles into the staging ring, once the dequantizing warps have
+        // read its previous use (they wait for the 16-bit stage the consumers release).
+        const int staged = kv % Cfg::kStagingStages;
+        const TileSource src = tile_source<kRuntimeBounds>(p, seq, (range.first + tile) * kBlockN);
+        const int kv_row = src.row, kv_entry = src.entry;
+        if (kv >= Cfg::kStagingStages) {
+          const uint32_t previous_use = (kv / Cfg::kStagingStages - 1) % 2;
+          ptx::mbarrier_wait(&smem.k8_empty[staged], previous_use);
+          load_staged_tile<Cfg>(smem.k8[staged], &k_map, kv_row, head_kv, kv_entry, &smem.k8_full[staged]);
+          ptx::mbarrier_wait(&smem.v8_empty[staged], previous_use);
+        } else {
+          load_staged_tile<Cfg>(smem.k8[staged], &k_map, kv_row, head_kv, kv_entry, &smem.k8_full[staged]);
+        }
+        load_staged_tile<Cfg>(smem.v8[staged], &v_map, kv_row, head_kv, kv_entry, &smem.v8_full[staged]);
+        continue;
+      }
       // WAR: the consumers have released this stage's K (then V) of its previous use,
       // kv - kStages, whose phase parity is (kv / kStages - 1) % 2.
       const bool reused = kv >= Cfg::kStages;
@@ -103,14 +144,8 @@ __device__ __forceinline__ void produce(SharedStorage<T, Cfg>& smem, const CUten
       // In a variable-length batch the last tile may run into the next sequence's keys:
       // the consumers mask them like keys past Sk (which TMA fills with zeros).
       const int key = (range.first + tile) * kBlockN;  // the tile's first key in the sequence
-      int kv_row = seq.k_start + key, kv_entry = seq.kv_entry;
-      if (kRuntimeBounds && p.block_table != nullptr) {
-        // A paged cache: the tile is rows key % page_size onward of one page (page_size is
-        // a multiple of kBlockN), the page clamped to the cache.
-        const int page = __ldg(p.block_table + int64_t(seq.kv_entry) * p.max_pages_per_seq + key / p.page_size);
-        kv_entry = min(max(page, 0), p.num_pages - 1);
-        kv_row = key % p.page_size;
-      }
+      const TileSource src = tile_source<kRuntimeBounds>(p, seq, key);
+      const int kv_row = src.row, kv_entry = src.entry;
       load_tile<T, Cfg, D>(smem.k[stage], &k_map, kv_row, head_kv, kv_entry, &smem.k_full[stage]);
       if constexpr (kPrefetchNextQ) {
         // With the item's last K tile, the next item's Q into L2: its load waits for this

@@ -17,8 +17,8 @@ template <typename T>
 constexpr bool kIsFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
 template <typename T>
 using OutType = std::conditional_t<kIsFp8<T>, __nv_bfloat16, T>;
-template <typename T, int D, bool kWide, int kNumConsumers>
-using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>>;
+template <typename T, int D, bool kWide, int kNumConsumers, bool kFp8Kv = false>
+using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>, kFp8Kv>;
 
 // Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
 // 128B-swizzled.
@@ -39,9 +39,29 @@ struct SharedStorage {
   uint64_t v_landed;  // a V tile that ends past its sequence: landed, its tail not yet zeroed
 };
 
+// An FP8 KV cache (Cfg::kFp8Cache): K and V land as e4m3 tiles, [kBlockN keys][D] bytes
+// unswizzled, in a staging ring of their own, from which the producer warpgroup's other warps
+// write them as 16-bit tiles into the K/V ring above (kv_dequant.cuh).
+//   k8_full[s], v8_full[s]    producer's TMA                -> the dequantizing warps
+//   k8_empty[s], v8_empty[s]  each dequantizing warp, read  -> producer, before stage s loads again
+// and k_full, v_full count the dequantizing warps' arrivals instead of the TMA's.
+template <typename T, typename Cfg>
+struct Fp8KvStorage : SharedStorage<T, Cfg> {
+  alignas(kAtomBytes) uint8_t k8[Cfg::kStagingStages][Cfg::kBlockN * Cfg::kHeadDim];
+  alignas(kAtomBytes) uint8_t v8[Cfg::kStagingStages][Cfg::kBlockN * Cfg::kHeadDim];
+  uint64_t k8_full[Cfg::kStagingStages];
+  uint64_t v8_full[Cfg::kStagingStages];
+  uint64_t k8_empty[Cfg::kStagingStages];
+  uint64_t v8_empty[Cfg::kStagingStages];
+};
+
+// The kernel's shared memory: the plain storage, or with the FP8 KV cache's staging ring.
+template <typename T, typename Cfg>
+using StorageOf = std::conditional_t<Cfg::kFp8Cache, Fp8KvStorage<T, Cfg>, SharedStorage<T, Cfg>>;
+
 template <typename T, typename Cfg>
 constexpr int smem_bytes() {
-  return int(sizeof(SharedStorage<T, Cfg>)) + kAtomBytes;  // + slack to align the base to 1024
+  return int(sizeof(StorageOf<T, Cfg>)) + kAtomBytes;  // + slack to align the base to 1024
 }
 
 // A stage's K tile (or V's, when not FP8), and its V tile, as SharedStorage lays them out.

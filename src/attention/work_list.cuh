@@ -85,8 +85,10 @@ struct ItemSweep {
     return kFastDivide ? list.group.div(head_q) : head_q / p.heads_per_kv;
   }
   // FP8: where the item's heads' descales sit in q_descale, k_descale and v_descale, [B][Hkv].
+  // A packed item's head is already its K/V head (an FP8 KV cache packs; FP8 inputs do not).
   __device__ __forceinline__ int64_t descale_index(const WorkItem& item) const {
-    return int64_t(item.batch) * p.heads_kv + kv_head_of(item.head_q);
+    const int head_kv = kRuntimeBounds && mask.shift() > 0 ? item.head_q : kv_head_of(item.head_q);
+    return int64_t(item.batch) * p.heads_kv + head_kv;
   }
   __device__ __forceinline__ int block_of(const WorkItem& item) const {
     return kRuntimeBounds ? split_div(item.m_block) : item.m_block;

@@ -6,6 +6,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace hattn::frag {
 
@@ -42,6 +43,20 @@ __device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, flo
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x0, x1), __NV_SATFINITE, __NV_E4M3);
   const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x2, x3), __NV_SATFINITE, __NV_E4M3);
   return lo | hi << 16;
+}
+
+// Two e4m3 codes (the low byte the low element) as a T pair, exactly: every e4m3 value is a
+// normal fp16 (cvt.rn.f16x2.e4m3x2, sm_89 on), and every fp16 one with 3 mantissa bits a bf16.
+// NaN codes stay NaN.
+template <typename T>
+__device__ __forceinline__ uint32_t e4m3x2_to(uint16_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>) {
+    return uint32_t(h.x) | uint32_t(h.y) << 16;
+  } else {
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+    return reinterpret_cast<const uint32_t&>(b);
+  }
 }
 
 }  // namespace hattn::frag

@@ -1,0 +1,120 @@
+// An FP8 KV cache beside 16-bit queries: wgmma multiplies operands of one type only, so the
+// e4m3 K and V tiles are widened to the queries' type in shared memory before the consumers
+// read them. The producer thread loads each tile unchanged into a staging ring (producer.cuh);
+// the producer warpgroup's other three warps, idle otherwise, write it into the K/V ring the
+// consumers already read, in the layout TMA would have written a 16-bit tile in. The
+// consumers run as for a 16-bit cache, with k's descale folded into the softmax's scale and
+// v's into the output. Decoding is bound by memory: the cache is read once, at half the bytes.
+//
+// Barriers (who arrives -> who waits), beside producer.cuh's:
+//   k8_full[s], v8_full[s]    producer's TMA                   -> dequantizing warps
+//   k8_empty[s], v8_empty[s]  each dequantizing warp, tile read -> producer, before staging stage s loads again
+//   k_full[s], v_full[s]      each dequantizing warp, written   -> consumers, before S (PV) reads the tile
+//   k_empty[s], v_empty[s]    every consumer warp (unchanged)   -> dequantizing warps, before they write stage s
+#pragma once
+
+#include <cstdint>
+
+#include "../common/fragment.cuh"
+#include "../common/params.h"
+#include "../common/sequence.cuh"
+#include "../ptx/mbarrier.cuh"
+#include "../ptx/smem.cuh"
+#include "../ptx/tma.cuh"
+#include "shared_storage.cuh"
+#include "work_list.cuh"
+
+namespace hattn::fwd {
+
+// The producer warpgroup's warps 1-3; warp 0's first lane loads.
+constexpr int kDequantWarps = 3;
+
+#ifdef __CUDACC__
+// One tile: `src`, [kBlockN keys][D] e4m3 codes row by row, into `dst`, the 16-bit tile
+// [D / 64][kBlockN][64] with TMA's 128-byte swizzle (16-byte chunk j of a row at chunk
+// j ^ row % 8), keys from `valid` on as zeros: rows past the sequence hold anything, NaN codes
+// too, and 0 x NaN in P V would be NaN. (Addresses in the .shared window.) A thread takes 8
+// codes at a time: an 8-byte load, four pair conversions, a 16-byte store. Consecutive threads
+// take consecutive 8-code chunks, so a warp's loads read 256 contiguous bytes and each quarter
+// warp's stores fill the 8 chunks of one swizzled row: no bank conflicts either way.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread) {
+  constexpr int kChunksPerRow = Cfg::kHeadDim / 8;
+  constexpr int kChunks = Cfg::kBlockN * kChunksPerRow;
+  constexpr int kThreads = kDequantWarps * 32;
+  constexpr int kPerThread = (kChunks + kThreads - 1) / kThreads;
+  constexpr int kBatch = 4;  // loads in flight per thread before the first conversion
+  constexpr uint32_t kColBlockBytes = Cfg::kBlockN * kSwizzleBytes;
+  const int valid_chunks = min(max(valid, 0), Cfg::kBlockN) * kChunksPerRow;
+  // Unrolled twice, not fully: the whole tile's addresses at once spilled under the warps'
+  // 56 registers (360 bytes at D = 128).
+#pragma unroll 2
+  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
+    uint2 codes[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int c = thread + (i0 + b) * kThreads;
+      codes[b] = make_uint2(0u, 0u);  // e4m3 0x00 is +0
+      if (i0 + b < kPerThread && c < valid_chunks) codes[b] = ptx::ld_shared_v2(src + uint32_t(c) * 8);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int c = thread + (i0 + b) * kThreads;
+      if (i0 + b < kPerThread && c < kChunks) {
+        const int row = c / kChunksPerRow, col_chunk = c % kChunksPerRow;  // 8 elements = one 16-byte chunk of T
+        const uint32_t at = dst + uint32_t(col_chunk / 8) * kColBlockBytes + uint32_t(row) * kSwizzleBytes +
+                            uint32_t((col_chunk % 8) ^ (row % 8)) * 16;
+        const uint4 wide = make_uint4(frag::e4m3x2_to<T>(uint16_t(codes[b].x)), frag::e4m3x2_to<T>(uint16_t(codes[b].x >> 16)),
+                                      frag::e4m3x2_to<T>(uint16_t(codes[b].y)), frag::e4m3x2_to<T>(uint16_t(codes[b].y >> 16)));
+        ptx::st_shared_v4(at, wide);
+      }
+    }
+  }
+}
+
+// The dequantizing warps' whole life: the K and V tile of every item of the CTA's share of the
+// work list, in the producer's order (the same items, the same ring positions). `thread`:
+// 0 .. 32 kDequantWarps - 1.
+template <typename T, int D, typename Cfg, bool kRuntimeBounds, bool kWindow>
+__device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const FeatureParams& p, const WorkList& sched,
+                                           const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items,
+                                           int thread) {
+  static_assert(kRuntimeBounds, "an FP8 KV cache runs in the run-time bounds kernels (their tiles find their keys)");
+  constexpr bool kFastDivide = !kWindow;
+  const bool leader = thread % 32 == 0;
+  // Widens staging tile `from` into ring tile `to` once both are ready, then hands each on.
+  // WAR on `to`: the consumers' arrivals on `empty` follow their wgmma reads of its previous use.
+  auto widen = [&](uint8_t* from, uint64_t* staged_full, uint64_t* staged_empty, uint32_t staged_parity, void* to,
+                   uint64_t* full, uint64_t* empty, bool reused, uint32_t previous_use, int valid) {
+    ptx::mbarrier_wait(staged_full, staged_parity);
+    if (reused) ptx::mbarrier_wait(empty, previous_use);
+    dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
+    // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
+    ptx::fence_proxy_async_shared_cta();
+    __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them
+    if (leader) {
+      ptx::mbarrier_arrive(full);
+      ptx::mbarrier_arrive(staged_empty);  // the staging tile is read: the producer may load it again
+    }
+  };
+  int kv = 0;  // K/V tiles so far: the ring position
+  for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
+    const PartItem item = sched.item<kFastDivide>(w);
+    const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
+    const KvTileRange range = items.tiles(item, seq);
+    for (int tile = 0; tile < range.last - range.first; ++tile, ++kv) {
+      const int stage = kv % Cfg::kStages, staged = kv % Cfg::kStagingStages;
+      const uint32_t staged_parity = (kv / Cfg::kStagingStages) % 2;
+      const bool reused = kv >= Cfg::kStages;
+      const uint32_t previous_use = reused ? (kv / Cfg::kStages - 1) % 2 : 0;
+      const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;  // keys of the tile in the sequence
+      widen(smem.k8[staged], &smem.k8_full[staged], &smem.k8_empty[staged], staged_parity, smem.k[stage],
+            &smem.k_full[stage], &smem.k_empty[stage], reused, previous_use, valid);
+      widen(smem.v8[staged], &smem.v8_full[staged], &smem.v8_empty[staged], staged_parity, smem.v[stage],
+            &smem.v_full[stage], &smem.v_empty[stage], reused, previous_use, valid);
+    }
+  }
+}
+#endif
+
+}  // namespace hattn::fwd
