@@ -329,7 +329,7 @@ def _check_kvcache_call(
     """flash_attn_with_kvcache's checks before anything is written; returns (seqlens_k, window)."""
     paged, appending, indexed = block_table is not None, k is not None or v is not None, cache_batch_idx is not None
     # First, so that errors call the caches by these names (hattn.attention calls them k and v).
-    _check_inputs(q, k_cache, v_cache, "auto", paged=paged, names=_PAGED_NAMES, kv_entries=indexed)
+    _check_inputs(q, k_cache, v_cache, "auto", paged=paged, names=_PAGED_NAMES, kv_entries=indexed, fp8_cache=True)
     for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if t is not None:
             _check_seqlens_k(t, q.shape[0], name)
@@ -380,6 +380,9 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[torch.Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    *,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ):
     """flash_attn_with_kvcache's arguments and result, run by hattn.attention_paged (with a
     block_table) or hattn.attention with seqlens_k (a dense cache).
@@ -421,6 +424,11 @@ def flash_attn_with_kvcache(
     softcap caps the scores as in hattn.attention. alibi_slopes, cache_leftpad with block_table
     and inputs that require grad (no backward with a KV cache yet) raise NotImplementedError
     naming them. Unused cache rows may hold anything (see hattn.attention_paged).
+
+    An FP8 cache (hattn's addition): k_cache and v_cache torch.float8_e4m3fn beside bf16/fp16
+    q, with k_descale and v_descale (keyword only; None or fp32 [B, Hkv], as in
+    hattn.attention). The cache is read at 1 byte an element; no window, and no appending
+    (quantize new keys with your scales and write them into the cache yourself).
     """
     unsupported = []
     if cache_leftpad is not None and block_table is not None:
@@ -429,9 +437,12 @@ def flash_attn_with_kvcache(
     unsupported += _unsupported(0.0, alibi_slopes)
     if _needs_grad(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
         unsupported.append("inputs that require grad (hattn has no backward with a KV cache yet; use torch.no_grad())")
+    paged, appending = block_table is not None, k is not None or v is not None
+    if appending and isinstance(k_cache, torch.Tensor) and k_cache.dtype == torch.float8_e4m3fn:
+        unsupported.append("appending k and v to an e4m3 cache (the append writes 16-bit rows; quantize the new keys "
+                           "with your scales and write them into the cache yourself)")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_with_kvcache does not support " + "; ".join(unsupported))
-    paged, appending = block_table is not None, k is not None or v is not None
     key = _kvcache_key(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
         causal, window_size, softmax_scale, num_splits, return_softmax_lse, rotary_interleaved,
@@ -463,12 +474,12 @@ def flash_attn_with_kvcache(
         result = attention_paged(
             q, k_cache, v_cache, block_table, seqlens_k, causal=causal, softmax_scale=softmax_scale,
             return_lse=return_softmax_lse, window_size=window, num_splits=num_splits, kv_batch_idx=cache_batch_idx,
-            softcap=softcap,
+            softcap=softcap, k_descale=k_descale, v_descale=v_descale,
         )  # fmt: skip
     else:
         result = attention(
             q, k_cache, v_cache, causal=causal, softmax_scale=softmax_scale, return_lse=return_softmax_lse,
             window_size=window, seqlens_k=seqlens_k, num_splits=num_splits, kv_batch_idx=cache_batch_idx,
-            leftpad_k=cache_leftpad, softcap=softcap,
+            leftpad_k=cache_leftpad, softcap=softcap, k_descale=k_descale, v_descale=v_descale,
         )  # fmt: skip
     return result

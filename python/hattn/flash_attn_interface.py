@@ -379,7 +379,9 @@ def flash_attn_with_kvcache(
     (the rotary positions are cache_seqlens[b] + i), scheduler_metadata (hattn plans its own
     schedule), attention_chunk != 0, sm_margin != 0, FP8 inputs and descales, cache_leftpad with
     page_table, and inputs that require grad (no backward with a KV cache, as in FA3) raise
-    NotImplementedError naming them.
+    NotImplementedError naming them. An FP8 cache beside bf16/fp16 q (k_cache and v_cache
+    torch.float8_e4m3fn, with k_descale and v_descale [B, Hkv]) is hattn's own: FA3 takes e4m3
+    q with it; see hattn.flash_attn_with_kvcache (no appending to it).
     """
     if qv is not None:  # FA3's MLA mode: hattn.mla_with_kvcache, when the cache is one latent buffer
         extras = _unsupported(None, attention_chunk, sm_margin)
@@ -407,7 +409,14 @@ def flash_attn_with_kvcache(
         unsupported.append("rotary_seqlens (the rotary positions are cache_seqlens[b] + i)")
     if scheduler_metadata is not None:
         unsupported.append("scheduler_metadata (hattn plans its own split-KV schedule; num_splits is its hint)")
-    unsupported += _fp8_batch_unsupported(q, (q_descale, k_descale, v_descale), "a KV cache")
+    fp8_cache = isinstance(k_cache, torch.Tensor) and k_cache.dtype == _FP8_DTYPE and isinstance(q, torch.Tensor) and (
+        q.dtype != _FP8_DTYPE
+    )
+    if fp8_cache:  # an e4m3 cache beside bf16/fp16 q: k_descale and v_descale go with it, q has none
+        if q_descale is not None:
+            unsupported.append(f"q_descale with {q.dtype} q (an e4m3 cache's scales are k_descale and v_descale)")
+    else:
+        unsupported += _fp8_batch_unsupported(q, (q_descale, k_descale, v_descale), "a KV cache")
     if cache_leftpad is not None and page_table is not None:
         unsupported.append("cache_leftpad with page_table (a paged cache's K/V tiles start on its pages)")
     if _needs_grad(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
@@ -428,6 +437,7 @@ def flash_attn_with_kvcache(
     result = _flash_attn_with_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
         softmax_scale, causal, window_size, softcap, rotary_interleaved, None, splits, return_softmax_lse,
+        k_descale=k_descale if fp8_cache else None, v_descale=v_descale if fp8_cache else None,
     )  # fmt: skip
     if not return_softmax_lse:
         return result

@@ -237,6 +237,15 @@ void bind_problems(nb::module_& m) {
       .def_prop_rw(
           "dtype", [](const P& p) { return std::string(hattn::dtype_name(p.dtype)); },
           [](P& p, const std::string& name) { p.dtype = parse_dtype(name); })
+      .def_prop_rw(  // an FP8 KV cache: 'e4m3' beside bf16/fp16 q; None: k and v are dtype
+          "kv_dtype",
+          [](const P& p) -> std::optional<std::string> {
+            if (!p.kv_dtype) return std::nullopt;
+            return std::string(hattn::dtype_name(*p.kv_dtype));
+          },
+          [](P& p, const std::optional<std::string>& name) {
+            p.kv_dtype = name ? std::optional<hattn::DType>(parse_dtype(*name)) : std::nullopt;
+          })
       .def_rw("batch", &P::batch)
       .def_rw("seqlen_q", &P::seqlen_q)
       .def_rw("seqlen_k", &P::seqlen_k)

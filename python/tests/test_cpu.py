@@ -65,7 +65,8 @@ def test_op_schema():
     args = (
         "Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str kernel, bool return_lse, "
         "SymInt window_left=-1, SymInt window_right=-1, Tensor? seqlens_k=None, SymInt num_splits=0, "
-        "Tensor? kv_batch_idx=None, Tensor? leftpad_k=None, float softcap=0., bool deterministic=False"
+        "Tensor? kv_batch_idx=None, Tensor? leftpad_k=None, float softcap=0., bool deterministic=False, "
+        "Tensor? k_descale=None, Tensor? v_descale=None"
     )
     assert schema.startswith(f"hattn::attention_fwd({args})")
     assert schema.endswith("-> (Tensor, Tensor)")

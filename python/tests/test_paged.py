@@ -59,7 +59,8 @@ def test_op_schemas():
     args = (
         "Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seqlens_k, bool causal, "
         "float? softmax_scale, str kernel, bool return_lse, SymInt window_left=-1, SymInt window_right=-1, "
-        "SymInt num_splits=0, Tensor? kv_batch_idx=None, float softcap=0."
+        "SymInt num_splits=0, Tensor? kv_batch_idx=None, float softcap=0., Tensor? k_descale=None, "
+        "Tensor? v_descale=None"
     )
     assert schema == f"hattn::attention_paged_fwd({args}) -> (Tensor, Tensor)"
     # attention_fwd gained its new arguments at the end: positional callers keep working.
@@ -67,7 +68,8 @@ def test_op_schemas():
     args = (
         "Tensor q, Tensor k, Tensor v, bool causal, float? softmax_scale, str kernel, bool return_lse, "
         "SymInt window_left=-1, SymInt window_right=-1, Tensor? seqlens_k=None, SymInt num_splits=0, "
-        "Tensor? kv_batch_idx=None, Tensor? leftpad_k=None, float softcap=0., bool deterministic=False"
+        "Tensor? kv_batch_idx=None, Tensor? leftpad_k=None, float softcap=0., bool deterministic=False, "
+        "Tensor? k_descale=None, Tensor? v_descale=None"
     )
     assert schema == f"hattn::attention_fwd({args}) -> (Tensor, Tensor)"
 

@@ -45,9 +45,16 @@ def _check_types(q, k, v, names=_ARG_NAMES, **more) -> None:
             raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
 
 
+def _is_fp8_cache(q, k) -> bool:
+    """k (and v) an e4m3 KV cache beside bf16/fp16 q."""
+    return isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and k.dtype == _FP8_DTYPE and (
+        q.dtype in _DTYPE_NAMES
+    )
+
+
 def _check_inputs(
     q, k, v, kernel: str, varlen: bool = False, paged: bool = False, names=None, fp8: bool = False,
-    kv_entries: bool = False,
+    kv_entries: bool = False, fp8_cache: bool = False,
 ) -> None:  # fmt: skip
     """Checks that need only shapes and dtypes (so they also run on fake and meta tensors).
 
@@ -55,7 +62,8 @@ def _check_inputs(
     the pages of a cache, [num_pages, page_size, heads, head_dim]. kv_entries: k and v are a
     dense cache that kv_batch_idx indexes, whose batch need not be q's. names: what the messages
     call q, k and v (default: q, k, v; q, k_cache, v_cache when paged). fp8: q, k and v must
-    be torch.float8_e4m3fn (attention_fp8) instead of bf16/fp16. The C++ library validates
+    be torch.float8_e4m3fn (attention_fp8) instead of bf16/fp16. fp8_cache: k and v may be
+    torch.float8_e4m3fn beside bf16/fp16 q (an FP8 KV cache). The C++ library validates
     the rest (head_dim, sizes, strides, pointers, kernel support) and its messages name the
     argument too.
     """
@@ -80,12 +88,16 @@ def _check_inputs(
             raise ValueError(
                 f"{name}: dtype must be torch.float8_e4m3fn (attention_fp8 takes FP8 q, k and v), got {t.dtype}"
             )
-        if not fp8 and t.dtype not in _DTYPE_NAMES:
+        cache_code = fp8_cache and i > 0 and t.dtype == _FP8_DTYPE and q.dtype in _DTYPE_NAMES
+        if not fp8 and not cache_code and t.dtype not in _DTYPE_NAMES:
             hint = " (FP8 inputs: use hattn.attention_fp8)" if t.dtype == _FP8_DTYPE else ""
             raise ValueError(f"{name}: dtype must be torch.bfloat16 or torch.float16, got {t.dtype}{hint}")
     for name, t in ((kn, k), (vn, v)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name}: dtype {t.dtype} must match q's dtype {q.dtype}")
+        if t.dtype != q.dtype and not (fp8_cache and t.dtype == _FP8_DTYPE):
+            cache = " or torch.float8_e4m3fn (an FP8 KV cache)" if fp8_cache else ""
+            raise ValueError(f"{name}: dtype {t.dtype} must match q's dtype {q.dtype}{cache}")
+    if fp8_cache and k.dtype != v.dtype:
+        raise ValueError(f"{vn}: dtype {v.dtype} must match {kn}'s dtype {k.dtype}")
     if v.shape != k.shape:
         if varlen:
             layout = "[total_k, heads_kv, head_dim]"
@@ -188,8 +200,11 @@ def _check_num_splits(num_splits) -> None:
         raise ValueError(f"num_splits: must be 0 (automatic), 1 (off) or up to {_MAX_SPLITS}, got {num_splits}")
 
 
-def _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx=None) -> None:
-    _check_inputs(q, k_cache, v_cache, kernel, paged=True)
+def _check_paged_inputs(
+    q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx=None, k_descale=None, v_descale=None,
+) -> None:  # fmt: skip
+    _check_inputs(q, k_cache, v_cache, kernel, paged=True, fp8_cache=True)
+    _check_cache_descales(q, k_cache, k_descale, v_descale)
     _check_block_table(block_table, q.shape[0], k_cache.shape[1], indexed=kv_batch_idx is not None)
     _check_seqlens_k(seqlens_k, q.shape[0])
     if kv_batch_idx is not None:
@@ -251,8 +266,11 @@ def _window(window_size) -> Tuple[int, int]:
     return left, right
 
 
-def _check_attention_inputs(q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx=None, leftpad_k=None) -> None:
-    _check_inputs(q, k, v, kernel, kv_entries=kv_batch_idx is not None)
+def _check_attention_inputs(
+    q, k, v, kernel, seqlens_k, num_splits, kv_batch_idx=None, leftpad_k=None, k_descale=None, v_descale=None,
+) -> None:  # fmt: skip
+    _check_inputs(q, k, v, kernel, kv_entries=kv_batch_idx is not None, fp8_cache=True)
+    _check_cache_descales(q, k, k_descale, v_descale)
     for name, t in (("seqlens_k", seqlens_k), ("kv_batch_idx", kv_batch_idx), ("leftpad_k", leftpad_k)):
         if t is not None:
             _check_seqlens_k(t, q.shape[0], name)
@@ -373,7 +391,8 @@ def _check_problem(
     implementations make them too and torch.compile fails where the GPU would: the head dim, the
     scale, the softcap, the window, and a named lineage kernel asked for a feature only the production
     forward has (or, from step 07 on, a scale <= 0). `features`: the names of the features the call
-    uses beyond the window and softcap ("varlen", "seqlens_k", "kv_batch_idx", "leftpad_k", "fp8").
+    uses beyond the window and softcap ("varlen", "seqlens_k", "kv_batch_idx", "leftpad_k", "fp8",
+    "fp8_cache").
     The messages are the library's (ValueError for invalid arguments, NotImplementedError for what a
     kernel does not run)."""
     head_dim = q.shape[-1]
@@ -397,8 +416,12 @@ def _check_problem(
         )
     production = kernel_names()[-1]
     if kernel in ("auto", production):
+        why = None
         if "fp8" in features and head_dim not in (64, 128):
             why = f"{production}: e4m3 (FP8) inputs run at head_dim 64 and 128; got {head_dim}"
+        if "fp8_cache" in features and (left >= 0 or (right >= 0 and not causal)):
+            why = f"{production}: an e4m3 KV cache (kv_dtype) runs without a sliding window (window_left / window_right)"
+        if why is not None:
             raise NotImplementedError(why if kernel == production else f"kernel: no kernel supports this problem: {why}")
         return
     # The library's refusals, in its order (registry.h's supports()).
@@ -411,6 +434,7 @@ def _check_problem(
          "no kv_batch_idx or leftpad_k (KV cache entries, left padding); the production forward {} has them"),
         (bool(softcap), "no softcap; the production forward {} has it"),
         ("fp8" in features, "no e4m3 (FP8) inputs; the production forward {} has them"),
+        ("fp8_cache" in features, "no e4m3 KV cache (kv_dtype); the production forward {} has it"),
     ]  # fmt: skip
     for used, message in refusals:
         if used:
@@ -472,6 +496,24 @@ def _check_descales(q: torch.Tensor, k: torch.Tensor, descales) -> None:
                 f"{name}: shape must be (batch, heads_kv) = ({batch}, {heads_kv}), one scale per sequence and "
                 f"K/V head, got {tuple(t.shape)}"
             )
+
+
+def _check_cache_descales(q, k, k_descale, v_descale) -> None:
+    """An FP8 KV cache's k_descale and v_descale: None or fp32 [batch, Hkv]; given only with one."""
+    if not _is_fp8_cache(q, k):
+        for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+            if t is not None:
+                raise ValueError(
+                    f"{name}: dequantization scales are for an e4m3 KV cache (k and v torch.float8_e4m3fn), but k is "
+                    f"{k.dtype}"
+                )
+        return
+    _check_descales(q, k, (None, k_descale, v_descale))
+
+
+def _cache_descale_features(q, k) -> Tuple[str, ...]:
+    """("fp8_cache",) for an FP8 KV cache (_check_problem's feature), else nothing."""
+    return ("fp8_cache",) if _is_fp8_cache(q, k) else ()
 
 
 def _check_fp8_inputs(q, k, v, descales, kernel) -> None:

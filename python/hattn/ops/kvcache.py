@@ -9,8 +9,8 @@ import torch
 
 from .. import _C
 from .checks import (
-    _DTYPE_NAMES, _PAGED_NAMES, _cache_features, _check_num_splits, _check_paged_inputs, _check_problem,
-    _check_promises, _check_softcap, _check_types, _strides, _window,
+    _DTYPE_NAMES, _PAGED_NAMES, _cache_descale_features, _cache_features, _check_num_splits, _check_paged_inputs,
+    _check_problem, _check_promises, _check_softcap, _check_types, _strides, _window,
 )
 from .runner import (
     _LAUNCHES, _MAX_LAUNCHES, _bshd_outputs_like, _call, _current_stream, _launch_key, _launch_layout,
@@ -33,23 +33,29 @@ def _attention_paged_fwd(
     num_splits: int = 0,
     kv_batch_idx: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """hattn::attention_paged_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse)."""
+    """hattn::attention_paged_fwd: (out [B, Sq, Hq, D], lse [B, Hq, Sq] fp32, or empty when not return_lse).
+    k_descale, v_descale: an FP8 cache's (e4m3 k_cache and v_cache)."""
     key = _launch_key(
         ("paged", causal, softmax_scale, kernel, return_lse, window_left, window_right, num_splits, softcap),
-        q, k_cache, v_cache, block_table, seqlens_k, kv_batch_idx,
+        q, k_cache, v_cache, block_table, seqlens_k, kv_batch_idx, k_descale, v_descale,
     )  # fmt: skip
     indices = {"block_table": block_table, "seqlens_k": seqlens_k, "kv_batch_idx": kv_batch_idx}
+    descales = {"k_descale": k_descale, "v_descale": v_descale}
 
     def check():
-        _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx)
+        _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx, k_descale,
+                            v_descale)  # fmt: skip
         _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
-                       _cache_features(seqlens_k, kv_batch_idx, None))  # fmt: skip
+                       _cache_features(seqlens_k, kv_batch_idx, None) + _cache_descale_features(q, k_cache))  # fmt: skip
 
-    remembered, key, q, k_cache, v_cache, indices = _layout_checked(key, check, q, k_cache, v_cache, indices,
-                                                                    _PAGED_NAMES)  # fmt: skip
+    remembered, key, q, k_cache, v_cache, indices = _layout_checked(key, check, q, k_cache, v_cache,
+                                                                    {**indices, **descales}, _PAGED_NAMES)  # fmt: skip
     _check_promises(capacity=block_table.shape[-1] * k_cache.shape[1], num_pages=k_cache.shape[0],
-                    page_size=k_cache.shape[1], kv_batch=block_table.shape[0], **indices)  # fmt: skip
+                    page_size=k_cache.shape[1], kv_batch=block_table.shape[0], descales=tuple(descales.items()),
+                    **{name: indices[name] for name in ("block_table", "seqlens_k", "kv_batch_idx")})  # fmt: skip
     batch, seqlen_q, heads_q, head_dim = q.shape
     out = torch.empty((batch, seqlen_q, heads_q, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
@@ -66,11 +72,12 @@ attention_paged_fwd = torch.library.custom_op("hattn::attention_paged_fwd", muta
 @attention_paged_fwd.register_fake
 def _attention_paged_fwd_fake(
     q, k_cache, v_cache, block_table, seqlens_k, causal, softmax_scale, kernel, return_lse,
-    window_left=-1, window_right=-1, num_splits=0, kv_batch_idx=None, softcap=0.0,
+    window_left=-1, window_right=-1, num_splits=0, kv_batch_idx=None, softcap=0.0, k_descale=None, v_descale=None,
 ):  # fmt: skip
-    _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx)
+    _check_paged_inputs(q, k_cache, v_cache, block_table, seqlens_k, kernel, num_splits, kv_batch_idx, k_descale,
+                        v_descale)  # fmt: skip
     _check_problem(q, kernel, causal, softmax_scale, (window_left, window_right), softcap,
-                   _cache_features(seqlens_k, kv_batch_idx, None))  # fmt: skip
+                   _cache_features(seqlens_k, kv_batch_idx, None) + _cache_descale_features(q, k_cache))  # fmt: skip
     return _bshd_outputs_like(q, return_lse)
 
 
@@ -88,6 +95,8 @@ def attention_paged(
     num_splits: int = 0,
     kv_batch_idx: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ):
     """Forward attention over a paged KV cache, as FlashAttention's flash_attn_with_kvcache and
     vLLM keep it: keys and values in fixed-size pages that a block table maps to each sequence.
@@ -95,7 +104,8 @@ def attention_paged(
     Args:
         q: [B, Sq, Hq, D] CUDA tensor, torch.bfloat16 or torch.float16; D in {64, 128, 256}.
         k_cache, v_cache: [num_pages, page_size, Hkv, D], same dtype and device; Hq % Hkv == 0
-            (GQA/MQA). page_size must be a multiple of 128 (a K/V tile never spans two pages);
+            (GQA/MQA). Or an FP8 cache: both torch.float8_e4m3fn beside bf16/fp16 q, with
+            k_descale and v_descale (below); no sliding window then. page_size must be a multiple of 128 (a K/V tile never spans two pages);
             other sizes raise NotImplementedError.
         block_table: torch.int32 [B, max_pages_per_seq] on q's device: sequence b's key j is
             row j % page_size of page block_table[b, j // page_size]. Entries past a sequence's
@@ -117,6 +127,10 @@ def attention_paged(
             sequence b's pages are row kv_batch_idx[b] of block_table, which may then have any
             number of rows (indices clamped to them).
         softcap: > 0 caps the scores at softcap * tanh(s / softcap), as in attention().
+        k_descale, v_descale: an FP8 cache's dequantization scales, None (1) or torch.float32
+            [B, Hkv] on q's device, as in attention(): sequence b's K/V head g reads
+            k * k_descale[b, g] and v * v_descale[b, g]. The cache is read at 1 byte an element
+            and widened to q's dtype in shared memory, exactly.
 
     Returns:
         out [B, Sq, Hq, D] contiguous, in q's dtype; or (out, lse) when return_lse.
@@ -136,8 +150,9 @@ def attention_paged(
     values of the same shapes need no new capture. Forward only (no autograd).
     """
     more = {"block_table": block_table, "seqlens_k": seqlens_k}
-    if kv_batch_idx is not None:
-        more["kv_batch_idx"] = kv_batch_idx
+    for name, t in (("kv_batch_idx", kv_batch_idx), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is not None:
+            more[name] = t
     _check_types(q, k_cache, v_cache, _PAGED_NAMES, **more)
     _check_num_splits(num_splits)
     softcap = _check_softcap(softcap)
@@ -147,7 +162,7 @@ def attention_paged(
     out, lse = _call(
         attention_paged_fwd, _attention_paged_fwd,
         q, k_cache, v_cache, block_table, seqlens_k, bool(causal), softmax_scale, kernel, bool(return_lse),
-        left, right, num_splits, kv_batch_idx, softcap,
+        left, right, num_splits, kv_batch_idx, softcap, k_descale, v_descale,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 

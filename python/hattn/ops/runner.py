@@ -45,7 +45,7 @@ def _call(op, body, *args):
 def _problem_kwargs(
     q, k, v, out, lse, causal, softmax_scale, kernel, window=(-1, -1), varlen=None, *,
     seqlens_k=None, block_table=None, num_splits=0, descales=(None, None, None), kv_batch_idx=None, leftpad_k=None,
-    softcap=0.0,
+    softcap=0.0, k_descale=None, v_descale=None,
 ):  # fmt: skip
     """The fields of hattn._C.AttentionProblem for these tensors, and `kernel` (see _problem).
 
@@ -58,7 +58,9 @@ def _problem_kwargs(
     v, or a row of block_table. leftpad_k: None, or int32 [batch], each sequence's first key.
     softcap: > 0 caps the scores at softcap * tanh(s / softcap); 0 leaves them as they are.
     descales: FP8's (q_descale, k_descale, v_descale), each None (scale 1) or a contiguous
-    fp32 [batch, Hkv] tensor. The dtype is q's; FP8 q's out must be bf16 (the caller's).
+    fp32 [batch, Hkv] tensor. The dtype is q's; FP8 q's out must be bf16 (the caller's). k and v
+    in e4m3 beside bf16/fp16 q are an FP8 KV cache (kv_dtype), whose k_descale and v_descale
+    come by name (the launch cache's pointers, like the int32 arrays).
     """
     heads_q, head_dim = q.shape[-2:]
     extra = {}
@@ -80,9 +82,13 @@ def _problem_kwargs(
         extra.update(kv_batch_idx=kv_batch_idx.data_ptr(), kv_batch=entries)
     if leftpad_k is not None:
         extra.update(leftpad_k=leftpad_k.data_ptr())
+    if k_descale is not None or v_descale is not None:  # an FP8 KV cache's, passed by name
+        descales = (None, k_descale, v_descale)
     for name, t in zip(("q_descale", "k_descale", "v_descale"), descales):
         if t is not None:
             extra[name] = t.data_ptr()
+    if k.dtype != q.dtype:  # an FP8 KV cache: e4m3 k and v beside bf16/fp16 q
+        extra["kv_dtype"] = _KERNEL_DTYPE_NAMES[k.dtype]
     if block_table is not None:
         num_pages, page_size = k.shape[0], k.shape[1]
         seqlen_k = block_table.shape[1] * page_size
