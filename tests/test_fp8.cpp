@@ -97,6 +97,15 @@ AttentionProblem fp8_problem() {
   return p;
 }
 
+// Strides of the validation problem's q or out ([100, 8, 128]) with `pad` elements after each head.
+Strides heads_padded_by(int pad) {
+  Strides s;
+  s.head = 128 + pad;
+  s.seq = 8 * s.head;
+  s.batch = 100 * s.seq;
+  return s;
+}
+
 void expect_status(const Status& s, StatusCode code, const std::string& start) {
   EXPECT_EQ(s.code(), code) << s.to_string();
   EXPECT_NE(s.message().find(start), std::string::npos) << "message should mention '" << start << "': " << s.message();
@@ -125,14 +134,10 @@ TEST(Fp8Validation, StridesAreSixteenByteMultiplesOfBytes) {
   p.k_strides.seq = 2 * 128 + 8;  // 264 bytes: not a 16-byte multiple for e4m3
   expect_status(validate_arguments(p), StatusCode::invalid_argument, "k: seq stride 264");
   p = fp8_problem();
-  p.q_strides.head = 128 + 16;  // fine for e4m3 (16 bytes), checked as e4m3 elements
-  p.q_strides.seq = 8 * 144;
-  p.q_strides.batch = 100 * 8 * 144;
+  p.q_strides = heads_padded_by(16);  // fine for e4m3 (16 bytes), checked as e4m3 elements
   EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
   p = fp8_problem();
-  p.out_strides.head = 128 + 8;  // out is bf16: 8 elements are 16 bytes
-  p.out_strides.seq = 8 * 136;
-  p.out_strides.batch = 100 * 8 * 136;
+  p.out_strides = heads_padded_by(8);  // out is bf16: 8 elements are 16 bytes
   EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
 }
 
@@ -224,9 +229,7 @@ TEST(Fp8CacheValidation, QDescaleIsRefusedAndStridesAreBytesOfTheCache) {
   p.k_strides.seq = 2 * 128 + 8;  // 264 one-byte codes: not a 16-byte multiple
   expect_status(validate_arguments(p), StatusCode::invalid_argument, "k: seq stride 264");
   p = fp8_cache_problem();
-  p.q_strides.head = 128 + 8;  // q stays bf16: 8 elements are 16 bytes
-  p.q_strides.seq = 8 * 136;
-  p.q_strides.batch = 100 * 8 * 136;
+  p.q_strides = heads_padded_by(8);  // q stays bf16: 8 elements are 16 bytes
   EXPECT_TRUE(validate_arguments(p).ok()) << validate_arguments(p).to_string();
 }
 
