@@ -8,6 +8,7 @@
 // to rotate, q's rows (B x seqlen_q x Hq), one grid over both.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -60,7 +61,21 @@ __device__ __forceinline__ void rotate(float& x, float& y, const KvAppendProblem
   x = x_turned;
 }
 
-template <typename T>
+// An FP8 cache's pair: the e4m3 codes of (x, y) / descale, written as two bytes at `out`
+// (`at` elements into the cache; the pair's features are adjacent: first, first + 1 or first,
+// first + rotary_dim / 2). A zero descale writes zeros rather than x / 0.
+__device__ __forceinline__ void store_codes(uint8_t* cache, int64_t at, const PairSlot& slot, float x, float y,
+                                            const float* descale, int64_t descale_at) {
+  const float scale = descale != nullptr ? descale[descale_at] : 1.f;
+  const float inverse = scale > 0.f ? 1.f / scale : 0.f;
+  const __nv_fp8x2_storage_t codes =
+      __nv_cvt_float2_to_fp8x2(make_float2(x * inverse, y * inverse), __NV_SATFINITE, __NV_E4M3);
+  cache[at + slot.first] = uint8_t(codes & 0xFF);
+  cache[at + slot.second] = uint8_t(codes >> 8);
+}
+
+// kE4m3: the cache holds e4m3 codes (store_codes); else T, copied (or rotated) as is.
+template <typename T, bool kE4m3>
 __global__ void __launch_bounds__(kThreads) append_kv_kernel(const KvAppendProblem p, int64_t capacity, int64_t kv_rows,
                                                             int64_t rows) {
   const int pairs = p.head_dim / 2;
@@ -99,6 +114,15 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(const KvAppendProbl
                      h * p.k_new_strides.head;
     const T* v_row = static_cast<const T*>(p.v_new) + b * p.v_new_strides.batch + i * p.v_new_strides.seq +
                      h * p.v_new_strides.head;
+    if constexpr (kE4m3) {  // descales by sequence and K/V head, as the attention reads them
+      float x = to_float(k_row[slot.first]), y = to_float(k_row[slot.second]);
+      if (slot.rotates) rotate<T>(x, y, p, position, pair);
+      const int64_t descale_at = int64_t(b) * p.heads_kv + h;
+      store_codes(static_cast<uint8_t*>(p.k_cache), k_at, slot, x, y, p.k_descale, descale_at);
+      store_codes(static_cast<uint8_t*>(p.v_cache), v_at, slot, to_float(v_row[slot.first]),
+                  to_float(v_row[slot.second]), p.v_descale, descale_at);
+      return;
+    }
     T* k_out = static_cast<T*>(p.k_cache) + k_at;
     T* v_out = static_cast<T*>(p.v_cache) + v_at;
     v_out[slot.first] = v_row[slot.first];
@@ -135,6 +159,16 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(const KvAppendProbl
 Status validate_append_kv_arguments(const KvAppendProblem& p) {
   if (p.dtype != DType::bf16 && p.dtype != DType::fp16)
     return invalid("dtype: must be bf16 or fp16 (got value " + std::to_string(int(p.dtype)) + ")");
+  if (p.cache_dtype.has_value() && *p.cache_dtype != p.dtype && *p.cache_dtype != DType::e4m3)
+    return invalid(std::string("cache_dtype: the cache is dtype (") + dtype_name(p.dtype) + ") or e4m3, got value " +
+                   std::to_string(int(*p.cache_dtype)));
+  for (const auto& [name, ptr] : {std::pair<const char*, const float*>{"k_descale", p.k_descale},
+                                  std::pair<const char*, const float*>{"v_descale", p.v_descale}}) {
+    if (ptr == nullptr) continue;
+    if (!p.has_fp8_cache()) return invalid(std::string(name) + ": only with an e4m3 cache (cache_dtype)");
+    if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0)
+      return invalid(std::string(name) + ": pointer must be 4-byte aligned (fp32 [batch, heads_kv])");
+  }
   if (p.batch < 1) return invalid("batch: must be >= 1, got " + std::to_string(p.batch));
   if (p.seqlen_new < 0) return invalid("seqlen_new: must be >= 0, got " + std::to_string(p.seqlen_new));
   if (p.heads_kv < 1) return invalid("heads_kv: must be >= 1, got " + std::to_string(p.heads_kv));
@@ -204,7 +238,8 @@ Status append_kv(const KvAppendProblem& p, cudaStream_t stream) {
                                  {"v_cache", p.v_cache}, {"block_table", p.block_table},
                                  {"kv_batch_idx", p.kv_batch_idx}, {"seqlens", p.seqlens},
                                  {"seqlens_out", p.seqlens_out}, {"rotary_cos", p.rotary_cos},
-                                 {"rotary_sin", p.rotary_sin}, {"q", p.q}, {"q_rotated", p.q_rotated}});
+                                 {"rotary_sin", p.rotary_sin}, {"q", p.q}, {"q_rotated", p.q_rotated},
+                                 {"k_descale", p.k_descale}, {"v_descale", p.v_descale}});
   if (!s.ok()) return s;
 
   const int64_t kv_rows = p.capacity() > 0 ? int64_t(p.batch) * p.seqlen_new * p.heads_kv : 0;
@@ -214,7 +249,10 @@ Status append_kv(const KvAppendProblem& p, cudaStream_t stream) {
   if (p.seqlens_out != nullptr) blocks = std::max<int64_t>(blocks, 1);
   if (blocks == 0) return Status::Ok();
   if (blocks > INT32_MAX) return {StatusCode::not_supported, "append_kv: more than 2^31 - 1 blocks of rows"};
-  const auto kernel = p.dtype == DType::bf16 ? append_kv_kernel<__nv_bfloat16> : append_kv_kernel<__half>;
+  const bool e4m3 = p.has_fp8_cache();
+  const auto kernel = p.dtype == DType::bf16 ? (e4m3 ? append_kv_kernel<__nv_bfloat16, true>
+                                                     : append_kv_kernel<__nv_bfloat16, false>)
+                                             : (e4m3 ? append_kv_kernel<__half, true> : append_kv_kernel<__half, false>);
   kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, p.capacity(), kv_rows, kv_rows + q_rows);
   return launch_status(kName);
 }

@@ -14,6 +14,7 @@
 #include "device_copy.h"
 #include "gpu_env.h"
 #include "hattn/hattn.h"
+#include "hattn/reference.h"
 
 namespace hattn {
 namespace {
@@ -67,6 +68,18 @@ TEST(AppendKvValidation, EachBadArgumentIsNamed) {
   auto p = valid_append();
   p.dtype = DType::e4m3;
   expect_invalid(p, "dtype");
+  p = valid_append();
+  p.cache_dtype = DType::fp16;  // beside bf16 new rows: only bf16 or e4m3
+  expect_invalid(p, "cache_dtype");
+  p = valid_append();
+  p.k_descale = fake<const float>(0xb000);  // descales without an e4m3 cache
+  expect_invalid(p, "k_descale");
+  p = valid_append();
+  p.cache_dtype = DType::e4m3;
+  p.v_descale = fake<const float>(0xb002);
+  expect_invalid(p, "v_descale");  // misaligned
+  p.v_descale = fake<const float>(0xb004);
+  EXPECT_TRUE(validate_append_kv_arguments(p).ok());
   p = valid_append();
   p.batch = 0;
   expect_invalid(p, "batch");
@@ -300,6 +313,93 @@ TEST_P(AppendKvGpu, MatchesHostLoop) {
       }
     expect_close(d_q_rotated.read(q_elems), want_q, "q_rotated");
   }
+}
+
+// An e4m3 cache: each new value (K rotated first) lands as the code of value / descale of its
+// sequence (not its cache entry) and K/V head; a zero descale writes zeros.
+TEST(AppendKvE4m3, WritesTheCodesOfValueOverDescale) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  constexpr int kDim = 128, kHeadsKv = 2, kNew = 2, kCapacity = 256, kRotaryDim = 64;
+  const std::vector<int32_t> starts = {0, 100, 255};  // the last sequence's second row is past the cache
+  const int batch = int(starts.size()), entries = batch + 1;
+  const std::vector<int32_t> entry_of = {2, 0, 3};
+  std::mt19937 rng(11);
+  const size_t cache_elems = size_t(entries) * kCapacity * kHeadsKv * kDim;
+  const size_t new_elems = size_t(batch) * kNew * kHeadsKv * kDim;
+  const auto k_new = random_bf16(new_elems, rng), v_new = random_bf16(new_elems, rng);
+  const auto cos = random_bf16(size_t(kCapacity) * kRotaryDim / 2, rng), sin = random_bf16(cos.size(), rng);
+  std::uniform_real_distribution<float> scale_dist(0.25f, 2.f);
+  std::vector<float> k_descale(size_t(batch) * kHeadsKv), v_descale(k_descale.size());
+  for (float& x : k_descale) x = scale_dist(rng);
+  for (float& x : v_descale) x = scale_dist(rng);
+  v_descale[1] = 0.f;  // sequence 0, head 1: zeros
+  const std::vector<uint8_t> cache0(cache_elems, 0x7F);  // NaN codes wherever nothing is written
+
+  Device<uint8_t> d_k_cache(cache0), d_v_cache(cache0);
+  Device<__nv_bfloat16> d_k_new(k_new), d_v_new(v_new), d_cos(cos), d_sin(sin);
+  Device<int32_t> d_seqlens(starts), d_entries(entry_of);
+  Device<float> d_k_descale(k_descale), d_v_descale(v_descale);
+  KvAppendProblem p;
+  p.batch = batch;
+  p.seqlen_new = kNew;
+  p.heads_kv = kHeadsKv;
+  p.head_dim = kDim;
+  p.k_new = d_k_new.ptr;
+  p.v_new = d_v_new.ptr;
+  p.k_new_strides = p.v_new_strides = contiguous_bshd(kNew, kHeadsKv, kDim);
+  p.k_cache = d_k_cache.ptr;
+  p.v_cache = d_v_cache.ptr;
+  p.k_cache_strides = p.v_cache_strides = contiguous_bshd(kCapacity, kHeadsKv, kDim);
+  p.cache_seqlen = kCapacity;
+  p.seqlens = d_seqlens.ptr;
+  p.kv_batch_idx = d_entries.ptr;
+  p.kv_batch = entries;
+  p.rotary_cos = d_cos.ptr;
+  p.rotary_sin = d_sin.ptr;
+  p.rotary_dim = kRotaryDim;
+  p.rotary_seqlen = kCapacity;
+  p.cache_dtype = DType::e4m3;
+  p.k_descale = d_k_descale.ptr;
+  p.v_descale = d_v_descale.ptr;
+  const Status s = append_kv(p);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  const auto got_k = d_k_cache.read(cache_elems), got_v = d_v_cache.read(cache_elems);
+  std::vector<char> written(cache_elems, 0);
+  int bad = 0;
+  // A code must decode to within half an e4m3 step (2^-4 relative, 2^-10 among subnormals) of
+  // value / descale, give or take the host's bf16 rounding of rotated keys (2^-8; the kernel
+  // quantizes the fp32 rotation) and the fp32 inverse the kernel multiplies by (a value near a
+  // tie may round either way).
+  auto expect_code = [&](uint8_t code, double value, float descale, const char* what, size_t at) {
+    const double want = descale > 0.f ? value / descale : 0.0;
+    const double got = ref::bits_to_float(code, DType::e4m3);
+    const double tolerance = std::ldexp(std::fabs(want), -4) + std::ldexp(std::fabs(want), -8) + std::ldexp(1.0, -10);
+    if (!(std::fabs(got - want) <= tolerance) && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << at << "]: code " << int(code) << " = " << got << ", want " << want;
+  };
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < kNew; ++i) {
+      const int64_t key = starts[b] + i;
+      if (key >= kCapacity) continue;
+      for (int h = 0; h < kHeadsKv; ++h) {
+        const size_t dst = ((size_t(entry_of[b]) * kCapacity + key) * kHeadsKv + h) * kDim;
+        const size_t src = ((size_t(b) * kNew + i) * kHeadsKv + h) * kDim;
+        std::vector<__nv_bfloat16> rotated(kDim);
+        rotate_row(&k_new[src], rotated.data(), kDim, kRotaryDim, true, cos, sin, key);
+        const size_t scale_at = size_t(b) * kHeadsKv + h;
+        for (int d = 0; d < kDim; ++d) {
+          written[dst + d] = 1;
+          expect_code(got_k[dst + d], __bfloat162float(rotated[d]), k_descale[scale_at], "k_cache", dst + d);
+          expect_code(got_v[dst + d], __bfloat162float(v_new[src + d]), v_descale[scale_at], "v_cache", dst + d);
+        }
+      }
+    }
+  for (size_t e = 0; e < cache_elems; ++e)
+    if (!written[e] && (got_k[e] != 0x7F || got_v[e] != 0x7F) && ++bad <= 5) ADD_FAILURE() << "wrote at " << e;
+  EXPECT_EQ(bad, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -413,7 +413,7 @@ Status validate_backward_arguments(const BackwardProblem& problem);
 // (cache_seqlen, or max_pages_per_seq * page_size) are not written, as the attention clamps
 // seqlens_k to it: the lengths stay on the GPU, the host never reads them. One kernel launch.
 struct KvAppendProblem {
-  DType dtype = DType::bf16;  // bf16 or fp16: every tensor below but the int32 arrays
+  DType dtype = DType::bf16;  // bf16 or fp16: every tensor below but the int32 arrays (and an e4m3 cache)
   int batch = 0;
   int seqlen_new = 0;  // new rows per sequence (0: nothing to write)
   int heads_kv = 0;
@@ -466,7 +466,17 @@ struct KvAppendProblem {
   int heads_q = 0;
   bool q_positions_per_row = false;
 
+  // An FP8 cache (AttentionProblem::kv_dtype): k_cache and v_cache e4m3 while k_new and v_new
+  // stay dtype. Each new value (rotated first) is written as the e4m3 code of value / descale,
+  // rounded to nearest and saturated to +-448 (a zero descale writes 0), with sequence b's K/V
+  // head h's k_descale and v_descale, fp32 [B, Hkv] (null: 1): the scales the attention then
+  // reads it with. Empty, or dtype: a 16-bit cache.
+  std::optional<DType> cache_dtype;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+
   bool is_paged() const { return block_table != nullptr; }
+  bool has_fp8_cache() const { return cache_dtype.value_or(dtype) == DType::e4m3; }
   // Keys per sequence the cache holds.
   int64_t capacity() const { return is_paged() ? int64_t(max_pages_per_seq) * page_size : cache_seqlen; }
 };

@@ -34,7 +34,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .ops import append_kv, attention, attention_fp8, attention_paged, attention_varlen
 from .ops.checks import (
-    _FP8_DTYPE, _PAGED_NAMES, _check_block_table, _check_device, _check_inputs, _check_seqlens_k, _needs_grad, _window,
+    _FP8_DTYPE, _PAGED_NAMES, _check_block_table, _check_cache_descales, _check_device, _check_inputs, _check_seqlens_k,
+    _needs_grad, _window,
 )  # fmt: skip
 from .ops.kvcache import _append_kv
 from .ops.runner import _call, _launch_key
@@ -262,8 +263,11 @@ def _check_new_kv(k, v, q: torch.Tensor, k_cache: torch.Tensor) -> None:
                 f"{name}: must be 4-D [batch, seqlen_new, heads_kv, head_dim] with q's batch {q.shape[0]} and "
                 f"k_cache's heads_kv {k_cache.shape[2]} and head_dim {k_cache.shape[3]}, got shape {tuple(t.shape)}"
             )
-        if t.dtype != k_cache.dtype:
-            raise ValueError(f"{name}: dtype {t.dtype} must match k_cache's dtype {k_cache.dtype}")
+        if t.dtype != k_cache.dtype and not (k_cache.dtype == torch.float8_e4m3fn and t.dtype == q.dtype):
+            raise ValueError(
+                f"{name}: dtype {t.dtype} must match k_cache's dtype {k_cache.dtype} (or q's, {q.dtype}, to be "
+                "quantized into an e4m3 cache)"
+            )
         if t.device != k_cache.device:
             raise ValueError(f"{name}: must be on k_cache's device {k_cache.device}, got {t.device}")
     if v.shape != k.shape:
@@ -302,7 +306,8 @@ _MAX_CHECKED = 256
 
 def _kvcache_key(
     q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-    causal, window_size, softmax_scale, num_splits, return_softmax_lse, rotary_interleaved,
+    causal, window_size, softmax_scale, num_splits, return_softmax_lse, rotary_interleaved, k_descale=None,
+    v_descale=None,
 ) -> Optional[tuple]:  # fmt: skip
     """The call's layout: its tensors' shapes, strides, dtypes, devices and alignments and its
     flags, what every check of _check_kvcache_call depends on; None for arguments no layout
@@ -312,7 +317,8 @@ def _kvcache_key(
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return None
     seqlens = cache_seqlens if isinstance(cache_seqlens, torch.Tensor) else None
-    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx, cache_leftpad, block_table)
+    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, seqlens, cache_batch_idx, cache_leftpad, block_table,
+               k_descale, v_descale)
     if not all(t is None or type(t) is torch.Tensor for t in tensors) or not isinstance(window_size, (tuple, list)):
         return None
     flags = (
@@ -324,12 +330,13 @@ def _kvcache_key(
 
 def _check_kvcache_call(
     q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-    causal, window_size,
+    causal, window_size, k_descale=None, v_descale=None,
 ) -> Tuple[Optional[torch.Tensor], Tuple[int, int]]:  # fmt: skip
     """flash_attn_with_kvcache's checks before anything is written; returns (seqlens_k, window)."""
     paged, appending, indexed = block_table is not None, k is not None or v is not None, cache_batch_idx is not None
     # First, so that errors call the caches by these names (hattn.attention calls them k and v).
     _check_inputs(q, k_cache, v_cache, "auto", paged=paged, names=_PAGED_NAMES, kv_entries=indexed, fp8_cache=True)
+    _check_cache_descales(q, k_cache, k_descale, v_descale)  # before the append reads them
     for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if t is not None:
             _check_seqlens_k(t, q.shape[0], name)
@@ -355,7 +362,7 @@ def _check_kvcache_call(
         if q.device.type != "meta":  # before anything is written (k, v and rotary are on the caches' device)
             _check_device(
                 q, k_cache, v_cache, _PAGED_NAMES, block_table=block_table, seqlens_k=seqlens_k,
-                cache_batch_idx=cache_batch_idx,
+                cache_batch_idx=cache_batch_idx, k_descale=k_descale, v_descale=v_descale,
             )  # fmt: skip
     return seqlens_k, window
 
@@ -427,8 +434,9 @@ def flash_attn_with_kvcache(
 
     An FP8 cache (hattn's addition): k_cache and v_cache torch.float8_e4m3fn beside bf16/fp16
     q, with k_descale and v_descale (keyword only; None or fp32 [B, Hkv], as in
-    hattn.attention). The cache is read at 1 byte an element; no window, and no appending
-    (quantize new keys with your scales and write them into the cache yourself).
+    hattn.attention). The cache is read at 1 byte an element; no window. k and v to append are
+    in q's dtype, and each value (a key rotated first) is written as the e4m3 code of value /
+    descale of its sequence and K/V head (nearest, saturated to +-448; a zero descale writes 0).
     """
     unsupported = []
     if cache_leftpad is not None and block_table is not None:
@@ -438,21 +446,18 @@ def flash_attn_with_kvcache(
     if _needs_grad(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin):
         unsupported.append("inputs that require grad (hattn has no backward with a KV cache yet; use torch.no_grad())")
     paged, appending = block_table is not None, k is not None or v is not None
-    if appending and isinstance(k_cache, torch.Tensor) and k_cache.dtype == torch.float8_e4m3fn:
-        unsupported.append("appending k and v to an e4m3 cache (the append writes 16-bit rows; quantize the new keys "
-                           "with your scales and write them into the cache yourself)")
     if unsupported:
         raise NotImplementedError("hattn.flash_attn_with_kvcache does not support " + "; ".join(unsupported))
     key = _kvcache_key(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-        causal, window_size, softmax_scale, num_splits, return_softmax_lse, rotary_interleaved,
+        causal, window_size, softmax_scale, num_splits, return_softmax_lse, rotary_interleaved, k_descale, v_descale,
     )  # fmt: skip
     if key is not None and key in _CHECKED:  # a layout whose checks passed before: the values' alone
         seqlens_k, window = _cache_seqlens(cache_seqlens, q), _flash_window(window_size, causal)
     else:
         seqlens_k, window = _check_kvcache_call(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            block_table, causal, window_size,
+            block_table, causal, window_size, k_descale, v_descale,
         )  # fmt: skip
         if key is not None:
             if len(_CHECKED) >= _MAX_CHECKED:
@@ -463,9 +468,10 @@ def flash_attn_with_kvcache(
             rotary_cos, rotary_sin = (t.to(q.dtype).contiguous() for t in (rotary_cos, rotary_sin))
         table = None if block_table is None else block_table.contiguous()
         entries = None if cache_batch_idx is None else cache_batch_idx.contiguous()
+        scales = tuple(None if t is None else t.contiguous() for t in (k_descale, v_descale))
         args = (
             q, k_cache, v_cache, k, v, seqlens_k.contiguous(), table, rotary_cos, rotary_sin, bool(rotary_interleaved),
-            window != (-1, -1), entries,
+            window != (-1, -1), entries, *scales,
         )  # fmt: skip
         seqlens_k, q_rotated = _call(append_kv, _append_kv, *args)
         if rotary_cos is not None:

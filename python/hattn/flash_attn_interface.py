@@ -381,7 +381,7 @@ def flash_attn_with_kvcache(
     page_table, and inputs that require grad (no backward with a KV cache, as in FA3) raise
     NotImplementedError naming them. An FP8 cache beside bf16/fp16 q (k_cache and v_cache
     torch.float8_e4m3fn, with k_descale and v_descale [B, Hkv]) is hattn's own: FA3 takes e4m3
-    q with it; see hattn.flash_attn_with_kvcache (no appending to it).
+    q with it; see hattn.flash_attn_with_kvcache (appending quantizes into it).
     """
     if qv is not None:  # FA3's MLA mode: hattn.mla_with_kvcache, when the cache is one latent buffer
         extras = _unsupported(None, attention_chunk, sm_margin)

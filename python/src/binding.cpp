@@ -398,9 +398,13 @@ void append_kv(const std::string& dtype, int batch, int seqlen_new, int heads_kv
                uintptr_t rotary_sin, int rotary_dim, int rotary_seqlen, bool rotary_interleaved, uintptr_t q,
                const StrideTuple& q_strides,
                uintptr_t q_rotated, const StrideTuple& q_rotated_strides, int seqlen_q, int heads_q,
-               bool q_positions_per_row, uintptr_t stream) {
+               bool q_positions_per_row, const std::string& cache_dtype, uintptr_t k_descale, uintptr_t v_descale,
+               uintptr_t stream) {
   hattn::KvAppendProblem p;
   p.dtype = parse_dtype(dtype);
+  if (!cache_dtype.empty()) p.cache_dtype = parse_dtype(cache_dtype);
+  p.k_descale = reinterpret_cast<const float*>(k_descale);
+  p.v_descale = reinterpret_cast<const float*>(v_descale);
   p.batch = batch;
   p.seqlen_new = seqlen_new;
   p.heads_kv = heads_kv;
@@ -483,13 +487,14 @@ NB_MODULE(_C, m) {
         nb::arg("rotary_seqlen") = 0, nb::arg("rotary_interleaved") = true, nb::arg("q") = 0,
         nb::arg("q_strides") = none_strides, nb::arg("q_rotated") = 0, nb::arg("q_rotated_strides") = none_strides,
         nb::arg("seqlen_q") = 0, nb::arg("heads_q") = 0, nb::arg("q_positions_per_row") = false,
-        nb::arg("stream") = 0,
+        nb::arg("cache_dtype") = "", nb::arg("k_descale") = 0, nb::arg("v_descale") = 0, nb::arg("stream") = 0,
         "Writes k_new/v_new [B, seqlen_new, Hkv, D] into a dense (cache_seqlen rows) or paged (block_table)\n"
         "cache at keys seqlens[b] + i (device int32), skipping keys past the cache; seqlens_out (optional)\n"
         "gets seqlens + seqlen_new. With rotary_cos/rotary_sin [rotary_seqlen, rotary_dim / 2] (the dtype's)\n"
         "the new keys are rotated, and q into q_rotated (row i at seqlens[b] + i if q_positions_per_row,\n"
         "else seqlens[b]). kv_batch_idx (device int32 [B]): each sequence's entry among kv_batch (dense\n"
-        "batch entries or block_table rows). Pointers are device addresses as ints; launches on `stream`;\n"
-        "asynchronous.");
+        "batch entries or block_table rows). cache_dtype 'e4m3' (with k_descale/v_descale, fp32 [B, Hkv]):\n"
+        "an FP8 cache, each value written as the e4m3 code of value / descale. Pointers are device addresses\n"
+        "as ints; launches on `stream`; asynchronous.");
   m.def("kernels", &kernels, "The registered kernels in lineage order as (name, description); the last is the default.");
 }

@@ -56,9 +56,11 @@ def test_argument_errors_name_the_argument():
     lineage = hattn.kernels()[0].name
     with pytest.raises(NotImplementedError, match=r"no e4m3 KV cache \(kv_dtype\)"):
         torch.ops.hattn.attention_fwd(q.to("meta"), k8[:B].to("meta"), v8[:B].to("meta"), False, None, lineage, False)
-    with pytest.raises(NotImplementedError, match=r"appending k and v to an e4m3 cache"):
-        hattn.flash_attn_with_kvcache(q, k8, v8, k=q[:, :1, :HKV], v=q[:, :1, :HKV], cache_seqlens=lens,
-                                      block_table=table)  # fmt: skip
+    new = q[:, :1, :HKV]  # rows to append, in q's dtype
+    with pytest.raises(ValueError, match=r"k: dtype torch.float16 must match k_cache's dtype .* \(or q's"):
+        hattn.flash_attn_with_kvcache(q, k8, v8, k=new.half(), v=new, cache_seqlens=lens, block_table=table)
+    with pytest.raises(ValueError, match=r"v_descale: shape must be \(batch, heads_kv\)"):
+        hattn.flash_attn_with_kvcache(q, k8, v8, k=new, v=new, cache_seqlens=lens, block_table=table, v_descale=vd.T)
     with pytest.raises(NotImplementedError, match=r"q_descale with torch.bfloat16 q"):
         fa3_with_kvcache(q, k8, v8, cache_seqlens=lens, page_table=table, q_descale=kd, k_descale=kd)
     with pytest.raises(NotImplementedError, match=r"an e4m3 KV cache is forward only"):
@@ -120,6 +122,48 @@ def test_dense_fp8_cache_decoding(num_splits):
     torch.cuda.synchronize()
     keys = [k8[b, :n].float() * kd[b][None, :, None] for b, n in enumerate(lens)]
     values = [v8[b, :n].float() * vd[b][None, :, None] for b, n in enumerate(lens)]
+    check_sequences(q, keys, values, out, lse)
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_appending_quantizes_into_the_fp8_cache(paged):
+    """flash_attn_with_kvcache with k and v to append into an e4m3 cache: the new rows land as
+    the codes of value / descale of their sequence and K/V head, and the attention reads them."""
+    lens, new_rows = [5, 700, 126], 2  # every appended row inside the sequence's own pages
+    q, k_cache, v_cache, table, seqlens_k = make_paged(lens, 1, 8, 2, 128, torch.bfloat16, 128)
+    k8, v8, (kd, vd) = quantized(k_cache, v_cache, 2, len(lens), 7)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    k_new, v_new = (torch.randn(len(lens), new_rows, 2, 128, device="cuda", dtype=q.dtype, generator=gen)
+                    for _ in range(2))  # fmt: skip
+    if not paged:  # the same keys in a dense cache [B, capacity, Hkv, D] (codes moved as bytes)
+        dense = []
+        for cache in (k8, v8):
+            codes = torch.zeros(len(lens), 1024, 2, 128, dtype=torch.uint8, device="cuda")
+            for b, n in enumerate(lens):
+                codes[b, :n] = gather(cache.view(torch.uint8), table, b, n)
+            dense.append(codes.view(E4M3))
+        (k8, v8), table = dense, None
+
+    def rows(cache, b, first, count):  # sequence b's rows first .. first + count - 1, as codes
+        codes = cache.view(torch.uint8)
+        return gather(codes, table, b, first + count)[first:] if paged else codes[b, first : first + count]
+
+    out = hattn.flash_attn_with_kvcache(q, k8, v8, k=k_new, v=v_new, cache_seqlens=seqlens_k, block_table=table,
+                                        k_descale=kd, v_descale=vd)  # fmt: skip
+    torch.cuda.synchronize()
+    for b, n in enumerate(lens):
+        for cache, new, scale in ((k8, k_new[b], kd[b]), (v8, v_new[b], vd[b])):
+            want = (new.float() / scale[None, :, None]).to(E4M3).float()
+            got = rows(cache, b, n, new_rows).view(E4M3).float()
+            # Nearest code of value / descale; the kernel multiplies by the fp32 inverse, so a
+            # value at a tie may round the other way: within one e4m3 step.
+            assert ((got - want).abs() <= want.abs() / 8 + 2**-9).all(), f"sequence {b}"
+    lens_after = [n + new_rows for n in lens]
+    keys, values = ([rows(cache, b, 0, n).view(E4M3).float() * scale[b][None, :, None] for b, n in enumerate(lens_after)]
+                    for cache, scale in ((k8, kd), (v8, vd)))  # fmt: skip
+    _, lse = hattn.flash_attn_with_kvcache(q, k8, v8, cache_seqlens=seqlens_k + new_rows, block_table=table,
+                                           k_descale=kd, v_descale=vd, return_softmax_lse=True)  # fmt: skip
     check_sequences(q, keys, values, out, lse)
 
 

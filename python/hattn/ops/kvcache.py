@@ -9,8 +9,8 @@ import torch
 
 from .. import _C
 from .checks import (
-    _DTYPE_NAMES, _PAGED_NAMES, _cache_descale_features, _cache_features, _check_num_splits, _check_paged_inputs,
-    _check_problem, _check_promises, _check_softcap, _check_types, _strides, _window,
+    _DTYPE_NAMES, _KERNEL_DTYPE_NAMES, _PAGED_NAMES, _cache_descale_features, _cache_features, _check_num_splits,
+    _check_paged_inputs, _check_problem, _check_promises, _check_softcap, _check_types, _strides, _window,
 )
 from .runner import (
     _LAUNCHES, _MAX_LAUNCHES, _bshd_outputs_like, _call, _current_stream, _launch_key, _launch_layout,
@@ -183,13 +183,16 @@ def _append_kv(
     rotary_interleaved: bool,
     q_positions_per_row: bool,
     kv_batch_idx: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """hattn::append_kv (hattn._C.append_kv, one kernel): writes k and v [B, n, Hkv, D] into the
     caches in place at keys seqlens[b] + i (rotated first with rotary_cos/rotary_sin, which
     are in q's dtype and contiguous), into cache entry kv_batch_idx[b] when given (a batch
     entry of a dense cache, or a row of block_table); returns (seqlens + n, int32 [B]; q
-    rotated at its positions, or an empty tensor without rotary). The caller has checked the arguments
-    (hattn.flash_attn_with_kvcache); the C++ side checks them again."""
+    rotated at its positions, or an empty tensor without rotary). An e4m3 cache gets the codes
+    of value / descale (k_descale, v_descale: contiguous fp32 [B, Hkv] or None). The caller has
+    checked the arguments (hattn.flash_attn_with_kvcache); the C++ side checks them again."""
     rotary = rotary_cos is not None
     seqlens_out = torch.empty_like(seqlens)
     q_rotated = torch.empty_like(q, memory_format=torch.contiguous_format) if rotary else q.new_empty(0)
@@ -197,7 +200,7 @@ def _append_kv(
     # before only fills in its pointers.
     key = _launch_key(
         ("append", rotary_interleaved, q_positions_per_row),
-        q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin, kv_batch_idx,
+        q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin, kv_batch_idx, k_descale, v_descale,
     )  # fmt: skip
     layout = _LAUNCHES.get(key)
     if layout is None:
@@ -207,7 +210,7 @@ def _append_kv(
             k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
             q = q if q.stride(-1) == 1 else q.contiguous()
         layout = dict(
-            dtype=_DTYPE_NAMES[k_cache.dtype], batch=q.shape[0], seqlen_new=k.shape[1], heads_kv=k.shape[2],
+            dtype=_DTYPE_NAMES[k.dtype], batch=q.shape[0], seqlen_new=k.shape[1], heads_kv=k.shape[2],
             head_dim=k.shape[3], k_new_strides=_strides(k), v_new_strides=_strides(v),
             k_cache_strides=_strides(k_cache), v_cache_strides=_strides(v_cache),
         )  # fmt: skip
@@ -219,6 +222,8 @@ def _append_kv(
             layout.update(cache_seqlen=k_cache.shape[1])
         if kv_batch_idx is not None:
             layout.update(kv_batch=block_table.shape[0] if block_table is not None else k_cache.shape[0])
+        if k_cache.dtype != k.dtype:  # an e4m3 cache
+            layout.update(cache_dtype=_KERNEL_DTYPE_NAMES[k_cache.dtype])
         if rotary:
             layout.update(
                 rotary_dim=2 * rotary_cos.shape[1], rotary_seqlen=rotary_cos.shape[0],
@@ -232,6 +237,7 @@ def _append_kv(
     pointers = {
         "k_new": k, "v_new": v, "k_cache": k_cache, "v_cache": v_cache, "seqlens": seqlens,
         "seqlens_out": seqlens_out, "block_table": block_table, "kv_batch_idx": kv_batch_idx,
+        "k_descale": k_descale, "v_descale": v_descale,
     }  # fmt: skip
     if rotary:
         pointers.update(rotary_cos=rotary_cos, rotary_sin=rotary_sin, q=q, q_rotated=q_rotated)
@@ -247,7 +253,7 @@ append_kv = torch.library.custom_op("hattn::append_kv", mutates_args=("k_cache",
 @append_kv.register_fake
 def _append_kv_fake(
     q, k_cache, v_cache, k, v, seqlens, block_table, rotary_cos, rotary_sin, rotary_interleaved, q_positions_per_row,
-    kv_batch_idx=None,
+    kv_batch_idx=None, k_descale=None, v_descale=None,
 ):  # fmt: skip
     q_rotated = torch.empty_like(q, memory_format=torch.contiguous_format) if rotary_cos is not None else q.new_empty(0)
     return torch.empty_like(seqlens), q_rotated
