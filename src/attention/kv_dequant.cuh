@@ -37,8 +37,9 @@ constexpr int kDequantWarps = 3;
 // codes at a time: an 8-byte load, four pair conversions, a 16-byte store. Consecutive threads
 // take consecutive 8-code chunks, so a warp's loads read 256 contiguous bytes and each quarter
 // warp's stores fill the 8 chunks of one swizzled row: no bank conflicts either way.
+// `alu` (on trial): frag::widen4_e4m3's integer and multiply instructions instead of cvt.
 template <typename T, typename Cfg>
-__device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread) {
+__device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread, bool alu) {
   constexpr int kChunksPerRow = Cfg::kHeadDim / 8;
   constexpr int kChunks = Cfg::kBlockN * kChunksPerRow;
   constexpr int kThreads = kDequantWarps * 32;
@@ -64,8 +65,14 @@ __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int 
         const int row = c / kChunksPerRow, col_chunk = c % kChunksPerRow;  // 8 elements = one 16-byte chunk of T
         const uint32_t at = dst + uint32_t(col_chunk / 8) * kColBlockBytes + uint32_t(row) * kSwizzleBytes +
                             uint32_t((col_chunk % 8) ^ (row % 8)) * 16;
-        const uint4 wide = make_uint4(frag::e4m3x2_to<T>(uint16_t(codes[b].x)), frag::e4m3x2_to<T>(uint16_t(codes[b].x >> 16)),
-                                      frag::e4m3x2_to<T>(uint16_t(codes[b].y)), frag::e4m3x2_to<T>(uint16_t(codes[b].y >> 16)));
+        uint4 wide;
+        if (alu) {
+          const uint2 lo = frag::widen4_e4m3<T>(codes[b].x), hi = frag::widen4_e4m3<T>(codes[b].y);
+          wide = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        } else {
+          wide = make_uint4(frag::e4m3x2_to<T>(uint16_t(codes[b].x)), frag::e4m3x2_to<T>(uint16_t(codes[b].x >> 16)),
+                            frag::e4m3x2_to<T>(uint16_t(codes[b].y)), frag::e4m3x2_to<T>(uint16_t(codes[b].y >> 16)));
+        }
         ptx::st_shared_v4(at, wide);
       }
     }
@@ -88,7 +95,8 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
                    uint64_t* full, uint64_t* empty, bool reused, uint32_t previous_use, int valid) {
     ptx::mbarrier_wait(staged_full, staged_parity);
     if (reused) ptx::mbarrier_wait(empty, previous_use);
-    dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
+    dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread,
+                            p.kv_widen_alu);
     // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
     ptx::fence_proxy_async_shared_cta();
     __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them
