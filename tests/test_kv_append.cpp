@@ -191,6 +191,24 @@ void expect_close(const std::vector<__nv_bfloat16>& got, const std::vector<__nv_
   EXPECT_EQ(bad, 0) << what;
 }
 
+// An append of `seqlen_new` contiguous rows per sequence into caches of `cache_rows` rows per
+// batch entry or page, contiguous; the caller adds the rest (lengths, pages, rotary...).
+KvAppendProblem append_of(int batch, int seqlen_new, int heads_kv, int head_dim, const void* k_new, const void* v_new,
+                          void* k_cache, void* v_cache, int cache_rows) {
+  KvAppendProblem p;
+  p.batch = batch;
+  p.seqlen_new = seqlen_new;
+  p.heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.k_new = k_new;
+  p.v_new = v_new;
+  p.k_new_strides = p.v_new_strides = contiguous_bshd(seqlen_new, heads_kv, head_dim);
+  p.k_cache = k_cache;
+  p.v_cache = v_cache;
+  p.k_cache_strides = p.v_cache_strides = contiguous_bshd(cache_rows, heads_kv, head_dim);
+  return p;
+}
+
 struct AppendCase {
   bool paged;
   int rotary_dim;  // 0: no rotary
@@ -237,17 +255,8 @@ TEST_P(AppendKvGpu, MatchesHostLoop) {
       d_q_rotated{std::vector<__nv_bfloat16>(q_elems)}, d_cos(cos), d_sin(sin);
   Device<int32_t> d_seqlens(starts), d_seqlens_out{std::vector<int32_t>(batch)}, d_table(table), d_entries(entry_of);
 
-  KvAppendProblem p;
-  p.batch = batch;
-  p.seqlen_new = kNew;
-  p.heads_kv = kHeadsKv;
-  p.head_dim = kDim;
-  p.k_new = d_k_new.ptr;
-  p.v_new = d_v_new.ptr;
-  p.k_new_strides = p.v_new_strides = contiguous_bshd(kNew, kHeadsKv, kDim);
-  p.k_cache = d_k_cache.ptr;
-  p.v_cache = d_v_cache.ptr;
-  p.k_cache_strides = p.v_cache_strides = contiguous_bshd(cache_rows, kHeadsKv, kDim);
+  KvAppendProblem p =
+      append_of(batch, kNew, kHeadsKv, kDim, d_k_new.ptr, d_v_new.ptr, d_k_cache.ptr, d_v_cache.ptr, cache_rows);
   if (c.paged) {
     p.block_table = d_table.ptr;
     p.max_pages_per_seq = kPagesPerSeq;
@@ -340,17 +349,8 @@ TEST(AppendKvE4m3, WritesTheCodesOfValueOverDescale) {
   Device<__nv_bfloat16> d_k_new(k_new), d_v_new(v_new), d_cos(cos), d_sin(sin);
   Device<int32_t> d_seqlens(starts), d_entries(entry_of);
   Device<float> d_k_descale(k_descale), d_v_descale(v_descale);
-  KvAppendProblem p;
-  p.batch = batch;
-  p.seqlen_new = kNew;
-  p.heads_kv = kHeadsKv;
-  p.head_dim = kDim;
-  p.k_new = d_k_new.ptr;
-  p.v_new = d_v_new.ptr;
-  p.k_new_strides = p.v_new_strides = contiguous_bshd(kNew, kHeadsKv, kDim);
-  p.k_cache = d_k_cache.ptr;
-  p.v_cache = d_v_cache.ptr;
-  p.k_cache_strides = p.v_cache_strides = contiguous_bshd(kCapacity, kHeadsKv, kDim);
+  KvAppendProblem p =
+      append_of(batch, kNew, kHeadsKv, kDim, d_k_new.ptr, d_v_new.ptr, d_k_cache.ptr, d_v_cache.ptr, kCapacity);
   p.cache_seqlen = kCapacity;
   p.seqlens = d_seqlens.ptr;
   p.kv_batch_idx = d_entries.ptr;
