@@ -45,6 +45,7 @@ struct Config {
   std::optional<bool> pack_gqa;  // AttentionProblem::pack_gqa; empty: automatic
   bool backward = false;         // time hattn::backward instead of the forward kernels
   bool fp8_cache = false;        // K and V as an e4m3 cache beside --dtype q (AttentionProblem::kv_dtype)
+  bool with_fp8_cache = false;   // each shape twice: its --dtype cache, then an e4m3 one
   DType dtype = DType::bf16;
   int tokens = 16384;  // batch * seqlen
   int hidden = 2048;   // heads * head_dim
@@ -78,6 +79,7 @@ void usage() {
       "  --pack-gqa on|off   force GQA packing (default: automatic; production forward only)\n"
       "  --fp8-cache         K and V as an e4m3 cache with descales beside bf16/fp16 q (production forward\n"
       "                      only); with --seqlen-q the GB/s count the cache's bytes at 1 each\n"
+      "  --with-fp8-cache    each shape twice in one run: with a --dtype cache, then an e4m3 one\n"
       "  --softcap C         cap the scores at C * tanh(s / C) (production forward; backward: bwd_15 to D = 128,\n"
       "                      bwd_12 and bwd_10 at D = 256)\n"
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
@@ -151,6 +153,8 @@ int parse(int argc, char** argv, Config* c) {
       c->backward = true;
     } else if (a == "--fp8-cache") {
       c->fp8_cache = true;
+    } else if (a == "--with-fp8-cache") {
+      c->with_fp8_cache = true;
     } else if (a == "--no-gemm") {
       c->gemm = false;
     } else if (a == "--warm-l2") {
@@ -251,7 +255,7 @@ int parse(int argc, char** argv, Config* c) {
     std::fprintf(stderr, "hattn-bench: --settle applies to the forward only, not with --backward\n");
     return 2;
   }
-  if (c->fp8_cache && (c->backward || c->dtype == DType::e4m3)) {
+  if ((c->fp8_cache || c->with_fp8_cache) && (c->backward || c->dtype == DType::e4m3)) {
     std::fprintf(stderr, "hattn-bench: --fp8-cache is a forward's e4m3 cache beside bf16 or fp16 q\n");
     return 2;
   }
@@ -558,6 +562,10 @@ std::vector<Shape> grid(const Config& cfg) {
         sh.fp8_cache = cfg.fp8_cache;
         packed(&sh, s, d);
         shapes.push_back(sh);
+        if (cfg.with_fp8_cache && !sh.fp8_cache) {  // the same shape over an e4m3 cache, right after
+          sh.fp8_cache = true;
+          shapes.push_back(sh);
+        }
       }
   if (cfg.capstone)
     for (int s : {32760, 75600})
@@ -635,7 +643,7 @@ int main(int argc, char** argv) {
         << (windowed ? ",window_left,window_right" : "") << (varlen ? ",varlen" : "")
         << (cfg.num_splits != 0 ? ",num_splits" : "") << (cfg.pack_gqa.has_value() ? ",pack_gqa" : "")
         << (cfg.settle_seconds > 0 ? ",settle_s" : "") << (cfg.softcap > 0 ? ",softcap" : "")
-        << (cfg.warm_l2 ? ",l2" : "") << (cfg.fp8_cache ? ",kv_dtype" : "") << '\n';
+        << (cfg.warm_l2 ? ",l2" : "") << (cfg.fp8_cache || cfg.with_fp8_cache ? ",kv_dtype" : "") << '\n';
   }
 
   harness::DeviceBuffer flush;
@@ -722,7 +730,7 @@ int main(int argc, char** argv) {
         if (cfg.settle_seconds > 0) csv << ',' << cfg.settle_seconds;
         if (cfg.softcap > 0) csv << ',' << cfg.softcap;
         if (cfg.warm_l2) csv << ",warm";
-        if (cfg.fp8_cache) csv << ",e4m3";
+        if (cfg.fp8_cache || cfg.with_fp8_cache) csv << ',' << (shape.fp8_cache ? "e4m3" : dtype_name(shape.dtype));
         csv << '\n' << std::flush;
       }
       rows.push_back(row);
@@ -738,7 +746,8 @@ int main(int argc, char** argv) {
   const bool bytes_bound = cfg.seqlen_q > 0;
   if (bytes_bound)
     std::printf("\n# GB/s (%s%s; Q, K, V and O moved once; the H200's HBM3e is specified at 4800)\n%-22s",
-                dtype_name(cfg.dtype), cfg.fp8_cache ? ", e4m3 KV cache" : "", "shape");
+                dtype_name(cfg.dtype), cfg.fp8_cache ? ", e4m3 KV cache" : cfg.with_fp8_cache ? "; e4m3: an e4m3 KV cache" : "",
+                "shape");
   else
     std::printf("\n# TFLOP/s (%s; cuBLAS GEMM ceiling %.0f)\n%-22s", dtype_name(cfg.dtype), gemm, "shape");
   for (const auto& k : cfg.kernels) std::printf(" %10.10s", k.c_str());
@@ -759,6 +768,10 @@ int main(int argc, char** argv) {
     if (windowed) {
       const std::string base = label;  // the window as a suffix; the column stays 22 wide when it fits
       std::snprintf(label, sizeof label, "%s w%d,%d", base.c_str(), s.window_left, s.window_right);
+    }
+    if (cfg.with_fp8_cache && s.fp8_cache) {
+      const std::string base = label;
+      std::snprintf(label, sizeof label, "%s e4m3", base.c_str());
     }
     if (varlen) {
       const std::string base = label;
