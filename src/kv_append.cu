@@ -61,15 +61,15 @@ __device__ __forceinline__ void rotate(float& x, float& y, const KvAppendProblem
   x = x_turned;
 }
 
-// An FP8 cache's pair: the e4m3 codes of (x, y) / descale, written as two bytes at `out`
-// (`at` elements into the cache; the pair's features are adjacent: first, first + 1 or first,
-// first + rotary_dim / 2). A zero descale writes zeros rather than x / 0.
+// An FP8 cache's pair: the e4m3 codes of (x, y) / descale (the quotients rounded to fp32, then
+// to the nearest code), written as two bytes `at` elements into the cache at the pair's
+// features (first, first + 1 or first, first + rotary_dim / 2). A zero descale writes zeros
+// rather than x / 0.
 __device__ __forceinline__ void store_codes(uint8_t* cache, int64_t at, const PairSlot& slot, float x, float y,
                                             const float* descale, int64_t descale_at) {
   const float scale = descale != nullptr ? descale[descale_at] : 1.f;
-  const float inverse = scale > 0.f ? 1.f / scale : 0.f;
-  const __nv_fp8x2_storage_t codes =
-      __nv_cvt_float2_to_fp8x2(make_float2(x * inverse, y * inverse), __NV_SATFINITE, __NV_E4M3);
+  const float2 quotient = scale > 0.f ? make_float2(__fdiv_rn(x, scale), __fdiv_rn(y, scale)) : make_float2(0.f, 0.f);
+  const __nv_fp8x2_storage_t codes = __nv_cvt_float2_to_fp8x2(quotient, __NV_SATFINITE, __NV_E4M3);
   cache[at + slot.first] = uint8_t(codes & 0xFF);
   cache[at + slot.second] = uint8_t(codes >> 8);
 }

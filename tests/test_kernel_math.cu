@@ -60,10 +60,15 @@ TEST(WidenE4m3, TheBitPatternTimesItsScaleIsTheCodesValue) {
     const float scale = half ? 256.f : std::ldexp(1.f, 120);
     for (int code = 0; code < 256; ++code) {
       if ((code & 0x7F) == 0x7F) continue;  // NaN
-      const uint32_t placed = uint32_t(code) << 8;  // the low half's code, as byte_perm places it
-      const uint32_t bits = half ? frag::E4m3Widening<true>::bits(placed) : frag::E4m3Widening<false>::bits(placed);
-      EXPECT_EQ(ref::bits_to_float(uint16_t(bits), dtype) * scale, ref::bits_to_float(uint16_t(code), DType::e4m3))
-          << dtype_name(dtype) << " code " << code;
+      for (int high = 0; high < 2; ++high) {  // the code in the low half, then the high half, as byte_perm places it
+        const uint32_t placed = uint32_t(code) << (high ? 24 : 8);
+        const uint32_t pair = half ? frag::E4m3Widening<true>::bits(placed) : frag::E4m3Widening<false>::bits(placed);
+        const float got = ref::bits_to_float(uint16_t(pair >> (high ? 16 : 0)), dtype) * scale;
+        const float want = ref::bits_to_float(uint16_t(code), DType::e4m3);
+        EXPECT_EQ(got, want) << dtype_name(dtype) << " code " << code << (high ? " (high half)" : "");
+        EXPECT_EQ(std::signbit(got), std::signbit(want)) << dtype_name(dtype) << " code " << code;  // -0 too
+        EXPECT_EQ(uint16_t(pair >> (high ? 0 : 16)), 0) << "the other half stays empty, code " << code;
+      }
     }
   }
 }
@@ -115,6 +120,8 @@ TEST(WidenE4m3, EveryCodeExactlyBothWaysOnTheGpu) {
       }
       EXPECT_EQ(cvt, want) << dtype_name(dtype) << " cvt, code " << code;
       EXPECT_EQ(alu, want) << dtype_name(dtype) << " integer way, code " << code;
+      EXPECT_EQ(std::signbit(cvt), std::signbit(want)) << dtype_name(dtype) << " cvt, code " << code;  // -0 too
+      EXPECT_EQ(std::signbit(alu), std::signbit(want)) << dtype_name(dtype) << " integer way, code " << code;
     }
   }
 }

@@ -371,8 +371,8 @@ TEST(AppendKvE4m3, WritesTheCodesOfValueOverDescale) {
   int bad = 0;
   // A code must decode to within half an e4m3 step (2^-4 relative, 2^-10 among subnormals) of
   // value / descale, give or take the host's bf16 rounding of rotated keys (2^-8; the kernel
-  // quantizes the fp32 rotation) and the fp32 inverse the kernel multiplies by (a value near a
-  // tie may round either way).
+  // quantizes the fp32 rotation) and the kernel's fp32 quotient (rounded once more to the code,
+  // a value near a tie may land on either side).
   auto expect_code = [&](uint8_t code, double value, float descale, const char* what, size_t at) {
     const double want = descale > 0.f ? value / descale : 0.0;
     const double got = ref::bits_to_float(code, DType::e4m3);

@@ -263,11 +263,12 @@ def _check_new_kv(k, v, q: torch.Tensor, k_cache: torch.Tensor) -> None:
                 f"{name}: must be 4-D [batch, seqlen_new, heads_kv, head_dim] with q's batch {q.shape[0]} and "
                 f"k_cache's heads_kv {k_cache.shape[2]} and head_dim {k_cache.shape[3]}, got shape {tuple(t.shape)}"
             )
-        if t.dtype != k_cache.dtype and not (k_cache.dtype == torch.float8_e4m3fn and t.dtype == q.dtype):
+        if k_cache.dtype == torch.float8_e4m3fn and t.dtype != q.dtype:
             raise ValueError(
-                f"{name}: dtype {t.dtype} must match k_cache's dtype {k_cache.dtype} (or q's, {q.dtype}, to be "
-                "quantized into an e4m3 cache)"
+                f"{name}: dtype {t.dtype} must be q's, {q.dtype}: the append quantizes it into k_cache's e4m3 codes"
             )
+        if k_cache.dtype != torch.float8_e4m3fn and t.dtype != k_cache.dtype:
+            raise ValueError(f"{name}: dtype {t.dtype} must match k_cache's dtype {k_cache.dtype}")
         if t.device != k_cache.device:
             raise ValueError(f"{name}: must be on k_cache's device {k_cache.device}, got {t.device}")
     if v.shape != k.shape:
@@ -342,6 +343,11 @@ def _check_kvcache_call(
             _check_seqlens_k(t, q.shape[0], name)
     seqlens_k = _cache_seqlens(cache_seqlens, q)
     window = _flash_window(window_size, causal)
+    if k_cache.dtype == _FP8_DTYPE and (window[0] >= 0 or (window[1] >= 0 and not causal)):
+        # Before the append writes anything (the attention's own check comes after it).
+        raise NotImplementedError(
+            "fwd_sm90: an e4m3 KV cache (kv_dtype) runs without a sliding window (window_left / window_right)"
+        )
     if paged and seqlens_k is None:
         raise ValueError("cache_seqlens: required with block_table (the keys in each sequence's pages)")
     if paged and (appending or rotary_cos is not None or rotary_sin is not None):

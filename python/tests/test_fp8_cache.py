@@ -57,8 +57,14 @@ def test_argument_errors_name_the_argument():
     with pytest.raises(NotImplementedError, match=r"no e4m3 KV cache \(kv_dtype\)"):
         torch.ops.hattn.attention_fwd(q.to("meta"), k8[:B].to("meta"), v8[:B].to("meta"), False, None, lineage, False)
     new = q[:, :1, :HKV]  # rows to append, in q's dtype
-    with pytest.raises(ValueError, match=r"k: dtype torch.float16 must match k_cache's dtype .* \(or q's"):
+    with pytest.raises(ValueError, match=r"k: dtype torch.float16 must be q's, torch.bfloat16: the append quantizes"):
         hattn.flash_attn_with_kvcache(q, k8, v8, k=new.half(), v=new, cache_seqlens=lens, block_table=table)
+    with pytest.raises(ValueError, match=r"v: dtype torch.float8_e4m3fn must be q's"):
+        hattn.flash_attn_with_kvcache(q, k8, v8, k=new, v=new.to(E4M3), cache_seqlens=lens, block_table=table)
+    with pytest.raises(NotImplementedError, match=r"e4m3 KV cache \(kv_dtype\) runs without a sliding window"):
+        # refused before the append could write into the cache
+        hattn.flash_attn_with_kvcache(q, k8, v8, k=new, v=new, cache_seqlens=lens, block_table=table,
+                                      window_size=(64, -1))  # fmt: skip
     with pytest.raises(ValueError, match=r"v_descale: shape must be \(batch, heads_kv\)"):
         hattn.flash_attn_with_kvcache(q, k8, v8, k=new, v=new, cache_seqlens=lens, block_table=table, v_descale=vd.T)
     with pytest.raises(NotImplementedError, match=r"q_descale with torch.bfloat16 q"):
@@ -156,7 +162,7 @@ def test_appending_quantizes_into_the_fp8_cache(paged):
         for cache, new, scale in ((k8, k_new[b], kd[b]), (v8, v_new[b], vd[b])):
             want = (new.float() / scale[None, :, None]).to(E4M3).float()
             got = rows(cache, b, n, new_rows).view(E4M3).float()
-            # Nearest code of value / descale; the kernel multiplies by the fp32 inverse, so a
+            # Nearest code of value / descale; the kernel rounds the quotient to fp32 first, so a
             # value at a tie may round the other way: within one e4m3 step.
             assert ((got - want).abs() <= want.abs() / 8 + 2**-9).all(), f"sequence {b}"
     lens_after = [n + new_rows for n in lens]

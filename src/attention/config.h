@@ -56,7 +56,9 @@ struct Config {
   // With an FP8 KV cache the e4m3 staging ring takes O's place (decoding's O is a few rows).
   static constexpr bool kStoreByTma = !kFp8Kv && (D == 64 || (D == 128 && !kWide));
   // FP8 KV cache: e4m3 K and V tiles in flight in the staging ring, [kBlockN][D] bytes each, as
-  // many as fit beside Q and the 16-bit ring (D = 128 and 256 then fill sm_90's 227 KB).
+  // many as fit beside Q and the 16-bit ring. At D = 128 and 256 that is exactly sm_90's 227 KB,
+  // the 1 KB alignment slack included: any byte more in their storage trips launch_typed's
+  // static_assert.
   static constexpr int kStagingStages = D == 64 ? 4 : D == 128 ? 2 : 1;
   // Of every 4 n8 tiles of P, this many take their exponentials on the FMA pipe (exp2_fma)
   // instead of MUFU.EX2. FP8 at D = 128 is bound by MUFU (a tile pair's ex2 and e4m3
