@@ -383,7 +383,7 @@ Status validate_arguments(const AttentionProblem& p) {
                                   std::pair<const char*, const float*>{"k_descale", p.k_descale},
                                   std::pair<const char*, const float*>{"v_descale", p.v_descale}}) {
     if (ptr == nullptr) continue;
-    if (p.has_fp8_cache() && ptr == p.q_descale)
+    if (p.has_fp8_cache() && std::string_view(name) == "q_descale")
       return invalid(std::string("q_descale: q is ") + dtype_name(p.dtype) +
                      "; an e4m3 KV cache takes k_descale and v_descale only");
     if (p.dtype != DType::e4m3 && !p.has_fp8_cache())

@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .ops import append_kv, attention, attention_fp8, attention_paged, attention_varlen
 from .ops.checks import (
     _FP8_DTYPE, _PAGED_NAMES, _check_block_table, _check_cache_descales, _check_device, _check_inputs, _check_seqlens_k,
-    _needs_grad, _window,
+    _is_fp8_cache, _needs_grad, _window,
 )  # fmt: skip
 from .ops.kvcache import _append_kv
 from .ops.runner import _call, _launch_key
@@ -254,6 +254,7 @@ def _check_new_kv(k, v, q: torch.Tensor, k_cache: torch.Tensor) -> None:
     """k and v (the rows to append): both or neither, [B, seqlen_new, Hkv, D] like the cache's rows."""
     if (k is None) != (v is None):
         raise ValueError("k, v: pass both (the new keys and values to append) or neither")
+    fp8_cache = _is_fp8_cache(q, k_cache)
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
@@ -263,11 +264,11 @@ def _check_new_kv(k, v, q: torch.Tensor, k_cache: torch.Tensor) -> None:
                 f"{name}: must be 4-D [batch, seqlen_new, heads_kv, head_dim] with q's batch {q.shape[0]} and "
                 f"k_cache's heads_kv {k_cache.shape[2]} and head_dim {k_cache.shape[3]}, got shape {tuple(t.shape)}"
             )
-        if k_cache.dtype == torch.float8_e4m3fn and t.dtype != q.dtype:
+        if fp8_cache and t.dtype != q.dtype:
             raise ValueError(
                 f"{name}: dtype {t.dtype} must be q's, {q.dtype}: the append quantizes it into k_cache's e4m3 codes"
             )
-        if k_cache.dtype != torch.float8_e4m3fn and t.dtype != k_cache.dtype:
+        if not fp8_cache and t.dtype != k_cache.dtype:
             raise ValueError(f"{name}: dtype {t.dtype} must match k_cache's dtype {k_cache.dtype}")
         if t.device != k_cache.device:
             raise ValueError(f"{name}: must be on k_cache's device {k_cache.device}, got {t.device}")
@@ -343,7 +344,7 @@ def _check_kvcache_call(
             _check_seqlens_k(t, q.shape[0], name)
     seqlens_k = _cache_seqlens(cache_seqlens, q)
     window = _flash_window(window_size, causal)
-    if k_cache.dtype == _FP8_DTYPE and (window[0] >= 0 or (window[1] >= 0 and not causal)):
+    if _is_fp8_cache(q, k_cache) and (window[0] >= 0 or (window[1] >= 0 and not causal)):
         # Before the append writes anything (the attention's own check comes after it).
         raise NotImplementedError(
             "fwd_sm90: an e4m3 KV cache (kv_dtype) runs without a sliding window (window_left / window_right)"

@@ -57,6 +57,9 @@ struct Epilogue {
     const Sequence out_seq = sequence_of<kRuntimeBounds>(p, item.batch);
     float inv_sum[2];
     softmax.finish(inv_sum);
+    // The LSE's scale: the item's own where descales scaled its scores (scale_log2 holds FP8's q
+    // and k descales, an FP8 KV cache's k descale), else the call's.
+    const float lse_scale = kFp8 || Cfg::kFp8Cache ? scale_log2 / kLog2e : p.scale;
     if constexpr (kFp8 || Cfg::kFp8Cache) {  // O in units of v's e4m3 codes: its descale with the normalizer
       if (p.v_descale != nullptr) {
         const float v_scale = __ldg(p.v_descale + items.descale_index(item));
@@ -68,7 +71,7 @@ struct Epilogue {
     // sum, and its LSE, in fp32 at `index` of the partial layout for the combine step; -inf and
     // zeros where the part saw no key. A quad writes 32 contiguous bytes per n8 tile.
     auto store_partial_row = [&](int r, int64_t index) {
-      if (t.tig == 0) p.lse_partial[index] = softmax.lse(r, Cfg::kFp8Cache ? scale_log2 / kLog2e : p.scale);
+      if (t.tig == 0) p.lse_partial[index] = softmax.lse(r, lse_scale);
       float* o_row = p.o_partial + index * D;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt)
@@ -103,8 +106,7 @@ struct Epilogue {
       return;  // the combine step writes out and lse
     }
     // LSE: [B, Hq, Sq], or [Hq, total_q] in a variable-length batch: the item's rows start at
-    // lse_rows, a head's rows head_stride apart. FP8: scale_log2 holds the item's q and k
-    // descales, and the sums carry P's 2^8; an FP8 KV cache: k's descale, the sums plain.
+    // lse_rows, a head's rows head_stride apart. FP8's sums carry P's 2^8.
     if (p.lse != nullptr && t.tig == 0) {
       const bool packed = kRuntimeBounds && p.cu_seqlens_q != nullptr;
       const int64_t head_stride = packed ? p.total_q : p.seqlen_q;
@@ -116,9 +118,7 @@ struct Epilogue {
         const int row = row0 + r * 8;
         if (row < rows_end)
           lse_rows[head_of(row) * head_stride + (row >> pack_shift)] =
-              kFp8              ? softmax.lse(r, scale_log2 / kLog2e) - kFp8PLog2 / kLog2e
-              : Cfg::kFp8Cache ? softmax.lse(r, scale_log2 / kLog2e)
-                                : softmax.lse(r, p.scale);
+              kFp8 ? softmax.lse(r, lse_scale) - kFp8PLog2 / kLog2e : softmax.lse(r, lse_scale);
       }
     }
     if constexpr (Cfg::kStoreByTma)

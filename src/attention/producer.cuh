@@ -125,14 +125,11 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
         const int staged = kv % Cfg::kStagingStages;
         const TileSource src = tile_source<kRuntimeBounds>(p, seq, (range.first + tile) * kBlockN);
         const int kv_row = src.row, kv_entry = src.entry;
-        if (kv >= Cfg::kStagingStages) {
-          const uint32_t previous_use = (kv / Cfg::kStagingStages - 1) % 2;
-          ptx::mbarrier_wait(&smem.k8_empty[staged], previous_use);
-          load_staged_tile<Cfg>(smem.k8[staged], &k_map, kv_row, head_kv, kv_entry, &smem.k8_full[staged]);
-          ptx::mbarrier_wait(&smem.v8_empty[staged], previous_use);
-        } else {
-          load_staged_tile<Cfg>(smem.k8[staged], &k_map, kv_row, head_kv, kv_entry, &smem.k8_full[staged]);
-        }
+        const bool restaged = kv >= Cfg::kStagingStages;
+        const uint32_t previous_use = restaged ? (kv / Cfg::kStagingStages - 1) % 2 : 0;
+        if (restaged) ptx::mbarrier_wait(&smem.k8_empty[staged], previous_use);
+        load_staged_tile<Cfg>(smem.k8[staged], &k_map, kv_row, head_kv, kv_entry, &smem.k8_full[staged]);
+        if (restaged) ptx::mbarrier_wait(&smem.v8_empty[staged], previous_use);
         load_staged_tile<Cfg>(smem.v8[staged], &v_map, kv_row, head_kv, kv_entry, &smem.v8_full[staged]);
         continue;
       }

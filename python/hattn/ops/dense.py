@@ -9,7 +9,7 @@ import torch
 
 from .checks import (
     _cache_descale_features, _cache_features, _check_attention_inputs, _check_deterministic, _check_num_splits,
-    _check_problem, _check_promises, _check_softcap, _check_types, _needs_grad, _window,
+    _check_problem, _check_promises, _check_softcap, _check_types, _is_fp8_cache, _needs_grad, _window,
 )
 from .runner import _backward_needed, _bshd_outputs_like, _call, _launch_key, _launch_layout, _layout_checked
 
@@ -198,7 +198,7 @@ def attention(
         softmax_scale = float(softmax_scale)
     left, right = _window(window_size)
     needs_grad = _needs_grad(q, k, v)
-    if needs_grad and k.dtype != q.dtype:
+    if needs_grad and _is_fp8_cache(q, k):
         raise NotImplementedError(
             "hattn.attention: an e4m3 KV cache is forward only, but an input requires grad; call it under "
             "torch.no_grad() or pass detached tensors"
