@@ -15,12 +15,14 @@ hattn runs a call when all of these hold (sdpa_fallback_reason says which one fa
   * is_causal is False, or L == S. SDPA's causal mask is aligned to the top-left corner,
     hattn's to the bottom-right; they agree only when L == S;
   * the heads match, or enable_gqa is True and query's heads are a multiple of key's;
-  * torch.use_deterministic_algorithms is off, or no input requires grad (with grad mode on).
+  * under torch.use_deterministic_algorithms with an input that requires grad (with grad mode
+    on), not GQA at E = 256: hattn's deterministic backward has no fixed order for that one.
 
 A call hattn runs is differentiable: when query, key or value requires grad, backward gives
-their gradients through hattn's default backward (hattn.attention's). Its fp32 sums use atomic
-adds, so the gradients may differ in their last bits from run to run; hence the last rule
-(hattn.attention's deterministic=True is not used on this path yet).
+their gradients through hattn's backward (hattn.attention's). By default its fp32 sums use
+atomic adds, so the gradients may differ in their last bits from run to run; under
+torch.use_deterministic_algorithms it runs hattn.attention's deterministic=True instead, whose
+gradients are bitwise the same from run to run.
 
 The output is a [B, H, L, E] view of a [B, L, H, E] tensor, as torch's own flash and cuDNN
 backends return it, so `out.transpose(1, 2).reshape(B, L, H * E)` needs no copy.
@@ -92,9 +94,21 @@ def sdpa_fallback_reason(
     check_device=False skips the device rule (the tensors' device and the GPU's architecture).
     """
     why = _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device)
-    if why is None and _needs_grad(query, key, value) and torch.are_deterministic_algorithms_enabled():
-        return "an input requires grad under torch.use_deterministic_algorithms; hattn's backward uses atomic adds"
+    if why is None and _needs_grad(query, key, value):
+        return _deterministic_reason(query.shape[1], key.shape[1], query.shape[-1])
     return why
+
+
+_DETERMINISTIC_GQA_256 = ("an input requires grad under torch.use_deterministic_algorithms, with GQA at head dim 256: "
+                          "hattn's deterministic backward has no fixed order there")
+
+
+def _deterministic_reason(heads_q: int, heads_kv: int, head_dim: int) -> Optional[str]:
+    """Why a backward under torch.use_deterministic_algorithms goes to torch (None: hattn's
+    deterministic backward runs it, or determinism is not asked for)."""
+    if torch.are_deterministic_algorithms_enabled() and head_dim == 256 and heads_q != heads_kv:
+        return _DETERMINISTIC_GQA_256
+    return None
 
 
 def _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device) -> Optional[str]:
@@ -150,8 +164,10 @@ def scaled_dot_product_attention(
         return _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa)
     # [B, H, L, E] -> [B, L, H, E] views: the kernels take strided BSHD without a copy.
+    # Under torch.use_deterministic_algorithms the backward runs in a fixed order (the forward has one anyway).
+    deterministic = torch.are_deterministic_algorithms_enabled() and _needs_grad(query, key, value)
     out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), causal=is_causal,
-                    softmax_scale=scale)
+                    softmax_scale=scale, deterministic=deterministic)
     return out.transpose(1, 2)
 
 
@@ -240,7 +256,8 @@ def flash_fallback_reason(
     (sdpa_fallback_reason), with GQA always allowed and no rule on causal L != S (at this level
     torch's causal mask is bottom-right aligned, as hattn's), plus those of the op's extra
     arguments: no varlen batch (cum_seq_q), no seqused_k, no ALiBi, no debug mask, a finite scale.
-    torch.use_deterministic_algorithms sends the backward to torch (it is checked there).
+    Under torch.use_deterministic_algorithms the backward runs hattn's deterministic backward, or torch's
+    for GQA at E = 256 (it is checked there).
     check_device=False skips the device rule.
     """
     if cum_seq_q is not None:
@@ -264,17 +281,14 @@ def _transposed(*tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
     return tuple(t.transpose(1, 2) for t in tensors)
 
 
-_DETERMINISTIC = "torch.use_deterministic_algorithms is on; hattn's backward sums with atomic adds"
-
-
 def _backward_reason(query, key, value, dropout_p, scale, cum_seq_q) -> Optional[str]:
     """Why the backward of a [B, L, H, E] call goes to torch: the forward's rules, then determinism
-    (_DETERMINISTIC: the forward may have been hattn's)."""
+    (_DETERMINISTIC_GQA_256: the forward may have been hattn's)."""
     if query.dim() != 4:
         return f"query is {query.dim()}-D; hattn takes 4-D [B, L, H, E]"
     why = flash_fallback_reason(query, key, value, dropout_p, scale=scale, cum_seq_q=cum_seq_q)
-    if why is None and torch.are_deterministic_algorithms_enabled():
-        return _DETERMINISTIC
+    if why is None:
+        return _deterministic_reason(query.shape[2], key.shape[2], query.shape[-1])
     return why
 
 
@@ -300,8 +314,9 @@ def _run_hattn_forward(q, k, v, out, causal, scale, window) -> torch.Tensor:
 
 def _run_hattn_backward(dout, q, k, v, out, lse, causal, scale, window) -> Tuple[torch.Tensor, ...]:
     """(dq, dk, dv), contiguous [B, L, H, E], of [B, L, H, E] tensors: the op hattn::attention_bwd,
-    hattn.attention's backward."""
-    return attention_bwd(dout, q, k, v, out, lse, causal, scale, *window)
+    hattn.attention's backward; its deterministic one under torch.use_deterministic_algorithms."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    return attention_bwd(dout, q, k, v, out, lse, causal, scale, *window, deterministic=deterministic)
 
 
 def _laid_out_like(grads, inputs) -> Tuple[torch.Tensor, ...]:
@@ -361,7 +376,7 @@ class _FlashImpl:
 
     def _torch_backward(self, name: str, why: str, keyset, grad_out, query, key, value, out, logsumexp, *args,
                         **kwargs):  # fmt: skip
-        if why == _DETERMINISTIC:  # the forward may have been hattn's, whose LSE torch's backward reads otherwise
+        if why == _DETERMINISTIC_GQA_256:  # the forward may have been hattn's, whose LSE torch's backward reads otherwise
             logsumexp = _lse_for_torch(logsumexp)
         return self._torch(name, "torch_backward", keyset, grad_out, query, key, value, out, logsumexp, *args, **kwargs)
 

@@ -331,11 +331,42 @@ def test_flash_op_hands_its_extra_arguments_to_torch(on_cpu, extra, words):
     assert passed == {**want, **extra}
 
 
-def test_deterministic_backward_goes_to_torch_with_flash_attention_2s_lse(on_cpu):
-    """The forward runs hattn (it is deterministic); under torch.use_deterministic_algorithms the backward
-    goes to torch's kernel, which gets +inf where hattn's LSE has -inf (a row that sees no key)."""
-    q = bhse(1, 2, 50, 64, seed=1).transpose(1, 2).requires_grad_()
+def test_hattns_backward_is_the_deterministic_one_under_torchs_flag(monkeypatch):
+    asked = []
+    monkeypatch.setattr(sdpa, "attention_bwd", lambda *a, deterministic=False: asked.append(deterministic) or a[1:4])
+    q, k, v = (bhse(1, 2, 20, 64, seed).transpose(1, 2) for seed in (1, 2, 3))
+    assert sdpa._run_hattn_backward(None, q, k, v, None, None, True, None, (-1, 0)) == (q, k, v)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        sdpa._run_hattn_backward(None, q, k, v, None, None, True, None, (-1, 0))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert asked == [False, True]
+
+
+def test_deterministic_backward_runs_hattn(on_cpu):
+    """Under torch.use_deterministic_algorithms both halves run hattn (the backward its deterministic one)."""
+    q = bhse(1, 4, 50, 64, seed=1).transpose(1, 2).requires_grad_()
     k, v = (bhse(1, 2, 20, 64, seed).transpose(1, 2).requires_grad_() for seed in (2, 3))
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        before = sdpa.flash_impl_calls()
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, None, None, 50, 20, 0.0, True, False)
+        out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert counts_since(before) == {"hattn_forward": 1, "hattn_backward": 1, "torch_forward": 0, "torch_backward": 0}
+    assert not on_cpu["_flash_attention_backward"].calls
+
+
+def test_deterministic_gqa_at_256_goes_to_torch_with_flash_attention_2s_lse(on_cpu):
+    """GQA at head dim 256 has no deterministic hattn backward: under torch.use_deterministic_algorithms the
+    forward runs hattn (it is deterministic) and the backward goes to torch's kernel, which gets +inf where
+    hattn's LSE has -inf (a row that sees no key)."""
+    q = bhse(1, 4, 50, 256, seed=1).transpose(1, 2).requires_grad_()
+    k, v = (bhse(1, 2, 20, 256, seed).transpose(1, 2).requires_grad_() for seed in (2, 3))
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
@@ -453,13 +484,17 @@ def test_calls_hattn_cannot_run_reach_torchs_flash_kernel(restored, head_dim, kw
 
 
 @requires_hopper
-def test_deterministic_mode_runs_torchs_backward(restored):
-    """hattn's forward, torch's backward on its out and LSE: as close to the reference as torch's own pair."""
-    q, k, v = (cuda_bhse(1, 4, 256, 128, torch.bfloat16, seed).requires_grad_() for seed in (1, 2, 3))
-    dout = cuda_bhse(1, 4, 256, 128, torch.bfloat16, seed=4)
+@pytest.mark.parametrize("heads_q,heads_kv,head_dim", [(4, 4, 128), (4, 2, 64), (4, 2, 256)],
+                         ids=["mha-128", "gqa-64", "gqa-256-to-torch"])
+def test_deterministic_mode_gradients(restored, heads_q, heads_kv, head_dim):
+    """Under torch.use_deterministic_algorithms: hattn's deterministic backward, bitwise the same on a second
+    run (torch's backward on hattn's out and LSE for GQA at 256), as close to the reference as torch's own pair."""
+    q = cuda_bhse(1, heads_q, 256, head_dim, torch.bfloat16, seed=1).requires_grad_()
+    k, v = (cuda_bhse(1, heads_kv, 256, head_dim, torch.bfloat16, seed).requires_grad_() for seed in (2, 3))
+    dout = cuda_bhse(1, heads_q, 256, head_dim, torch.bfloat16, seed=4)
 
     def call(q, k, v):
-        return flash_sdpa(q, k, v, is_causal=True)
+        return flash_sdpa(q, k, v, is_causal=True, enable_gqa=heads_q != heads_kv)
 
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
@@ -468,14 +503,18 @@ def test_deterministic_mode_runs_torchs_backward(restored):
         registry.activate_flash_attention_impl("hattn")
         before = sdpa.flash_impl_calls()
         got = gradients(call, q, k, v, dout)
+        counts = counts_since(before)
+        again = gradients(call, q, k, v, dout)
     finally:
         torch.use_deterministic_algorithms(previous)
-    counts = counts_since(before)
-    assert counts["hattn_forward"] == 1 and counts["hattn_backward"] == 0 and counts["torch_backward"] >= 1
+    to_torch = head_dim == 256 and heads_q != heads_kv
+    assert counts["hattn_forward"] == 1
+    assert (counts["hattn_backward"], counts["torch_backward"] >= 1) == ((0, True) if to_torch else (1, False))
     ref = gradients(lambda q, k, v: sdpa_ref(q, k, v, True, None), q.double(), k.double(), v.double(), dout.double())
     eps = torch.finfo(torch.bfloat16).eps
-    for name, g, e, r in zip(("dq", "dk", "dv"), got, expected, ref):
+    for name, g, g2, e, r in zip(("dq", "dk", "dv"), got, again, expected, ref):
         assert torch.isfinite(g).all(), name
+        assert torch.equal(g, g2), name
         err, torch_err = ((t.double() - r).abs().max().item() for t in (g, e))
         assert err <= 2 * torch_err + eps * r.abs().max().item(), (name, err, torch_err)
 
