@@ -6,7 +6,6 @@ the same length, and times:
 
   hattn_mla     hattn.mla_with_kvcache with a schedule made once (as a decoding step reuses it
                 across layers), causal over the seqlen_q new tokens
-  hattn_mla_seesaw  the same with the seesaw kernel schedule on trial (--seesaw)
   torch_mla     the best torch formulation: bmm(q, K^T), fp32 softmax, bmm(P, V) on the cache
                 already materialized per request ([B, L, 576]; the gather is not timed)
   fa3_mla       FlashAttention-3's d_qk != d_v mode (q and k the 64 rope features, q_v and v the 512
@@ -61,8 +60,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     help="heads_q x seqlen_q pairs, comma-separated (default: rows 16 to 256)")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch formulation (saves memory)")
     ap.add_argument("--no-gqa", action="store_true", help="skip hattn_gqa")
-    ap.add_argument("--seesaw", action="store_true",
-                    help="also time the seesaw schedule on trial (HATTN_MLA_SCHEDULE=seesaw) as hattn_mla_seesaw")
     ap.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per implementation and point")
     ap.add_argument("--out", default=".", help="folder for pybench_mla.csv")
     fa3.add_argument(ap)
@@ -118,13 +115,9 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
     schedule = hattn.mla_schedule(seqlens, seqlen_q=seqlen_q, heads_q=heads_q)
     fns, names, checks = [], [], {}
 
-    def on_schedule(kernel_schedule):
-        def call():  # the library reads HATTN_MLA_SCHEDULE at each call
-            os.environ["HATTN_MLA_SCHEDULE"] = kernel_schedule
-            return hattn.mla_with_kvcache(q, cache, table, seqlens, schedule=schedule, causal=True)
-        return call
+    def ours():
+        return hattn.mla_with_kvcache(q, cache, table, seqlens, schedule=schedule, causal=True)
 
-    ours = on_schedule("default")
     fns.append(ours), names.append("hattn_mla")
     # Each request's keys, materialized: torch's formulation, FA3's inputs and the guard read them.
     keys = cache[table.long()].reshape(batch, -1, DQK)[:, :seqlen].contiguous()
@@ -151,12 +144,6 @@ def bench_point(batch, seqlen, heads_q, seqlen_q, args, timer, env) -> List[Dict
         return err
 
     records = []
-    if args.seesaw:
-        try:
-            if (err := timed_if_right("hattn_mla_seesaw", on_schedule("seesaw"))) is not None:
-                records.append({**base, "name": "hattn_mla_seesaw", "max_err": err, "tol": tol, "status": "wrong"})
-        except Exception as e:  # noqa: BLE001
-            records.append({**base, "name": "hattn_mla_seesaw", "status": f"failed: {e}"})
     if args.fa3_ready:
         # Separate contiguous caches, as FA3's own MLA benchmark lays them out (views into the
         # 576-wide rows disagreed with the fp32 formulation in the first H200 run).

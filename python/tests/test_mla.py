@@ -238,14 +238,6 @@ def test_schedule_checks_only_what_it_reads():
 # --- GPU -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["default", "seesaw"])
-def kernel_schedule(request, monkeypatch):
-    """Both attention kernel schedules while the seesaw one is on trial (the library reads
-    HATTN_MLA_SCHEDULE at each call)."""
-    monkeypatch.setenv("HATTN_MLA_SCHEDULE", request.param)
-    return request.param
-
-
 def random_lengths(rng, batch, longest):
     """Lengths across the range: tile multiples and not, a single key, some empty requests."""
     picks = [0, 1, 63, 64, 65, 127, 128, 129, longest]
@@ -256,7 +248,7 @@ def random_lengths(rng, batch, longest):
 @pytest.mark.parametrize("heads_q", [16, 32, 64, 128])
 @pytest.mark.parametrize("seqlen_q", [1, 2])
 @pytest.mark.parametrize("causal", [False, True])
-def test_matches_reference(heads_q, seqlen_q, causal, kernel_schedule):
+def test_matches_reference(heads_q, seqlen_q, causal):
     rng = random.Random(heads_q * 10 + seqlen_q + 7 * causal)
     for case, page_size in enumerate((64, 128, 256)):
         lens = random_lengths(rng, rng.choice([1, 3, 9]), 3000)
@@ -268,7 +260,7 @@ def test_matches_reference(heads_q, seqlen_q, causal, kernel_schedule):
 
 
 @requires_hopper
-def test_long_and_empty_requests(kernel_schedule):
+def test_long_and_empty_requests():
     lens = [65536, 0, 40000, 5, 0, 17]
     args = mla_inputs(lens, 2, 64, 64, seed=3)
     out, lse = hattn.mla_with_kvcache(*args, causal=True, return_lse=True)
@@ -277,7 +269,7 @@ def test_long_and_empty_requests(kernel_schedule):
 
 
 @requires_hopper
-def test_many_requests_split_and_whole(kernel_schedule):
+def test_many_requests_split_and_whole():
     rng = random.Random(5)
     lens = [rng.randint(0, 9000) for _ in range(128)]
     args = mla_inputs(lens, 1, 16, 64, seed=4)
@@ -287,7 +279,7 @@ def test_many_requests_split_and_whole(kernel_schedule):
 
 
 @requires_hopper
-def test_fp16_and_scale(kernel_schedule):
+def test_fp16_and_scale():
     lens = [700, 64, 1]
     args = mla_inputs(lens, 2, 32, 128, dtype=torch.float16, seed=6)
     out, lse = hattn.mla_with_kvcache(*args, softmax_scale=0.03, causal=True, return_lse=True)

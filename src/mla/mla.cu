@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "../common/common.cuh"
@@ -17,7 +15,6 @@
 #include "combine.cuh"
 #include "kernel.cuh"
 #include "schedule.cuh"
-#include "seesaw.cuh"
 
 namespace hattn {
 namespace {
@@ -180,33 +177,17 @@ Status mla_schedule(const MlaDecodeProblem& problem, int32_t* schedule, cudaStre
 
 namespace {
 
-// The attention kernel's schedule: kernel.cuh's, or seesaw.cuh's on trial beside it
-// (HATTN_MLA_SCHEDULE=seesaw) until a GPU run settles which stays. Read at each call, so that
-// one benchmark process can time both.
-bool seesaw_schedule() {
-  const char* v = std::getenv("HATTN_MLA_SCHEDULE");
-  return v != nullptr && std::strcmp(v, "seesaw") == 0;
-}
-
-template <typename Storage, typename Kernel>
-Status launch_attention(Kernel kernel, const CUtensorMap& kv_map, const mla::Params& params, int m_blocks,
-                        cudaStream_t stream) {
-  constexpr int kSmem = int(sizeof(Storage)) + 1024;  // + the 1024-byte alignment
-  Status s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                         std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (!s.ok()) return s;
-  kernel<<<dim3(unsigned(params.parts), unsigned(m_blocks)), mla::kThreads, kSmem, stream>>>(kv_map, params);
-  return launch_status(kName);
-}
-
 template <typename T>
 Status launch_typed(const MlaDecodeProblem& problem, const CUtensorMap& kv_map, const mla::Params& params,
                     int m_blocks, cudaStream_t stream) {
-  Status s = seesaw_schedule()
-                 ? launch_attention<mla::seesaw::SharedStorage>(mla::seesaw::seesaw_decode_kernel<T>, kv_map, params,
-                                                                m_blocks, stream)
-                 : launch_attention<mla::SharedStorage>(mla::mla_decode_kernel<T>, kv_map, params, m_blocks, stream);
+  constexpr int kSmem = int(sizeof(mla::SharedStorage)) + 1024;  // + the 1024-byte alignment
+  Status s = cuda_status(
+      cudaFuncSetAttribute(mla::mla_decode_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+      std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
+  mla::mla_decode_kernel<T><<<dim3(unsigned(params.parts), unsigned(m_blocks)), mla::kThreads, kSmem, stream>>>(
+      kv_map, params);
+  if (s = launch_status(kName); !s.ok()) return s;
   const int64_t rows = int64_t(problem.batch) * params.rows;
   const int64_t blocks = (rows + mla::kCombineRowsPerBlock - 1) / mla::kCombineRowsPerBlock;
   // Started early, beside the attention kernel's last CTAs.
