@@ -14,6 +14,10 @@ to 448; the scale is the descale), and gives the bf16 implementations the dequan
   sdpa_cudnn    torch SDPA, cuDNN backend, on contiguous BHSD copies (its best layout; the reference)
   sdpa_flash    torch SDPA, FLASH backend (FlashAttention-2), on BHSD views of the BSHD tensors
 
+With --fp64-errors every output is also compared with the attention of the e4m3 inputs' exact
+values (codes x descale) in float64: err64_max and err64_rms, the accuracy table's columns
+(ours beside FA3's FP8 on the same codes). This reference costs about a second a shape.
+
 Each output is checked against the reference first (cuDNN's, or FLASH's where cuDNN refuses the
 shape): max |out - ref| within the bf16 bound of hattn.bench (2x FLASH's distance + half a bf16
 ulp, at least 4 ulps, at max |ref|), and for the FP8 kernels at least 2^-4 max |ref| on top:
@@ -53,8 +57,10 @@ E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 FP8_REL_TOL = 2.0**-4  # e4m3 P: a weight's rounding is at most 2^-4 of it
 FIELDS = (
     "commit", "gpu", "sm_clock_mhz", "name", "dtype", "head_dim", "causal", "batch", "seqlen", "heads",
-    "ms", "reps", "tflops", "ratio_to_best_anchor", "ratio_to_best_bf16_anchor", "max_err", "tol", "status", "note",
+    "ms", "reps", "tflops", "ratio_to_best_anchor", "ratio_to_best_bf16_anchor", "max_err", "tol", "err64_max",
+    "err64_rms", "status", "note",
 )  # fmt: skip
+FP64_ROWS = 2048  # query rows per block of the float64 reference (S x 2048 doubles of scores at a time)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -70,6 +76,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="fewer reps (at least 5) where --reps calls take longer (default: 2)")  # fmt: skip
     p.add_argument("--flush-mb", type=int, default=256, help="L2 flush buffer written before every call, MB")
     p.add_argument("--out", default="results", help="output folder (default: results/)")
+    p.add_argument("--fp64-errors", action="store_true",
+                   help="also each output's error against a float64 reference on the e4m3 inputs' exact values")
     fa3.add_argument(p)
     args = p.parse_args(argv)
     fa3.check_argument(p, args)
@@ -109,14 +117,59 @@ def dequantize(codes: torch.Tensor, descale: torch.Tensor, dtype: torch.dtype = 
     return (codes.float() * descale.repeat_interleave(group, dim=1)[:, None, :, None]).to(dtype)
 
 
+def quantized_inputs(shape: Shape) -> Tuple[Tuple[torch.Tensor, torch.Tensor], ...]:
+    """((q codes, descale), (k ...), (v ...)) of one shape: hattn.bench's inputs, quantized (the
+    same every call)."""
+    return tuple(quantize(t, shape.heads_kv) for t in make_inputs(shape, torch.bfloat16))
+
+
+def attention_fp64(q8, qd, k8, kd, v8, vd, causal: bool) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(D)) V in float64 of e4m3 BSHD codes times their descales ([B, heads_kv]),
+    BSHD; causal aligned to the bottom right. By (batch, head) and FP64_ROWS query rows at a time."""
+    batch, seqlen_q, heads_q, dim = q8.shape
+    seqlen_k, heads_kv = k8.shape[1], k8.shape[2]
+    group = heads_q // heads_kv
+    out = torch.empty(q8.shape, dtype=torch.float64, device=q8.device)
+    scale = 1.0 / math.sqrt(dim)
+    for b in range(batch):
+        for h in range(heads_q):
+            kv = h // group
+            q = q8[b, :, h].double() * qd[b, kv].double()
+            k = k8[b, :, kv].double() * kd[b, kv].double()
+            v = v8[b, :, kv].double() * vd[b, kv].double()
+            for r0 in range(0, seqlen_q, FP64_ROWS):
+                s = (q[r0:r0 + FP64_ROWS] @ k.T) * scale
+                if causal:  # row i sees the keys up to i + seqlen_k - seqlen_q
+                    rows = torch.arange(r0, r0 + s.shape[0], device=s.device)[:, None] + (seqlen_k - seqlen_q)
+                    s.masked_fill_(torch.arange(seqlen_k, device=s.device)[None, :] > rows, float("-inf"))
+                out[b, r0:r0 + s.shape[0], h] = torch.softmax(s, dim=-1) @ v
+    return out
+
+
+def fp64_reference(shape: Shape) -> torch.Tensor:
+    """--fp64-errors' reference of one shape: attention_fp64 of its quantized inputs."""
+    (q8, qd), (k8, kd), (v8, vd) = quantized_inputs(shape)
+    return attention_fp64(q8, qd, k8, kd, v8, vd, shape.causal)
+
+
+def fp64_errors(out: torch.Tensor, ref: torch.Tensor) -> Tuple[float, float]:
+    """(max, root mean square) of |out - ref| in float64, head by head; NaN anywhere gives NaN."""
+    worst, squares = 0.0, 0.0
+    for h in range(out.shape[-2]):
+        diff = (out[..., h, :].double() - ref[..., h, :]).abs()
+        if torch.isnan(diff).any():
+            return float("nan"), float("nan")
+        worst = max(worst, diff.max().item())
+        squares += diff.square().sum().item()
+    return worst, math.sqrt(squares / max(out.numel(), 1))
+
+
 def implementations(shape: Shape) -> Dict[str, Tuple[str, Callable[[], torch.Tensor]]]:
     """name -> (dtype, call returning BSHD out) for one shape, all on the same values (FA3's
     calls need its library loaded: hattn.fa3.load)."""
     import hattn
 
-    q, k, v = make_inputs(shape, torch.bfloat16)
-    (q8, qd), (k8, kd), (v8, vd) = (quantize(t, shape.heads_kv) for t in (q, k, v))
-    del q, k, v
+    (q8, qd), (k8, kd), (v8, vd) = quantized_inputs(shape)
     qb, kb, vb = (dequantize(c, d) for c, d in ((q8, qd), (k8, kd), (v8, vd)))
     bhsd = tuple(t.transpose(1, 2).contiguous() for t in (qb, kb, vb))
     c = shape.causal
@@ -132,9 +185,12 @@ def implementations(shape: Shape) -> Dict[str, Tuple[str, Callable[[], torch.Ten
     return calls
 
 
-def bench_shape(shape: Shape, timer: Timer, env: Dict, fa3_missing: Optional[str] = fa3.NOT_GIVEN) -> List[Dict]:
-    """One row per implementation of NAMES; fa3_missing: why FA3 is not timed (None: it is)."""
+def bench_shape(shape: Shape, timer: Timer, env: Dict, fa3_missing: Optional[str] = fa3.NOT_GIVEN,
+                fp64: bool = False) -> List[Dict]:
+    """One row per implementation of NAMES; fa3_missing: why FA3 is not timed (None: it is);
+    fp64: their errors against fp64_reference too."""
     calls = implementations(shape)
+    ref64 = fp64_reference(shape) if fp64 else None
     rows: Dict[str, Dict] = {}
     for name, (dtype, _) in calls.items():
         rows[name] = {
@@ -142,7 +198,7 @@ def bench_shape(shape: Shape, timer: Timer, env: Dict, fa3_missing: Optional[str
             "dtype": dtype, "head_dim": shape.head_dim, "causal": shape.causal, "batch": shape.batch,
             "seqlen": shape.seqlen_q, "heads": shape.heads_q, "ms": None, "reps": None, "tflops": None,
             "ratio_to_best_anchor": None, "ratio_to_best_bf16_anchor": None, "max_err": None, "tol": None,
-            "status": "ok", "note": "",
+            "err64_max": None, "err64_rms": None, "status": "ok", "note": "",
         }  # fmt: skip
 
     def fail(name: str, status: str, why: str) -> None:
@@ -190,6 +246,8 @@ def bench_shape(shape: Shape, timer: Timer, env: Dict, fa3_missing: Optional[str
             continue
         bound = max(tol, FP8_REL_TOL * ref_max) if name in FP8_NAMES else tol
         err = max_error(out, ref)
+        if ref64 is not None:
+            rows[name]["err64_max"], rows[name]["err64_rms"] = fp64_errors(out, ref64)
         del out
         rows[name].update(max_err=err, tol=None if name == ref_name else bound)
         if math.isnan(err):
@@ -198,7 +256,7 @@ def bench_shape(shape: Shape, timer: Timer, env: Dict, fa3_missing: Optional[str
             fail(name, "FAIL", f"max err {err:.3g} > tol {bound:.3g} vs {ref_name}")
         else:
             to_time.append(name)
-    del ref
+    del ref, ref64
 
     for name, (ms, reps) in zip(to_time, timer.interleaved([calls[n][1] for n in to_time])):
         rows[name].update(ms=ms, reps=reps, tflops=shape.flops / (ms * 1e9))
@@ -231,7 +289,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows: List[Dict] = []
     for shape in args.shapes:
         try:
-            shape_rows = bench_shape(shape, timer, env, fa3_missing)
+            shape_rows = bench_shape(shape, timer, env, fa3_missing, args.fp64_errors)
         except torch.cuda.OutOfMemoryError as e:
             print(f"# {shape}: out of memory: {str(e).splitlines()[0]}")
             torch.cuda.empty_cache()
@@ -243,8 +301,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            if r["status"] not in ("ok", "not given")) or "ok"  # fmt: skip
         tflops = " ".join(f"{r['tflops']:11.1f}" if r["tflops"] else f"{'-':>11}" for r in shape_rows)
         ratio_text = f"{ratio:8.3f}" if ratio else f"{'-':>8}"
+        ours, theirs = by["hattn_fp8"]["err64_max"], by["fa3_fp8"]["err64_max"]
+        errors = f"  err64 {ours:.3g}" if ours is not None else ""
+        if ours is not None and theirs:
+            errors += f" (fa3_fp8 {theirs:.3g}: x{ours / theirs:.2f})"
         print(f"{shape.head_dim:>4} {'causal' if shape.causal else 'full':6} {shape.seqlen_q:>6} {shape.batch:>2}x{shape.heads_q:<3} "
-              f"{tflops}  {ratio_text}  {checks}", flush=True)  # fmt: skip
+              f"{tflops}  {ratio_text}  {checks}{errors}", flush=True)  # fmt: skip
         torch.cuda.empty_cache()
     print(f"# SM clock at the end: {sm_clock_mhz()} MHz")
     if not rows:

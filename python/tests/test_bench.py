@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 
 import hattn
 import pytest
@@ -467,10 +468,11 @@ def test_fp8_bench_without_gpu_says_so(capsys):
     assert "no CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("fp8_error, status, rc, fa3_given",
-                         [(1e-3, "ok", 0, False), (0.5, "FAIL", 1, False), (float("nan"), "FAIL", 1, False),
-                          (1e-3, "ok", 0, True)])  # fmt: skip
-def test_fp8_bench_checks_and_writes_csv(monkeypatch, tmp_path, capsys, fp8_error, status, rc, fa3_given):
+@pytest.mark.parametrize("fp8_error, status, rc, fa3_given, fp64",
+                         [(1e-3, "ok", 0, False, False), (0.5, "FAIL", 1, False, False),
+                          (float("nan"), "FAIL", 1, False, False), (1e-3, "ok", 0, True, False),
+                          (1e-3, "ok", 0, True, True)])  # fmt: skip
+def test_fp8_bench_checks_and_writes_csv(monkeypatch, tmp_path, capsys, fp8_error, status, rc, fa3_given, fp64):
     """main's flow on CPU stand-ins: every implementation checked against cuDNN's output, the
     passing ones timed, the CSV written with one row per (shape, implementation). Without an
     FA3 library its rows say "not given" and its calls never run."""
@@ -511,7 +513,9 @@ def test_fp8_bench_checks_and_writes_csv(monkeypatch, tmp_path, capsys, fp8_erro
     monkeypatch.setattr(bench_fp8, "sm_clock_mhz", lambda: "1980")
     monkeypatch.setattr(bench_fp8, "environment", lambda: {
         "gpu": "stand-in", "torch": "-", "cudnn": "-", "commit": "abc", "sm_clock_mhz_start": "1980"})  # fmt: skip
-    assert bench_fp8.main(["--seqlens", "1k", "--causal", "no", "--out", str(tmp_path)]) == rc
+    monkeypatch.setattr(bench_fp8, "fp64_reference", lambda shape: ref.double())
+    assert bench_fp8.main(["--seqlens", "1k", "--causal", "no", "--out", str(tmp_path)]
+                          + (["--fp64-errors"] if fp64 else [])) == rc  # fmt: skip
     with open(tmp_path / "pybench_fp8.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == list(bench_fp8.FIELDS)
@@ -533,6 +537,36 @@ def test_fp8_bench_checks_and_writes_csv(monkeypatch, tmp_path, capsys, fp8_erro
         assert by["fa3_fp8"]["ms"] == "" and "--fa3" in by["fa3_fp8"]["note"]
     if status != "ok":
         assert by["hattn_fp8"]["ms"] == "" and "hattn_fp8: FAIL" in capsys.readouterr().out  # not timed
+    if fp64:  # against the float64 reference: ours 1e-3 off, FA3's 2e-3 (fp32 rounding of 1 + x)
+        assert float(by["hattn_fp8"]["err64_max"]) == pytest.approx(1e-3, rel=1e-3)
+        assert float(by["fa3_fp8"]["err64_max"]) == pytest.approx(2e-3, rel=1e-3)
+        assert float(by["sdpa_cudnn"]["err64_rms"]) == 0.0
+        assert "(fa3_fp8 0.002: x0.50)" in capsys.readouterr().out
+    else:
+        assert all(r["err64_max"] == r["err64_rms"] == "" for r in rows)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp8_bench_fp64_reference(monkeypatch, causal):
+    """attention_fp64 on CPU codes: torch's float64 attention of the dequantized values, GQA and a
+    query count that is no multiple of the row block included; fp64_errors' max and RMS."""
+    import torch
+    import torch.nn.functional as F
+    from hattn import bench_fp8
+
+    monkeypatch.setattr(bench_fp8, "FP64_ROWS", 3)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, s, h, 64, generator=gen) for s, h in ((7, 4), (11, 2), (11, 2)))
+    (q8, qd), (k8, kd), (v8, vd) = (bench_fp8.quantize(t, heads_kv=2) for t in (q, k, v))
+    got = bench_fp8.attention_fp64(q8, qd, k8, kd, v8, vd, causal)
+    exact = [(c.double() * d.double().repeat_interleave(c.shape[2] // 2, dim=1)[:, None, :, None]).transpose(1, 2)
+             for c, d in ((q8, qd), (k8, kd), (v8, vd))]  # codes x descale, exact in float64
+    mask = torch.ones(7, 11, dtype=torch.bool).tril(diagonal=11 - 7) if causal else None
+    want = F.scaled_dot_product_attention(*exact, attn_mask=mask, enable_gqa=True).transpose(1, 2)
+    assert got.dtype == torch.float64 and torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    worst, rms = bench_fp8.fp64_errors((want + 0.25).float(), want)
+    assert worst == pytest.approx(0.25, rel=1e-6) and rms == pytest.approx(0.25, rel=1e-6)
+    assert math.isnan(bench_fp8.fp64_errors(torch.full_like(want, float("nan")), want)[0])
 
 
 @requires_hopper
