@@ -130,7 +130,8 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   }
   if constexpr (kFp8Kv) {  // on trial: how the cache's codes are widened, read each call
     const char* widen = std::getenv("HATTN_KV_WIDEN");
-    kernel_params.kv_widen_alu = widen != nullptr && std::string(widen) == "alu";
+    const std::string how = widen != nullptr ? widen : "";
+    kernel_params.kv_widen = how == "alu" ? 1 : how == "skip" ? 2 : 0;
   }
   WorkList list(grid_plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
                 kernel_params.heads_per_kv);

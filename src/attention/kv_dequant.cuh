@@ -95,8 +95,9 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
                    uint64_t* full, uint64_t* empty, bool reused, uint32_t previous_use, int valid) {
     ptx::mbarrier_wait(staged_full, staged_parity);
     if (reused) ptx::mbarrier_wait(empty, previous_use);
-    dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread,
-                            p.kv_widen_alu);
+    if (p.kv_widen != 2)  // 2: the timing probe (FeatureParams::kv_widen)
+      dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread,
+                              p.kv_widen == 1);
     // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
     ptx::fence_proxy_async_shared_cta();
     __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them
