@@ -140,9 +140,10 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       }
     }
     // The stage's V descriptor, before the wait: after it, each wgmma adds only a constant.
-    uint64_t v_stage_desc = ptx::advance_smem_desc(v_desc, ring % Cfg::kStages * kVStageBytes);
+    const RingPosition<Cfg::kStages> at(ring);
+    uint64_t v_stage_desc = ptx::advance_smem_desc(v_desc, at.slot * kVStageBytes);
     ptx::fence_operand(v_stage_desc);
-    ptx::mbarrier_wait(&smem.v_full[ring % Cfg::kStages], (ring / Cfg::kStages) % 2);
+    ptx::mbarrier_wait(&smem.v_full[at.slot], at.phase);
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
     if constexpr (kFp8) {
@@ -174,7 +175,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     for (int kk = 0; kk < kPSteps; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) ptx::fence_operand(p_frag[kk][i]);
-    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[ring % Cfg::kStages]);
+    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[RingPosition<Cfg::kStages>(ring).slot]);
     if constexpr (kFp8) {
 #pragma unroll
       for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o_tile[i]);
@@ -236,14 +237,15 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     auto step = [&](int tile, auto has_previous) {
       constexpr bool kHasPrevious = decltype(has_previous)::value;
       const int ring = kv + tile;
-      const int stage = ring % Cfg::kStages;
+      const RingPosition<Cfg::kStages> at(ring);
+      const int stage = at.slot;
       const int n_start = (range.first + tile) * kBlockN;
 
       // The stage's K descriptor, before the waits: in the turn, each wgmma adds only a constant.
       uint64_t k_stage_desc = ptx::advance_smem_desc(k_desc, stage * kKStageBytes);
       ptx::fence_operand(k_stage_desc);
       // In the turn: S(t) = Q K(t)^T, then PV(t - 1) right behind it.
-      ptx::mbarrier_wait(&smem.k_full[stage], (ring / Cfg::kStages) % 2);
+      ptx::mbarrier_wait(&smem.k_full[stage], at.phase);
       ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the previous warpgroup has issued its GEMMs
 #pragma unroll
       for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
@@ -330,8 +332,9 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     // toward a phase the busy warpgroups are still in). q_empty only if no S of ours read Q.
     auto pass_tiles = [&](int from) {
       for (int tile = from; tile < n_tiles; ++tile) {
-        const int ring = kv + tile, stage = ring % Cfg::kStages;
-        const uint32_t parity = (ring / Cfg::kStages) % 2;
+        const RingPosition<Cfg::kStages> at(kv + tile);
+        const int stage = at.slot;
+        const uint32_t parity = at.phase;
         ptx::mbarrier_wait(&smem.k_full[stage], parity);
         ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
         ptx::bar_arrive(next_turn, kTurnThreads);

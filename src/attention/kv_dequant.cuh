@@ -112,15 +112,14 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const KvTileRange range = items.tiles(item, seq);
     for (int tile = 0; tile < range.last - range.first; ++tile, ++kv) {
-      const int stage = kv % Cfg::kStages, staged = kv % Cfg::kStagingStages;
-      const uint32_t staged_parity = (kv / Cfg::kStagingStages) % 2;
-      const bool reused = kv >= Cfg::kStages;
-      const uint32_t previous_use = reused ? (kv / Cfg::kStages - 1) % 2 : 0;
+      const RingPosition<Cfg::kStages> ring(kv);
+      const RingPosition<Cfg::kStagingStages> staged(kv);
+      const int stage = ring.slot, s8 = staged.slot;
       const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;  // keys of the tile in the sequence
-      widen(smem.k8[staged], &smem.k8_full[staged], &smem.k8_empty[staged], staged_parity, smem.k[stage],
-            &smem.k_full[stage], &smem.k_empty[stage], reused, previous_use, valid);
-      widen(smem.v8[staged], &smem.v8_full[staged], &smem.v8_empty[staged], staged_parity, smem.v[stage],
-            &smem.v_full[stage], &smem.v_empty[stage], reused, previous_use, valid);
+      widen(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase, smem.k[stage], &smem.k_full[stage],
+            &smem.k_empty[stage], ring.reused, ring.previous_use, valid);
+      widen(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase, smem.v[stage], &smem.v_full[stage],
+            &smem.v_empty[stage], ring.reused, ring.previous_use, valid);
     }
   }
 }

@@ -118,25 +118,23 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
     }
     ++uses;
     for (int tile = 0; tile < n_tiles; ++tile, ++kv) {
-      const int stage = kv % Cfg::kStages;
       if constexpr (Cfg::kFp8Cache) {
         // An FP8 KV cache: both tiles into the staging ring, once the dequantizing warps have
         // read its previous use (they wait for the 16-bit stage the consumers release).
-        const int staged = kv % Cfg::kStagingStages;
+        const RingPosition<Cfg::kStagingStages> staged(kv);
         const TileSource src = tile_source<kRuntimeBounds>(p, seq, (range.first + tile) * kBlockN);
-        const int kv_row = src.row, kv_entry = src.entry;
-        const bool restaged = kv >= Cfg::kStagingStages;
-        const uint32_t previous_use = restaged ? (kv / Cfg::kStagingStages - 1) % 2 : 0;
-        if (restaged) ptx::mbarrier_wait(&smem.k8_empty[staged], previous_use);
-        load_staged_tile<Cfg>(smem.k8[staged], &k_map, kv_row, head_kv, kv_entry, &smem.k8_full[staged]);
-        if (restaged) ptx::mbarrier_wait(&smem.v8_empty[staged], previous_use);
-        load_staged_tile<Cfg>(smem.v8[staged], &v_map, kv_row, head_kv, kv_entry, &smem.v8_full[staged]);
+        const int kv_row = src.row, kv_entry = src.entry, s8 = staged.slot;
+        if (staged.reused) ptx::mbarrier_wait(&smem.k8_empty[s8], staged.previous_use);
+        load_staged_tile<Cfg>(smem.k8[s8], &k_map, kv_row, head_kv, kv_entry, &smem.k8_full[s8]);
+        if (staged.reused) ptx::mbarrier_wait(&smem.v8_empty[s8], staged.previous_use);
+        load_staged_tile<Cfg>(smem.v8[s8], &v_map, kv_row, head_kv, kv_entry, &smem.v8_full[s8]);
         continue;
       }
-      // WAR: the consumers have released this stage's K (then V) of its previous use,
-      // kv - kStages, whose phase parity is (kv / kStages - 1) % 2.
-      const bool reused = kv >= Cfg::kStages;
-      const uint32_t previous_use = reused ? (kv / Cfg::kStages - 1) % 2 : 0;
+      // WAR: the consumers have released this stage's K (then V) of its previous use, kv - kStages.
+      const RingPosition<Cfg::kStages> ring(kv);
+      const int stage = ring.slot;
+      const bool reused = ring.reused;
+      const uint32_t previous_use = ring.previous_use;
       if (reused) ptx::mbarrier_wait(&smem.k_empty[stage], previous_use);
       // In a variable-length batch the last tile may run into the next sequence's keys:
       // the consumers mask them like keys past Sk (which TMA fills with zeros).

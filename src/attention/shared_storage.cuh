@@ -20,6 +20,19 @@ using OutType = std::conditional_t<kIsFp8<T>, __nv_bfloat16, T>;
 template <typename T, int D, bool kWide, int kNumConsumers, bool kFp8Kv = false>
 using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>, kFp8Kv>;
 
+// The n-th tile through a ring of kSlots buffers, each with a full and an empty mbarrier: its
+// slot, the parity of the phase its fill completes, and whether the slot held an earlier tile,
+// whose release (the phase of parity previous_use) a writer must wait for first.
+template <int kSlots>
+struct RingPosition {
+  int slot;
+  uint32_t phase;
+  bool reused;
+  uint32_t previous_use;
+  __host__ __device__ explicit RingPosition(int n)
+      : slot(n % kSlots), phase(uint32_t(n / kSlots) % 2), reused(n >= kSlots), previous_use(phase ^ 1u) {}
+};
+
 // Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
 // 128B-swizzled.
 template <typename T, typename Cfg>
