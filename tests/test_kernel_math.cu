@@ -1,20 +1,24 @@
 // The kernels' special-function helpers on the GPU against fp64: tanh.approx.f32 (softcapping)
 // is held to the error measured on the H200, far inside the PTX ISA's promise of 2^-11, so that
-// a GPU whose MUFU.TANH errs more fails here instead of moving softcapped scores unseen.
+// a GPU whose MUFU.TANH errs more fails here instead of moving softcapped scores unseen. And the
+// FP8 KV cache's widening of e4m3 codes, code by code and tile by tile.
 #include <gtest/gtest.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "../tools/harness.h"
 #include "gpu_env.h"
+#include "attention/kv_dequant.cuh"
 #include "common/fragment.cuh"
 #include "hattn/reference.h"
 #include "ptx/ex2.cuh"
+#include "ptx/smem.cuh"
 
 namespace hattn {
 namespace {
@@ -52,51 +56,26 @@ TEST(TanhApprox, WithinTheH200sErrorOnTheGpu) {
   EXPECT_LT(worst_rel, 1.2e-5);  // measured: 9.9e-6
 }
 
-// The integer way's bit pattern, times its power of two on the host: every finite e4m3 code's
-// value exactly, for both 16-bit types (no GPU; the GPU test below runs the multiply itself).
-TEST(WidenE4m3, TheBitPatternTimesItsScaleIsTheCodesValue) {
-  for (const DType dtype : {DType::bf16, DType::fp16}) {
-    const bool half = dtype == DType::fp16;
-    const float scale = half ? 256.f : std::ldexp(1.f, 120);
-    for (int code = 0; code < 256; ++code) {
-      if ((code & 0x7F) == 0x7F) continue;  // NaN
-      for (int high = 0; high < 2; ++high) {  // the code in the low half, then the high half, as byte_perm places it
-        const uint32_t placed = uint32_t(code) << (high ? 24 : 8);
-        const uint32_t pair = half ? frag::E4m3Widening<true>::bits(placed) : frag::E4m3Widening<false>::bits(placed);
-        const float got = ref::bits_to_float(uint16_t(pair >> (high ? 16 : 0)), dtype) * scale;
-        const float want = ref::bits_to_float(uint16_t(code), DType::e4m3);
-        EXPECT_EQ(got, want) << dtype_name(dtype) << " code " << code << (high ? " (high half)" : "");
-        EXPECT_EQ(std::signbit(got), std::signbit(want)) << dtype_name(dtype) << " code " << code;  // -0 too
-        EXPECT_EQ(uint16_t(pair >> (high ? 0 : 16)), 0) << "the other half stays empty, code " << code;
-      }
-    }
-  }
-}
-
-// e4m3 codes widened to 16 bits, both ways the FP8 KV cache can (kv_dequant.cuh): `words` holds
-// 4 codes each; out gets cvt's then the integer way's 16-bit results, 4 per word each.
+// e4m3 codes widened to 16 bits as the FP8 KV cache does (kv_dequant.cuh): `words` holds 4
+// codes each; out gets their 16-bit values, 2 per register.
 template <typename T>
 __global__ void widen_e4m3_kernel(const uint32_t* words, uint32_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const uint32_t w = words[i];
-  out[4 * i + 0] = frag::e4m3x2_to<T>(uint16_t(w));
-  out[4 * i + 1] = frag::e4m3x2_to<T>(uint16_t(w >> 16));
-  const uint2 alu = frag::widen4_e4m3<T>(w);
-  out[4 * i + 2] = alu.x;
-  out[4 * i + 3] = alu.y;
+  const uint4 wide = fwd::widen8<T>(make_uint2(words[i], 0u));
+  out[2 * i + 0] = wide.x;
+  out[2 * i + 1] = wide.y;
 }
 
-// Every e4m3 code, widened on the GPU to bf16 and fp16 both ways, is its exact value (NaN codes
-// NaN through cvt, +-480 the integer way); subnormal codes included, which checks that the
-// 16-bit multiply keeps subnormal inputs.
-TEST(WidenE4m3, EveryCodeExactlyBothWaysOnTheGpu) {
+// Every e4m3 code, widened on the GPU to bf16 and fp16, is its exact value (-0 too; NaN codes
+// NaN); subnormal codes included.
+TEST(WidenE4m3, EveryCodeExactlyOnTheGpu) {
   if (const std::string why = testing::gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   std::vector<uint32_t> words(64);
   for (int i = 0; i < 64; ++i) words[i] = uint32_t(4 * i) | uint32_t(4 * i + 1) << 8 | uint32_t(4 * i + 2) << 16 | uint32_t(4 * i + 3) << 24;
   harness::DeviceBuffer d_words, d_out;
   ASSERT_TRUE(d_words.allocate(words.size() * 4).ok());
-  ASSERT_TRUE(d_out.allocate(words.size() * 16).ok());
+  ASSERT_TRUE(d_out.allocate(words.size() * 8).ok());
   ASSERT_EQ(cudaMemcpy(d_words.get(), words.data(), words.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   for (DType dtype : {DType::bf16, DType::fp16}) {
     const auto* in = static_cast<const uint32_t*>(d_words.get());
@@ -105,25 +84,98 @@ TEST(WidenE4m3, EveryCodeExactlyBothWaysOnTheGpu) {
       widen_e4m3_kernel<__nv_bfloat16><<<1, 64>>>(in, out, 64);
     else
       widen_e4m3_kernel<__half><<<1, 64>>>(in, out, 64);
-    std::vector<uint32_t> got(words.size() * 4);
+    std::vector<uint32_t> got(words.size() * 2);
     ASSERT_EQ(cudaMemcpy(got.data(), d_out.get(), got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
     for (int code = 0; code < 256; ++code) {
       const int word = code / 4, k = code % 4;  // code k of its word: register k / 2, half k % 2
-      const uint16_t by_cvt = uint16_t(got[4 * word + k / 2] >> (16 * (k % 2)));
-      const uint16_t by_alu = uint16_t(got[4 * word + 2 + k / 2] >> (16 * (k % 2)));
+      const float wide = ref::bits_to_float(uint16_t(got[2 * word + k / 2] >> (16 * (k % 2))), dtype);
       const float want = ref::bits_to_float(uint16_t(code), DType::e4m3);
-      const float cvt = ref::bits_to_float(by_cvt, dtype), alu = ref::bits_to_float(by_alu, dtype);
       if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(cvt)) << dtype_name(dtype) << " code " << code;
-        EXPECT_EQ(alu, (code & 0x80) ? -480.f : 480.f) << dtype_name(dtype) << " code " << code;
+        EXPECT_TRUE(std::isnan(wide)) << dtype_name(dtype) << " code " << code;
         continue;
       }
-      EXPECT_EQ(cvt, want) << dtype_name(dtype) << " cvt, code " << code;
-      EXPECT_EQ(alu, want) << dtype_name(dtype) << " integer way, code " << code;
-      EXPECT_EQ(std::signbit(cvt), std::signbit(want)) << dtype_name(dtype) << " cvt, code " << code;  // -0 too
-      EXPECT_EQ(std::signbit(alu), std::signbit(want)) << dtype_name(dtype) << " integer way, code " << code;
+      EXPECT_EQ(wide, want) << dtype_name(dtype) << " code " << code;
+      EXPECT_EQ(std::signbit(wide), std::signbit(want)) << dtype_name(dtype) << " code " << code;  // -0 too
     }
   }
+}
+
+// One staging tile of `codes` widened both ways kv_dequant.cuh has (8 codes a thread at a time,
+// and 16 on trial) by the 96 threads of the widening warps, each into a 16-bit tile first filled
+// with 0xFFFF (NaN), which `by_chunks` and `by_units` receive.
+template <typename T, typename Cfg>
+__global__ void widen_tile_kernel(const uint8_t* codes, uint16_t* by_chunks, uint16_t* by_units, int valid) {
+  constexpr int kCodes = Cfg::kBlockN * Cfg::kHeadDim;  // a multiple of 1024
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* staged = ptx::align_shared<1024>(smem_raw);
+  auto* wide = reinterpret_cast<uint16_t*>(staged + kCodes);
+  for (int i = threadIdx.x; i < kCodes; i += blockDim.x) staged[i] = codes[i];
+  for (int way = 0; way < 2; ++way) {
+    for (int i = threadIdx.x; i < kCodes; i += blockDim.x) wide[i] = 0xFFFF;
+    __syncthreads();  // the tiles written, before the widening reads and overwrites them
+    const uint32_t src = ptx::cvta_to_shared_u32(staged), dst = ptx::cvta_to_shared_u32(wide);
+    if (way == 0)
+      fwd::dequantize_tile<T, Cfg>(src, dst, valid, int(threadIdx.x));
+    else
+      fwd::widen_tile_by_units<T, Cfg>(src, dst, valid, int(threadIdx.x));
+    __syncthreads();  // the widening done, before the copy out
+    uint16_t* out = way == 0 ? by_chunks : by_units;
+    for (int i = threadIdx.x; i < kCodes; i += blockDim.x) out[i] = wide[i];
+    __syncthreads();  // the copy done, before the next way refills the tile
+  }
+}
+
+template <typename T, int D>
+void check_widened_tiles(DType dtype) {
+  using Cfg = fwd::ConfigOf<T, D, false, 2, true>;
+  constexpr int kRows = Cfg::kBlockN, kCodes = kRows * D;
+  std::mt19937 rng(D);
+  std::vector<uint8_t> codes(kCodes);
+  for (uint8_t& c : codes) c = uint8_t(rng());  // every code, NaN ones too
+  harness::DeviceBuffer d_codes, d_chunks, d_units;
+  ASSERT_TRUE(d_codes.allocate(kCodes).ok());
+  ASSERT_TRUE(d_chunks.allocate(kCodes * 2).ok());
+  ASSERT_TRUE(d_units.allocate(kCodes * 2).ok());
+  ASSERT_EQ(cudaMemcpy(d_codes.get(), codes.data(), kCodes, cudaMemcpyHostToDevice), cudaSuccess);
+  const int smem = 3 * kCodes + 1024;
+  const auto kernel = widen_tile_kernel<T, Cfg>;
+  ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
+  for (const int valid : {kRows, kRows - 37, 1, 0, -5}) {  // whole, part, one key, none (and a negative count)
+    kernel<<<1, fwd::kDequantWarps * 32, smem>>>(static_cast<const uint8_t*>(d_codes.get()),
+                                                  static_cast<uint16_t*>(d_chunks.get()),
+                                                  static_cast<uint16_t*>(d_units.get()), valid);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> by_chunks(kCodes), by_units(kCodes);
+    ASSERT_EQ(cudaMemcpy(by_chunks.data(), d_chunks.get(), kCodes * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(by_units.data(), d_units.get(), kCodes * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    int wrong = 0;
+    for (int row = 0; row < kRows; ++row) {
+      for (int col = 0; col < D; ++col) {
+        // TMA's 128-byte swizzle of [D / 64][kRows][64]: 8-column chunk j of a row at j ^ row % 8.
+        const int at = (col / 64) * kRows * 64 + row * 64 + ((col % 64 / 8) ^ (row % 8)) * 8 + col % 8;
+        const float want = row < valid ? ref::bits_to_float(codes[row * D + col], DType::e4m3) : 0.f;
+        for (const uint16_t bits : {by_chunks[at], by_units[at]}) {
+          const float got = ref::bits_to_float(bits, dtype);
+          const bool same = std::isnan(want) ? std::isnan(got) : got == want && std::signbit(got) == std::signbit(want);
+          if (!same && ++wrong <= 5)
+            ADD_FAILURE() << dtype_name(dtype) << " D " << D << " valid " << valid << ": row " << row << " col "
+                          << col << (bits == by_chunks[at] ? " (by chunks)" : " (by units)") << " got " << got
+                          << ", want " << want;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << dtype_name(dtype) << " D " << D << " valid " << valid;
+  }
+}
+
+// Both widening loops write the 16-bit tile TMA would have: every code exactly at its swizzled
+// place, the rows past `valid` zero, nothing left unwritten.
+TEST(WidenE4m3, TilesBothWaysOnTheGpu) {
+  if (const std::string why = testing::gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  check_widened_tiles<__nv_bfloat16, 64>(DType::bf16);
+  check_widened_tiles<__nv_bfloat16, 128>(DType::bf16);
+  check_widened_tiles<__nv_bfloat16, 256>(DType::bf16);
+  check_widened_tiles<__half, 128>(DType::fp16);
 }
 
 }  // namespace

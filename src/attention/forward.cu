@@ -130,8 +130,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   }
   if constexpr (kFp8Kv) {  // on trial: how the cache's codes are widened, read each call
     const char* widen = std::getenv("HATTN_KV_WIDEN");
-    const std::string how = widen != nullptr ? widen : "";
-    kernel_params.kv_widen = how == "alu" ? 1 : how == "skip" ? 2 : 0;
+    kernel_params.kv_widen_by_units = widen != nullptr && std::string(widen) == "units";
   }
   WorkList list(grid_plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
                 kernel_params.heads_per_kv);

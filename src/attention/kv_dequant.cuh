@@ -30,6 +30,13 @@ namespace hattn::fwd {
 constexpr int kDequantWarps = 3;
 
 #ifdef __CUDACC__
+// Eight e4m3 codes (code 0 in the low byte of .x) as eight T, two to a register: cvt per pair.
+template <typename T>
+__device__ __forceinline__ uint4 widen8(uint2 codes) {
+  return make_uint4(frag::e4m3x2_to<T>(uint16_t(codes.x)), frag::e4m3x2_to<T>(uint16_t(codes.x >> 16)),
+                    frag::e4m3x2_to<T>(uint16_t(codes.y)), frag::e4m3x2_to<T>(uint16_t(codes.y >> 16)));
+}
+
 // One tile: `src`, [kBlockN keys][D] e4m3 codes row by row, into `dst`, the 16-bit tile
 // [D / 64][kBlockN][64] with TMA's 128-byte swizzle (16-byte chunk j of a row at chunk
 // j ^ row % 8), keys from `valid` on as zeros: rows past the sequence hold anything, NaN codes
@@ -37,9 +44,8 @@ constexpr int kDequantWarps = 3;
 // codes at a time: an 8-byte load, four pair conversions, a 16-byte store. Consecutive threads
 // take consecutive 8-code chunks, so a warp's loads read 256 contiguous bytes and each quarter
 // warp's stores fill the 8 chunks of one swizzled row: no bank conflicts either way.
-// `alu` (on trial): frag::widen4_e4m3's integer and multiply instructions instead of cvt.
 template <typename T, typename Cfg>
-__device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread, bool alu) {
+__device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread) {
   constexpr int kChunksPerRow = Cfg::kHeadDim / 8;
   constexpr int kChunks = Cfg::kBlockN * kChunksPerRow;
   constexpr int kThreads = kDequantWarps * 32;
@@ -65,15 +71,53 @@ __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int 
         const int row = c / kChunksPerRow, col_chunk = c % kChunksPerRow;  // 8 elements = one 16-byte chunk of T
         const uint32_t at = dst + uint32_t(col_chunk / 8) * kColBlockBytes + uint32_t(row) * kSwizzleBytes +
                             uint32_t((col_chunk % 8) ^ (row % 8)) * 16;
-        uint4 wide;
-        if (alu) {
-          const uint2 lo = frag::widen4_e4m3<T>(codes[b].x), hi = frag::widen4_e4m3<T>(codes[b].y);
-          wide = make_uint4(lo.x, lo.y, hi.x, hi.y);
-        } else {
-          wide = make_uint4(frag::e4m3x2_to<T>(uint16_t(codes[b].x)), frag::e4m3x2_to<T>(uint16_t(codes[b].x >> 16)),
-                            frag::e4m3x2_to<T>(uint16_t(codes[b].y)), frag::e4m3x2_to<T>(uint16_t(codes[b].y >> 16)));
-        }
-        ptx::st_shared_v4(at, wide);
+        ptx::st_shared_v4(at, widen8<T>(codes[b]));
+      }
+    }
+  }
+}
+
+// The same tile widened 16 codes at a time (on trial, HATTN_KV_WIDEN=units: the H200 profile
+// of the loop above counted 54 instructions per 8 codes, the warps stalled on their few loads
+// in flight, and it bounds the decode). A thread keeps one 16-code column unit of the rows
+// kRowStep apart, so its swizzled addresses come from a row count, and loads kBatch units
+// before it converts any. Bank conflicts: a quarter warp's loads read 128 contiguous bytes;
+// its first stores, at D >= 128 one row in two 64-column blocks whose units start on even
+// chunks, would take each even slot twice, so the second block's threads store their odd
+// chunk first; at D = 64 its two rows differ in parity and take even and odd slots.
+template <typename T, typename Cfg>
+__device__ __forceinline__ void widen_tile_by_units(uint32_t src, uint32_t dst, int valid, int thread) {
+  constexpr int D = Cfg::kHeadDim, kRows = Cfg::kBlockN;
+  constexpr int kUnitsPerRow = D / 16;  // 16 codes in (one 16-byte load), 32 bytes out (two stores)
+  constexpr int kThreads = kDequantWarps * 32;
+  static_assert(kThreads % kUnitsPerRow == 0, "each thread keeps its column unit");
+  constexpr int kRowStep = kThreads / kUnitsPerRow;  // rows between a thread's units: 24, 12, 6
+  constexpr int kSteps = (kRows + kRowStep - 1) / kRowStep;
+  constexpr int kBatch = 3;  // 16-byte loads in flight per thread before the first conversion
+  const int unit = thread % kUnitsPerRow, first_row = thread / kUnitsPerRow;
+  const int chunk = 2 * unit;  // the unit's first 8 columns as a chunk of the row; the second is chunk + 1
+  const uint32_t block = dst + uint32_t(chunk / 8) * uint32_t(kRows * kSwizzleBytes);  // its 64-column block
+  const uint32_t second_first = (unit / 4) % 2 * 16u;  // the odd blocks' threads store their odd chunk first
+  valid = min(max(valid, 0), kRows);
+#pragma unroll 1
+  for (int i0 = 0; i0 < kSteps; i0 += kBatch) {
+    uint4 codes[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int row = first_row + (i0 + b) * kRowStep;
+      codes[b] = make_uint4(0u, 0u, 0u, 0u);  // e4m3 0x00 is +0
+      if (i0 + b < kSteps && row < valid) codes[b] = ptx::ld_shared_v4(src + uint32_t(row * D + unit * 16));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int row = first_row + (i0 + b) * kRowStep;
+      if (i0 + b < kSteps && row < kRows) {
+        // The even chunk's swizzled slot; the odd one's is its neighbour (slot ^ 1: byte ^ 16).
+        const uint32_t at = block + uint32_t(row) * kSwizzleBytes + uint32_t((chunk % 8) ^ (row % 8)) * 16;
+        const uint4 lo = widen8<T>(make_uint2(codes[b].x, codes[b].y));
+        const uint4 hi = widen8<T>(make_uint2(codes[b].z, codes[b].w));
+        ptx::st_shared_v4(at ^ second_first, second_first ? hi : lo);
+        ptx::st_shared_v4(at ^ second_first ^ 16u, second_first ? lo : hi);
       }
     }
   }
@@ -95,9 +139,10 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
                    uint64_t* full, uint64_t* empty, bool reused, uint32_t previous_use, int valid) {
     ptx::mbarrier_wait(staged_full, staged_parity);
     if (reused) ptx::mbarrier_wait(empty, previous_use);
-    if (p.kv_widen != 2)  // 2: the timing probe (FeatureParams::kv_widen)
-      dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread,
-                              p.kv_widen == 1);
+    if (p.kv_widen_by_units)  // on trial (FeatureParams::kv_widen_by_units)
+      widen_tile_by_units<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
+    else
+      dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
     // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
     ptx::fence_proxy_async_shared_cta();
     __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them

@@ -67,10 +67,9 @@ struct FeatureParams : AttentionParams {
   // Softcapping: scores s become tanh(s * softcap_scale), with softcap_scale = softmax scale /
   // softcap, and `scale` is the softcap; 0 without softcapping.
   float softcap_scale;
-  // An FP8 KV cache, on trial (HATTN_KV_WIDEN; forward.cu): 0 widens its codes with cvt, 1 with
-  // integer and multiply instructions (frag::widen4_e4m3), 2 not at all (a timing probe: the
-  // widening warps only pass the barriers on, and the output is wrong).
-  int kv_widen;
+  // An FP8 KV cache, on trial: widen its tiles 16 codes a thread at a time
+  // (HATTN_KV_WIDEN=units; forward.cu, kv_dequant.cuh).
+  bool kv_widen_by_units;
 };
 
 // The base contract's fields of a validated problem.
