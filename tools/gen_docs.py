@@ -12,6 +12,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:backward.PATH -->    the same from results/PATH.csv (an earlier run kept as evidence)
     <!-- results:ab.PATH -->          kernels side by side from one hattn-bench run, results/PATH.csv
     <!-- results:fp8 -->              the FP8 forward beside bf16 attention (python -m hattn.bench_fp8)
+    <!-- results:fp8_accuracy -->     its error beside FA3's FP8 against float64 (bench_fp8 --fp64-errors)
     <!-- results:mla -->              MLA decoding beside torch and our GQA decoding (python -m hattn.bench_mla)
     <!-- results:status -->           the README's status: ours over the best anchor, per results file
     <!-- /results -->
@@ -261,6 +262,39 @@ def ab_table(csv_path):
     return "\n".join(out) + "\n"
 
 
+def fp8_accuracy_table(csv_path):
+    """The FP8 forward's error beside FA3's FP8 on the same e4m3 codes (python -m hattn.bench_fp8
+    --fp64-errors): max and RMS of |out - ref| against float64 attention of the codes' values."""
+    rows = list(csv.DictReader(open(csv_path, newline=""))) if csv_path.exists() else []
+    if not rows or "err64_max" not in rows[0]:
+        return f"_No results yet (`{csv_path.relative_to(ROOT)}`, `python -m hattn.bench_fp8 --fp64-errors`)._\n"
+    by = {}
+    for r in rows:
+        by.setdefault((int(r["head_dim"]), r["causal"] == "True", int(r["seqlen"]), r["batch"], r["heads"]), {})[r["name"]] = r
+    out = ["Error against attention in float64 of the e4m3 codes' values (codes x descales), on the same inputs "
+           "for both; max and root mean square of |out - ref| over the whole output.", "",
+           "| shape | hattn FP8 max | FA3 FP8 max | hattn / FA3 | hattn FP8 RMS | FA3 FP8 RMS | hattn / FA3 |",
+           "|---|---|---|---|---|---|---|"]
+    worst = None
+    for (d, causal, s, b, h), names in by.items():
+        ours, theirs = names.get("hattn_fp8"), names.get("fa3_fp8")
+        if not ours or not ours["err64_max"]:
+            continue
+        cells = []
+        for key in ("err64_max", "err64_rms"):
+            a = float(ours[key])
+            t = float(theirs[key]) if theirs and theirs[key] else None
+            cells += [f"{a:.2e}", f"{t:.2e}" if t is not None else "not run", f"{a / t:.2f}" if t else "–"]
+            if t and key == "err64_max":
+                worst = max(worst or 0.0, a / t)
+        out.append(f"| D={d} {'causal' if causal else 'full'} S={s} B={b} H={h} | " + " | ".join(cells) + " |")
+    r0 = rows[0]
+    out += ["", f"_{r0['gpu']}, commit `{r0['commit'][:12]}`"
+            + (f"; hattn's largest max-error ratio to FA3's: {worst:.2f}" if worst is not None else "")
+            + f"; from `{csv_path.relative_to(ROOT)}` by `tools/gen_docs.py`._"]
+    return "\n".join(out) + "\n"
+
+
 def fp8_table(csv_path):
     """The FP8 forward beside bf16 attention on the same values (python -m hattn.bench_fp8)."""
     header = csv_path.read_text().split("\n", 1)[0] if csv_path.exists() else ""
@@ -347,23 +381,34 @@ def status_table():
 
     out = ["| what | anchors in the run | ours / best anchor: min | median | at or above 1 | results |",
            "|---|---|---|---|---|---|"]
-    # Forward: the best hattn kernel of each grid shape (python -m hattn.bench records a ratio per row).
-    fwd = [r for r in read("pybench.csv") if r["tag"] == "grid"]
-    meta_path = ROOT / "results" / "pybench.json"
-    commit = json.loads(meta_path.read_text())["meta"]["commit"] if meta_path.exists() else ""
-    best = {}
-    for r in fwd:
-        if r["kind"] == "hattn" and r["status"] == "ok" and r["ratio"]:
-            key = (r["head_dim"], r["causal"], r["seqlen_q"])
-            best[key] = max(best.get(key, 0.0), float(r["ratio"]))
-    if best:
+    # Forward: the best hattn kernel of each shape (python -m hattn.bench records a ratio per row);
+    # the production forward's own runs (pybench_production*.csv) where there are any, else the
+    # lineage run's grid.
+    forward_runs = [("forward, bf16, the FlashAttention-3 grid", "pybench_production.csv", "grid"),
+                    ("forward, varlen: mixed lengths", "pybench_production_varlen_mixed.csv", "varlen-mixed"),
+                    ("decoding: one query, GQA 8, the grid's small caches", "pybench_production_decode.csv", "grid")]
+    if not (ROOT / "results" / forward_runs[0][1]).exists():
+        forward_runs[0] = ("forward, bf16, the FlashAttention-3 grid", "pybench.csv", "grid")
+    for what, name, tag in forward_runs:
+        fwd = [r for r in read(name) if r["tag"] == tag]
+        meta_path = ROOT / "results" / name.replace(".csv", ".json")
+        commit = json.loads(meta_path.read_text())["meta"]["commit"] if meta_path.exists() else ""
+        best = {}
+        for r in fwd:
+            if r["kind"] == "hattn" and r["status"] == "ok" and r["ratio"]:
+                key = (r["head_dim"], r["causal"], r["seqlen_q"], r["seqlen_k"], r["batch"])
+                best[key] = max(best.get(key, 0.0), float(r["ratio"]))
+        if not best:
+            continue
         anchors = sorted({STATUS_LABELS.get(r["name"], r["name"]) for r in fwd if r["kind"] == "anchor"
                           and r["status"] == "ok"})
+        kernels = sorted({r["name"] for r in fwd if r["kind"] == "hattn"})
+        ours = f"`{kernels[0]}`" if len(kernels) == 1 else "the run's best kernel"
         ratios = list(best.values())
-        out.append(f"| forward, bf16, the FlashAttention-3 grid ({len(ratios)} points; ours: the run's best kernel) | "
+        out.append(f"| {what} ({len(ratios)} points; ours: {ours}) | "
                    f"{', '.join(anchors)}{'' if 'FA3' in anchors else '; FA3 not in the run'} | {min(ratios):.2f} | "
                    f"{statistics.median(ratios):.2f} | {sum(x >= 1.0 for x in ratios)} of {len(ratios)} | "
-                   f"`results/pybench.csv` at `{commit[:7]}` |")
+                   f"`results/{name}` at `{commit[:7]}` |")
     bwd_anchor = lambda r: not r["name"].startswith("hattn") and r.get("status") != "not given"
     for what, name in (("backward, bf16 (dq, dk, dv)", "pybench_backward.csv"),
                        ("backward, GQA 4", "pybench_backward_gqa4.csv"),
@@ -479,6 +524,8 @@ def main():
             return backward_table(ROOT / "results" / (name[len("backward."):] + ".csv"))
         if name == "fp8":
             return fp8_table(ROOT / "results" / "pybench_fp8.csv")
+        if name == "fp8_accuracy":
+            return fp8_accuracy_table(ROOT / "results" / "pybench_fp8.csv")
         if name == "mla":
             return mla_table(ROOT / "results" / "pybench_mla.csv")
         if name.startswith("ab."):
