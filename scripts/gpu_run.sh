@@ -6,10 +6,13 @@
 #
 # With no step it runs `test + bench + bench-backward`: the GPU tests and the lineage's
 # benchmark. Steps run in the order given, separated by a lone `+`; each writes NAME.log (and
-# NAME.csv where it times), NAME_2... when a step comes again. For example
+# NAME.csv where it times), NAME_2... when a step comes again. A step may start with VAR=VALUE
+# words: environment for that step only (a trial's switch), whose values join its name
+# (HATTN_KV_WIDEN=units test ... writes test_units.log). For example
 #
 #   scripts/gpu_run.sh test '*Window*' + ab --kernels fwd_sm90,16_coalesced_store --dims 128
 #   scripts/gpu_run.sh --prebuilt .prebuilt/build-gpu.tar.xz python + py bench_backward --dims 64
+#   scripts/gpu_run.sh test '*e4m3cache*' + HATTN_KV_WIDEN=units test '*e4m3cache*'
 #
 # Options (before the first step):
 #   --out DIR         the output folder (default: $OUT when set, else build/gpu_run)
@@ -92,12 +95,23 @@ for word in "$@"; do
 done
 flush_step
 
+# A step's leading VAR=VALUE words into step_env, the rest into w.
+split_env() {  # STEP
+  IFS=$'\x1f' read -ra w <<<"$1"
+  step_env=()
+  while [ ${#w[@]} -gt 0 ] && [[ ${w[0]} =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; do
+    step_env+=("${w[0]}")
+    w=("${w[@]:1}")
+  done
+  [ ${#w[@]} -gt 0 ] || { echo "gpu_run.sh: a step of only VAR=VALUE words (${step_env[*]})"; exit 2; }
+}
+
 # Every step's arguments are checked before anything is built or run: a mistake found after the
 # build would cost the GPU machine's time.
 declare -A seen=()
 labels=()
 for step in "${steps[@]}"; do
-  IFS=$'\x1f' read -ra w <<<"$step"
+  split_env "$step"
   name=${w[0]} args=("${w[@]:1}")
   case $name in
     test | sanitize)
@@ -131,6 +145,10 @@ for step in "${steps[@]}"; do
   # The step's label names its files: the step (and a py step's module), numbered when repeated.
   label=${name//-/_}
   [ "$name" = py ] && label=py_${args[0]}
+  for assignment in "${step_env[@]}"; do
+    value=${assignment#*=}
+    label+=_${value//[^A-Za-z0-9]/_}
+  done
   seen[$label]=$((${seen[$label]:-0} + 1))
   [ "${seen[$label]}" -gt 1 ] && label+="_${seen[$label]}"
   labels+=("$label")
@@ -139,9 +157,9 @@ done
 if [ "$dry_run" = 1 ]; then
   echo "output: $out${prebuilt:+; prebuilt: $prebuilt}"
   for i in "${!steps[@]}"; do
-    IFS=$'\x1f' read -ra w <<<"${steps[$i]}"
+    split_env "${steps[$i]}"
     printf '%s:' "${labels[$i]}"
-    printf ' %q' "${w[@]}"
+    printf ' %q' "${step_env[@]}" "${w[@]}"
     echo
   done
   exit 0
@@ -401,9 +419,12 @@ step_capstone() {  # LABEL [MODEL SIZE REPS]
 }
 
 for i in "${!steps[@]}"; do
-  IFS=$'\x1f' read -ra w <<<"${steps[$i]}"
+  split_env "${steps[$i]}"
   name=${w[0]//-/_}
+  for assignment in "${step_env[@]}"; do export "${assignment?}"; done  # this step only
+  [ ${#step_env[@]} -eq 0 ] || note "${labels[$i]}: with ${step_env[*]}"
   "step_$name" "${labels[$i]}" "${w[@]:1}"
+  for assignment in "${step_env[@]}"; do unset "${assignment%%=*}"; done
 done
 sass_wait
 

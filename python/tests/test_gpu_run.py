@@ -35,6 +35,16 @@ def test_dry_run_numbers_repeated_steps_and_keeps_words():
     assert shlex.split(lines[2].split(":", 1)[1]) == ["python", "python/tests", "-k", "a or b"]
 
 
+def test_dry_run_names_a_steps_environment_in_its_label():
+    r = run("--dry-run", "test", "+", "HATTN_KV_WIDEN=units", "test", "*cache*", "+", "A=1", "B=x.y", "bench")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()[1:]
+    assert lines[0] == "test: test"
+    assert shlex.split(lines[1].split(":", 1)[1]) == ["HATTN_KV_WIDEN=units", "test", "*cache*"]
+    assert lines[1].startswith("test_units:")
+    assert lines[2].startswith("bench_1_x_y:")
+
+
 @pytest.mark.parametrize("args, message", [
     (["ab", "--kernels", "one"], "name two kernels"),
     (["py", "nope"], "MODULE is one of"),
@@ -46,6 +56,7 @@ def test_dry_run_numbers_repeated_steps_and_keeps_words():
     (["ncu"], "give hattn-bench flags"),
     (["sanitize", "contract:x"], "contract:N with N a count"),
     (["--zap"], "unknown option --zap"),
+    (["X=1", "+", "test"], "a step of only VAR=VALUE words"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(args, message):
     r = run("--dry-run", *args)
@@ -113,6 +124,25 @@ echo "# TFLOP/s"; echo "table row"
     summary = r.stdout[r.stdout.index("==== summary (commit abc123)"):]
     assert summary.count("table row") == 2  # the two benchmarks' tables
     assert "sanitize memcheck: rc=0 (ERROR SUMMARY: 0 errors)" in summary
+
+
+def test_a_steps_environment_reaches_its_binaries_only(tmp_path):
+    calls = tmp_path / "calls.txt"
+    record = f'echo "$(basename "$0") widen=${{HATTN_KV_WIDEN:-none}}" >>{calls}\n'
+    archive = _prebuilt(tmp_path, record + 'echo "[  PASSED  ] 1 test."\n', record)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
+    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    env.pop("HATTN_KV_WIDEN", None)
+    out = tmp_path / "out"
+    r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
+            "HATTN_KV_WIDEN=units", "test", "+", "test", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert calls.read_text().splitlines() == ["hattn_tests widen=units", "hattn_tests widen=none"]
+    assert (out / "test_units.log").exists() and (out / "test.log").exists()
+    assert "test_units: with HATTN_KV_WIDEN=units" in r.stdout
 
 
 def test_pack_leaves_two_files_in_the_output_folder(tmp_path):
