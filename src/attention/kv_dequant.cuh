@@ -4,7 +4,8 @@
 // the producer warpgroup's other three warps, idle otherwise, write it into the K/V ring the
 // consumers already read, in the layout TMA would have written a 16-bit tile in. The
 // consumers run as for a 16-bit cache, with k's descale folded into the softmax's scale and
-// v's into the output. Decoding is bound by memory: the cache is read once, at half the bytes.
+// v's into the output. The aim is decoding bound by memory, the cache read once at half the
+// bytes; on the H200 the widening itself bounds it (docs/guide/production_fp8_cache.md).
 //
 // Barriers (who arrives -> who waits), beside producer.cuh's:
 //   k8_full[s], v8_full[s]    producer's TMA                   -> dequantizing warps
