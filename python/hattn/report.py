@@ -178,7 +178,7 @@ def plot_lineage(records: Sequence[Dict], kernel_order: Sequence[str], path: str
         ax.set_title(f"D={d}, {'causal' if causal else 'non-causal'}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # below the suptitle
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
@@ -228,7 +228,7 @@ def plot_vs_anchors(records: Sequence[Dict], path: str, title: str = "") -> bool
         ax.set_ylabel("TFLOP/s")
         ax.set_title("capstone shapes (B=1, D=128, non-causal)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # below the suptitle
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
