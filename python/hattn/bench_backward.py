@@ -72,10 +72,8 @@ VARLEN_ANCHORS = ("varlen_cudnn", "varlen_flash", "fa3")
 # an illegal memory access on the one-sequence batch at S = 16k
 # (results/evidence/bwd_08_varlen/README.md).
 VARLEN_DEFAULT_ANCHORS = ("varlen_flash", "fa3")
-
-
-
 FA3_DET_256 = "not run at head dim 256: FA3's deterministic backward crashed there (segmentation fault)"
+
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hattn.bench_backward", description=__doc__.split("\n")[0])

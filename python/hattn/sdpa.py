@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from .ops import attention, attention_bwd
-from .ops.checks import _DTYPE_NAMES, _as_kernel_input, _kernel_layout_ok, _needs_grad
+from .ops.checks import _DTYPE_NAMES, _as_kernel_input, _has_deterministic_backward, _kernel_layout_ok, _needs_grad
 from .ops.runner import _forward
 
 # torch's function, taken before anything can patch it: the fallback, and what patch_sdpa restores.
@@ -106,7 +106,7 @@ _DETERMINISTIC_GQA_256 = ("an input requires grad under torch.use_deterministic_
 def _deterministic_reason(heads_q: int, heads_kv: int, head_dim: int) -> Optional[str]:
     """Why a backward under torch.use_deterministic_algorithms goes to torch (None: hattn's
     deterministic backward runs it, or determinism is not asked for)."""
-    if torch.are_deterministic_algorithms_enabled() and head_dim == 256 and heads_q != heads_kv:
+    if torch.are_deterministic_algorithms_enabled() and not _has_deterministic_backward(heads_q, heads_kv, head_dim):
         return _DETERMINISTIC_GQA_256
     return None
 
