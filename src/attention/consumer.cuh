@@ -334,11 +334,10 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       for (int tile = from; tile < n_tiles; ++tile) {
         const RingPosition<Cfg::kStages> at(kv + tile);
         const int stage = at.slot;
-        const uint32_t parity = at.phase;
-        ptx::mbarrier_wait(&smem.k_full[stage], parity);
+        ptx::mbarrier_wait(&smem.k_full[stage], at.phase);
         ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
         ptx::bar_arrive(next_turn, kTurnThreads);
-        ptx::mbarrier_wait(&smem.v_full[stage], parity);
+        ptx::mbarrier_wait(&smem.v_full[stage], at.phase);
         if (lane == 0) {
           ptx::mbarrier_arrive(&smem.k_empty[stage]);
           ptx::mbarrier_arrive(&smem.v_empty[stage]);

@@ -133,9 +133,7 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
       // WAR: the consumers have released this stage's K (then V) of its previous use, kv - kStages.
       const RingPosition<Cfg::kStages> ring(kv);
       const int stage = ring.slot;
-      const bool reused = ring.reused;
-      const uint32_t previous_use = ring.previous_use;
-      if (reused) ptx::mbarrier_wait(&smem.k_empty[stage], previous_use);
+      if (ring.reused) ptx::mbarrier_wait(&smem.k_empty[stage], ring.previous_use);
       // In a variable-length batch the last tile may run into the next sequence's keys:
       // the consumers mask them like keys past Sk (which TMA fills with zeros).
       const int key = (range.first + tile) * kBlockN;  // the tile's first key in the sequence
@@ -158,7 +156,7 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
                                                        after.batch);
         }
       }
-      if (reused) ptx::mbarrier_wait(&smem.v_empty[stage], previous_use);
+      if (ring.reused) ptx::mbarrier_wait(&smem.v_empty[stage], ring.previous_use);
       const int valid = seq.seqlen_k - key;  // keys of the tile inside the sequence
       if (kRuntimeBounds && valid < kBlockN) {
         // The rows past the sequence's end hold anything: the next sequence's keys, a
