@@ -115,6 +115,26 @@ def error_bound(ref: torch.Tensor, naive: torch.Tensor, dtype: torch.dtype) -> f
     return 2 * (naive.double() - ref).abs().max().item() + atol
 
 
+def row_sum_atol(q: torch.Tensor, k: torch.Tensor, dout: torch.Tensor, out_ref: torch.Tensor) -> Tuple[float, float]:
+    """(dq, dk) slack for the backward's dS = P * (dP - rowsum(dO * O)) cancelling in fp32.
+
+    Where a row sees one key (causal row 0, a window of 0, one key in all), P is exactly 1 and dP
+    equals the row sum, so the fp64 gradient and the plain same-precision one (softmax's own
+    backward) are exactly 0. A FlashAttention backward forms dP with a GEMM and the row sum
+    apart, both in fp32 over D products: their difference is rounding noise, not 0, of up to
+    about 2 * sqrt(D) * eps32 * sum |dO * O| per row. It reaches dq through scale * K, and dk
+    through scale * Q summed over the rows and the query heads that share a key head (root of the
+    sum of squares: the rows round independently).
+    """
+    d = q.shape[-1]
+    scale = d**-0.5
+    noise = 2 * math.sqrt(d) * torch.finfo(torch.float32).eps * (dout.double() * out_ref).abs().sum(-1)  # [B, Sq, Hq]
+    b, sq, hq = noise.shape
+    hkv = k.shape[2]
+    into_dk = (noise[..., None] * q.double()).square().reshape(b, sq, hkv, hq // hkv, d).sum((1, 3)).sqrt()
+    return scale * k.abs().max().item() * noise.max().item(), scale * into_dk.max().item()
+
+
 def lse_bound(ref: torch.Tensor, naive: torch.Tensor) -> float:
     """The same rule for the fp32 LSE; the atol is a few fp32 ulps at |lse| ~ 10."""
     finite = torch.isfinite(ref)

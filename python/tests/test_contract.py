@@ -19,7 +19,7 @@ import random
 import hattn
 import pytest
 import torch
-from helpers import attention_ref, error_bound, lse_bound, requires_hopper
+from helpers import attention_ref, error_bound, lse_bound, requires_hopper, row_sum_atol
 
 pytestmark = requires_hopper
 
@@ -114,6 +114,8 @@ def test_forward_matches_fp64_reference(p):
 
 
 BWD_CASES = int(os.environ.get("HATTN_CONTRACT_BWD_CASES", "32"))
+
+
 def draw_backward(rng: random.Random) -> dict:
     """draw()'s problem without what the backward lacks (seqlens_k; num_splits is the forward's),
     and a quarter of them with the deterministic backward (not at D = 256 with GQA, which it
@@ -130,7 +132,8 @@ BWD_PARAMS = [draw_backward(random.Random(SEED * 100019 + i)) for i in range(BWD
 def test_backward_matches_fp64_reference(p):
     """dq, dk, dv through autograd ("auto"; some cases with deterministic=True), each within twice
     the error of the same-precision implementation's gradients plus half an ulp at the largest
-    (error_bound), against fp64's."""
+    (error_bound), against fp64's; dq and dk also get the fp32 noise of dP - rowsum(dO * O),
+    which the other two never see where a row has one key (row_sum_atol)."""
     gen = torch.Generator(device="cuda").manual_seed(p["seed"])
     q = make(p["seqlen_q"], p["heads_q"], p, gen)
     k = make(p["seqlen_k"], p["heads_kv"], p, gen)
@@ -148,8 +151,10 @@ def test_backward_matches_fp64_reference(p):
                 q, k, v)  # fmt: skip
     ref = grads(lambda q, k, v: attention_ref(q, k, v, upcast=True, **args)[0], q.double(), k.double(), v.double())
     naive = grads(lambda q, k, v: attention_ref(q, k, v, upcast=False, **args)[0], q, k, v)
-    for name, g, r, n in zip(("dq", "dk", "dv"), got, ref, naive):
+    out_ref = attention_ref(q.double(), k.double(), v.double(), upcast=True, **args)[0]
+    slack = (*row_sum_atol(q, k, dout, out_ref), 0.0)
+    for name, g, r, n, extra in zip(("dq", "dk", "dv"), got, ref, naive, slack):
         assert g.shape == r.shape and torch.isfinite(g).all(), f"{name}: shape or not finite"
         err = (g.double() - r).abs().max().item()
-        bound = error_bound(r, n, p["dtype"])
+        bound = error_bound(r, n, p["dtype"]) + extra
         assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e}"
