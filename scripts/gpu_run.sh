@@ -8,11 +8,11 @@
 # benchmark. Steps run in the order given, separated by a lone `+`; each writes NAME.log (and
 # NAME.csv where it times), NAME_2... when a step comes again. A step may start with VAR=VALUE
 # words: environment for that step only (a trial's switch), whose values join its name
-# (HATTN_KV_WIDEN=units test ... writes test_units.log). For example
+# (HATTN_TRIAL=on bench ... writes bench_on.log). For example
 #
 #   scripts/gpu_run.sh test '*Window*' + ab --kernels fwd_sm90,16_coalesced_store --dims 128
 #   scripts/gpu_run.sh --prebuilt .prebuilt/build-gpu.tar.xz python + py bench_backward --dims 64
-#   scripts/gpu_run.sh test '*e4m3cache*' + HATTN_KV_WIDEN=units test '*e4m3cache*'
+#   scripts/gpu_run.sh bench --dims 128 + HATTN_TRIAL=on bench --dims 128   # a trial's switch, read by its code
 #
 # Options (before the first step):
 #   --out DIR         the output folder (default: $OUT when set, else build/gpu_run)

@@ -100,82 +100,70 @@ TEST(WidenE4m3, EveryCodeExactlyOnTheGpu) {
   }
 }
 
-// One staging tile of `codes` widened both ways kv_dequant.cuh has (8 codes a thread at a time,
-// and 16 on trial) by the 96 threads of the widening warps, each into a 16-bit tile first filled
-// with 0xFFFF (NaN), which `by_chunks` and `by_units` receive.
+// One staging tile of `codes` widened as the FP8 KV cache does (kv_dequant.cuh) by the 96
+// threads of the widening warps, into a 16-bit tile first filled with 0xFFFF (NaN), which
+// `out` receives.
 template <typename T, typename Cfg>
-__global__ void widen_tile_kernel(const uint8_t* codes, uint16_t* by_chunks, uint16_t* by_units, int valid) {
+__global__ void widen_tile_kernel(const uint8_t* codes, uint16_t* out, int valid) {
   constexpr int kCodes = Cfg::kBlockN * Cfg::kHeadDim;  // a multiple of 1024
   extern __shared__ unsigned char smem_raw[];
   unsigned char* staged = ptx::align_shared<1024>(smem_raw);
   auto* wide = reinterpret_cast<uint16_t*>(staged + kCodes);
-  for (int i = threadIdx.x; i < kCodes; i += blockDim.x) staged[i] = codes[i];
-  for (int way = 0; way < 2; ++way) {
-    for (int i = threadIdx.x; i < kCodes; i += blockDim.x) wide[i] = 0xFFFF;
-    __syncthreads();  // the tiles written, before the widening reads and overwrites them
-    const uint32_t src = ptx::cvta_to_shared_u32(staged), dst = ptx::cvta_to_shared_u32(wide);
-    if (way == 0)
-      fwd::dequantize_tile<T, Cfg>(src, dst, valid, int(threadIdx.x));
-    else
-      fwd::widen_tile_by_units<T, Cfg>(src, dst, valid, int(threadIdx.x));
-    __syncthreads();  // the widening done, before the copy out
-    uint16_t* out = way == 0 ? by_chunks : by_units;
-    for (int i = threadIdx.x; i < kCodes; i += blockDim.x) out[i] = wide[i];
-    __syncthreads();  // the copy done, before the next way refills the tile
+  for (int i = threadIdx.x; i < kCodes; i += blockDim.x) {
+    staged[i] = codes[i];
+    wide[i] = 0xFFFF;
   }
+  __syncthreads();  // the tiles written, before the widening reads and overwrites them
+  fwd::dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(staged), ptx::cvta_to_shared_u32(wide), valid, int(threadIdx.x));
+  __syncthreads();  // the widening done, before the copy out
+  for (int i = threadIdx.x; i < kCodes; i += blockDim.x) out[i] = wide[i];
 }
 
 template <typename T, int D>
-void check_widened_tiles(DType dtype) {
+void check_widened_tile(DType dtype) {
   using Cfg = fwd::ConfigOf<T, D, false, 2, true>;
   constexpr int kRows = Cfg::kBlockN, kCodes = kRows * D;
   std::mt19937 rng(D);
   std::vector<uint8_t> codes(kCodes);
   for (uint8_t& c : codes) c = uint8_t(rng());  // every code, NaN ones too
-  harness::DeviceBuffer d_codes, d_chunks, d_units;
+  harness::DeviceBuffer d_codes, d_out;
   ASSERT_TRUE(d_codes.allocate(kCodes).ok());
-  ASSERT_TRUE(d_chunks.allocate(kCodes * 2).ok());
-  ASSERT_TRUE(d_units.allocate(kCodes * 2).ok());
+  ASSERT_TRUE(d_out.allocate(kCodes * 2).ok());
   ASSERT_EQ(cudaMemcpy(d_codes.get(), codes.data(), kCodes, cudaMemcpyHostToDevice), cudaSuccess);
   const int smem = 3 * kCodes + 1024;
   const auto kernel = widen_tile_kernel<T, Cfg>;
   ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
   for (const int valid : {kRows, kRows - 37, 1, 0, -5}) {  // whole, part, one key, none (and a negative count)
     kernel<<<1, fwd::kDequantWarps * 32, smem>>>(static_cast<const uint8_t*>(d_codes.get()),
-                                                  static_cast<uint16_t*>(d_chunks.get()),
-                                                  static_cast<uint16_t*>(d_units.get()), valid);
+                                                  static_cast<uint16_t*>(d_out.get()), valid);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<uint16_t> by_chunks(kCodes), by_units(kCodes);
-    ASSERT_EQ(cudaMemcpy(by_chunks.data(), d_chunks.get(), kCodes * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(by_units.data(), d_units.get(), kCodes * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<uint16_t> tile(kCodes);
+    ASSERT_EQ(cudaMemcpy(tile.data(), d_out.get(), kCodes * 2, cudaMemcpyDeviceToHost), cudaSuccess);
     int wrong = 0;
     for (int row = 0; row < kRows; ++row) {
       for (int col = 0; col < D; ++col) {
         // TMA's 128-byte swizzle of [D / 64][kRows][64]: 8-column chunk j of a row at j ^ row % 8.
         const int at = (col / 64) * kRows * 64 + row * 64 + ((col % 64 / 8) ^ (row % 8)) * 8 + col % 8;
         const float want = row < valid ? ref::bits_to_float(codes[row * D + col], DType::e4m3) : 0.f;
-        for (const uint16_t bits : {by_chunks[at], by_units[at]}) {
-          const float got = ref::bits_to_float(bits, dtype);
-          const bool same = std::isnan(want) ? std::isnan(got) : got == want && std::signbit(got) == std::signbit(want);
-          if (!same && ++wrong <= 5)
-            ADD_FAILURE() << dtype_name(dtype) << " D " << D << " valid " << valid << ": row " << row << " col "
-                          << col << (bits == by_chunks[at] ? " (by chunks)" : " (by units)") << " got " << got
-                          << ", want " << want;
-        }
+        const float got = ref::bits_to_float(tile[at], dtype);
+        const bool same = std::isnan(want) ? std::isnan(got) : got == want && std::signbit(got) == std::signbit(want);
+        if (!same && ++wrong <= 5)
+          ADD_FAILURE() << dtype_name(dtype) << " D " << D << " valid " << valid << ": row " << row << " col " << col
+                        << " got " << got << ", want " << want;
       }
     }
     EXPECT_EQ(wrong, 0) << dtype_name(dtype) << " D " << D << " valid " << valid;
   }
 }
 
-// Both widening loops write the 16-bit tile TMA would have: every code exactly at its swizzled
-// place, the rows past `valid` zero, nothing left unwritten.
-TEST(WidenE4m3, TilesBothWaysOnTheGpu) {
+// The widening writes the 16-bit tile TMA would have: every code exactly at its swizzled place,
+// the rows past `valid` zero, nothing left unwritten.
+TEST(WidenE4m3, TileAsTmaWouldOnTheGpu) {
   if (const std::string why = testing::gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  check_widened_tiles<__nv_bfloat16, 64>(DType::bf16);
-  check_widened_tiles<__nv_bfloat16, 128>(DType::bf16);
-  check_widened_tiles<__nv_bfloat16, 256>(DType::bf16);
-  check_widened_tiles<__half, 128>(DType::fp16);
+  check_widened_tile<__nv_bfloat16, 64>(DType::bf16);
+  check_widened_tile<__nv_bfloat16, 128>(DType::bf16);
+  check_widened_tile<__nv_bfloat16, 256>(DType::bf16);
+  check_widened_tile<__half, 128>(DType::fp16);
 }
 
 }  // namespace

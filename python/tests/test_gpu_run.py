@@ -36,11 +36,11 @@ def test_dry_run_numbers_repeated_steps_and_keeps_words():
 
 
 def test_dry_run_names_a_steps_environment_in_its_label():
-    r = run("--dry-run", "test", "+", "HATTN_KV_WIDEN=units", "test", "*cache*", "+", "A=1", "B=x.y", "bench")
+    r = run("--dry-run", "test", "+", "HATTN_TRIAL=units", "test", "*cache*", "+", "A=1", "B=x.y", "bench")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()[1:]
     assert lines[0] == "test: test"
-    assert shlex.split(lines[1].split(":", 1)[1]) == ["HATTN_KV_WIDEN=units", "test", "*cache*"]
+    assert shlex.split(lines[1].split(":", 1)[1]) == ["HATTN_TRIAL=units", "test", "*cache*"]
     assert lines[1].startswith("test_units:")
     assert lines[2].startswith("bench_1_x_y:")
 
@@ -128,21 +128,21 @@ echo "# TFLOP/s"; echo "table row"
 
 def test_a_steps_environment_reaches_its_binaries_only(tmp_path):
     calls = tmp_path / "calls.txt"
-    record = f'echo "$(basename "$0") widen=${{HATTN_KV_WIDEN:-none}}" >>{calls}\n'
+    record = f'echo "$(basename "$0") trial=${{HATTN_TRIAL:-none}}" >>{calls}\n'
     archive = _prebuilt(tmp_path, record + 'echo "[  PASSED  ] 1 test."\n', record)
     tools = tmp_path / "tools"
     tools.mkdir()
     _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
     _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
     env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
-    env.pop("HATTN_KV_WIDEN", None)
+    env.pop("HATTN_TRIAL", None)
     out = tmp_path / "out"
     r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
-            "HATTN_KV_WIDEN=units", "test", "+", "test", env=env)
+            "HATTN_TRIAL=units", "test", "+", "test", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert calls.read_text().splitlines() == ["hattn_tests widen=units", "hattn_tests widen=none"]
+    assert calls.read_text().splitlines() == ["hattn_tests trial=units", "hattn_tests trial=none"]
     assert (out / "test_units.log").exists() and (out / "test.log").exists()
-    assert "test_units: with HATTN_KV_WIDEN=units" in r.stdout
+    assert "test_units: with HATTN_TRIAL=units" in r.stdout
 
 
 def test_pack_leaves_two_files_in_the_output_folder(tmp_path):

@@ -4,7 +4,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -127,10 +126,6 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
       grid_plan.sched.by_rank = false;
       grid_plan.ctas = int(std::min<int64_t>(int64_t(grid_plan.sched.total()), sms));
     }
-  }
-  if constexpr (kFp8Kv) {  // on trial: how the cache's codes are widened, read each call
-    const char* widen = std::getenv("HATTN_KV_WIDEN");
-    kernel_params.kv_widen_by_units = widen != nullptr && std::string(widen) == "units";
   }
   WorkList list(grid_plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
                 kernel_params.heads_per_kv);

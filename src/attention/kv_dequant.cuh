@@ -5,7 +5,7 @@
 // consumers already read, in the layout TMA would have written a 16-bit tile in. The
 // consumers run as for a 16-bit cache, with k's descale folded into the softmax's scale and
 // v's into the output. The aim is decoding bound by memory, the cache read once at half the
-// bytes; on the H200 the widening itself bounds it (docs/guide/production_fp8_cache.md).
+// bytes (docs/guide/production_fp8_cache.md says how close it comes).
 //
 // Barriers (who arrives -> who waits), beside producer.cuh's:
 //   k8_full[s], v8_full[s]    producer's TMA                   -> dequantizing warps
@@ -41,53 +41,18 @@ __device__ __forceinline__ uint4 widen8(uint2 codes) {
 // One tile: `src`, [kBlockN keys][D] e4m3 codes row by row, into `dst`, the 16-bit tile
 // [D / 64][kBlockN][64] with TMA's 128-byte swizzle (16-byte chunk j of a row at chunk
 // j ^ row % 8), keys from `valid` on as zeros: rows past the sequence hold anything, NaN codes
-// too, and 0 x NaN in P V would be NaN. (Addresses in the .shared window.) A thread takes 8
-// codes at a time: an 8-byte load, four pair conversions, a 16-byte store. Consecutive threads
-// take consecutive 8-code chunks, so a warp's loads read 256 contiguous bytes and each quarter
-// warp's stores fill the 8 chunks of one swizzled row: no bank conflicts either way.
+// too, and 0 x NaN in P V would be NaN. (Addresses in the .shared window.)
+//
+// A thread widens 16 codes at a time: one 16-byte load, eight pair conversions, two 16-byte
+// stores. It keeps one 16-code column unit of rows kRowStep apart, so its swizzled addresses
+// come from a row count, and it loads kBatch units before it converts any (an earlier loop of
+// 8-code chunks with per-chunk addresses spent 54 instructions per 8 codes and stalled on its
+// few loads in flight). Bank conflicts: a quarter warp's loads read 128 contiguous bytes; its
+// first stores, at D >= 128 one row in two 64-column blocks whose units start on even chunks,
+// would take each even slot twice, so the second block's threads store their odd chunk first;
+// at D = 64 its two rows differ in parity and take even and odd slots.
 template <typename T, typename Cfg>
 __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread) {
-  constexpr int kChunksPerRow = Cfg::kHeadDim / 8;
-  constexpr int kChunks = Cfg::kBlockN * kChunksPerRow;
-  constexpr int kThreads = kDequantWarps * 32;
-  constexpr int kPerThread = (kChunks + kThreads - 1) / kThreads;
-  constexpr int kBatch = 4;  // loads in flight per thread before the first conversion
-  constexpr uint32_t kColBlockBytes = Cfg::kBlockN * kSwizzleBytes;
-  const int valid_chunks = min(max(valid, 0), Cfg::kBlockN) * kChunksPerRow;
-  // Unrolled twice, not fully: the whole tile's addresses at once spilled under the warps'
-  // 56 registers (360 bytes at D = 128).
-#pragma unroll 2
-  for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
-    uint2 codes[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int c = thread + (i0 + b) * kThreads;
-      codes[b] = make_uint2(0u, 0u);  // e4m3 0x00 is +0
-      if (i0 + b < kPerThread && c < valid_chunks) codes[b] = ptx::ld_shared_v2(src + uint32_t(c) * 8);
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int c = thread + (i0 + b) * kThreads;
-      if (i0 + b < kPerThread && c < kChunks) {
-        const int row = c / kChunksPerRow, col_chunk = c % kChunksPerRow;  // 8 elements = one 16-byte chunk of T
-        const uint32_t at = dst + uint32_t(col_chunk / 8) * kColBlockBytes + uint32_t(row) * kSwizzleBytes +
-                            uint32_t((col_chunk % 8) ^ (row % 8)) * 16;
-        ptx::st_shared_v4(at, widen8<T>(codes[b]));
-      }
-    }
-  }
-}
-
-// The same tile widened 16 codes at a time (on trial, HATTN_KV_WIDEN=units: the H200 profile
-// of the loop above counted 54 instructions per 8 codes, the warps stalled on their few loads
-// in flight, and it bounds the decode). A thread keeps one 16-code column unit of the rows
-// kRowStep apart, so its swizzled addresses come from a row count, and loads kBatch units
-// before it converts any. Bank conflicts: a quarter warp's loads read 128 contiguous bytes;
-// its first stores, at D >= 128 one row in two 64-column blocks whose units start on even
-// chunks, would take each even slot twice, so the second block's threads store their odd
-// chunk first; at D = 64 its two rows differ in parity and take even and odd slots.
-template <typename T, typename Cfg>
-__device__ __forceinline__ void widen_tile_by_units(uint32_t src, uint32_t dst, int valid, int thread) {
   constexpr int D = Cfg::kHeadDim, kRows = Cfg::kBlockN;
   constexpr int kUnitsPerRow = D / 16;  // 16 codes in (one 16-byte load), 32 bytes out (two stores)
   constexpr int kThreads = kDequantWarps * 32;
@@ -100,6 +65,7 @@ __device__ __forceinline__ void widen_tile_by_units(uint32_t src, uint32_t dst, 
   const uint32_t block = dst + uint32_t(chunk / 8) * uint32_t(kRows * kSwizzleBytes);  // its 64-column block
   const uint32_t second_first = (unit / 4) % 2 * 16u;  // the odd blocks' threads store their odd chunk first
   valid = min(max(valid, 0), kRows);
+  // Not unrolled: a whole tile's units at once would not fit the warps' 56 registers.
 #pragma unroll 1
   for (int i0 = 0; i0 < kSteps; i0 += kBatch) {
     uint4 codes[kBatch];
@@ -140,10 +106,7 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
                    uint64_t* full, uint64_t* empty, bool reused, uint32_t previous_use, int valid) {
     ptx::mbarrier_wait(staged_full, staged_parity);
     if (reused) ptx::mbarrier_wait(empty, previous_use);
-    if (p.kv_widen_by_units)  // on trial (FeatureParams::kv_widen_by_units)
-      widen_tile_by_units<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
-    else
-      dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
+    dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
     // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
     ptx::fence_proxy_async_shared_cta();
     __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them

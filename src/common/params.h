@@ -67,9 +67,6 @@ struct FeatureParams : AttentionParams {
   // Softcapping: scores s become tanh(s * softcap_scale), with softcap_scale = softmax scale /
   // softcap, and `scale` is the softcap; 0 without softcapping.
   float softcap_scale;
-  // An FP8 KV cache, on trial: widen its tiles 16 codes a thread at a time
-  // (HATTN_KV_WIDEN=units; forward.cu, kv_dequant.cuh).
-  bool kv_widen_by_units;
 };
 
 // The base contract's fields of a validated problem.
