@@ -47,23 +47,30 @@ __device__ __forceinline__ uint4 widen8(uint2 codes) {
 // stores. It keeps one 16-code column unit of rows kRowStep apart, so its swizzled addresses
 // come from a row count, and it loads kBatch units before it converts any (an earlier loop of
 // 8-code chunks with per-chunk addresses spent 54 instructions per 8 codes and stalled on its
-// few loads in flight). Bank conflicts: a quarter warp's loads read 128 contiguous bytes; its
-// first stores, at D >= 128 one row in two 64-column blocks whose units start on even chunks,
-// would take each even slot twice, so the second block's threads store their odd chunk first;
-// at D = 64 its two rows differ in parity and take even and odd slots.
+// few loads in flight).
+//
+// Bank conflicts, none either way: each quarter warp takes two neighbouring rows, four units
+// of each, from 64-column blocks of opposite parity. Its loads then read the two 64-byte halves
+// of a 128-byte bank line. Its stores put the even row's even chunks, after the swizzle, in even
+// slots and the odd row's in odd slots: its first stores (each unit's even chunk) fill the 8
+// slots of a row once, and so do its second (the odd chunks). At D = 64 the two rows are one
+// block, and a row of codes is 64 bytes: the same holds.
 template <typename T, typename Cfg>
 __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread) {
   constexpr int D = Cfg::kHeadDim, kRows = Cfg::kBlockN;
+  constexpr int kBlocks = D / 64;       // 64-column blocks of the swizzled tile: 4 units each
   constexpr int kUnitsPerRow = D / 16;  // 16 codes in (one 16-byte load), 32 bytes out (two stores)
   constexpr int kThreads = kDequantWarps * 32;
-  static_assert(kThreads % kUnitsPerRow == 0, "each thread keeps its column unit");
+  static_assert(kThreads % (8 * kBlocks) == 0, "whole row pairs per pass");
   constexpr int kRowStep = kThreads / kUnitsPerRow;  // rows between a thread's units: 24, 12, 6
   constexpr int kSteps = (kRows + kRowStep - 1) / kRowStep;
   constexpr int kBatch = 3;  // 16-byte loads in flight per thread before the first conversion
-  const int unit = thread % kUnitsPerRow, first_row = thread / kUnitsPerRow;
-  const int chunk = 2 * unit;  // the unit's first 8 columns as a chunk of the row; the second is chunk + 1
-  const uint32_t block = dst + uint32_t(chunk / 8) * uint32_t(kRows * kSwizzleBytes);  // its 64-column block
-  const uint32_t second_first = (unit / 4) % 2 * 16u;  // the odd blocks' threads store their odd chunk first
+  const int quarter = thread / 8, odd_row = thread % 8 / 4;
+  const int block = kBlocks == 1 ? 0 : (quarter % kBlocks) ^ odd_row;  // the other row's block has the other parity
+  const int unit = block * 4 + thread % 4;
+  const int first_row = 2 * (quarter / kBlocks) + odd_row;
+  const int chunk = unit % 4 * 2;  // the unit's first 8 columns as a chunk of its block's row; the second is chunk + 1
+  const uint32_t block_base = dst + uint32_t(block) * uint32_t(kRows * kSwizzleBytes);
   valid = min(max(valid, 0), kRows);
   // Not unrolled: a whole tile's units at once would not fit the warps' 56 registers.
 #pragma unroll 1
@@ -80,11 +87,9 @@ __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int 
       const int row = first_row + (i0 + b) * kRowStep;
       if (i0 + b < kSteps && row < kRows) {
         // The even chunk's swizzled slot; the odd one's is its neighbour (slot ^ 1: byte ^ 16).
-        const uint32_t at = block + uint32_t(row) * kSwizzleBytes + uint32_t((chunk % 8) ^ (row % 8)) * 16;
-        const uint4 lo = widen8<T>(make_uint2(codes[b].x, codes[b].y));
-        const uint4 hi = widen8<T>(make_uint2(codes[b].z, codes[b].w));
-        ptx::st_shared_v4(at ^ second_first, second_first ? hi : lo);
-        ptx::st_shared_v4(at ^ second_first ^ 16u, second_first ? lo : hi);
+        const uint32_t at = block_base + uint32_t(row) * kSwizzleBytes + uint32_t(chunk ^ (row % 8)) * 16;
+        ptx::st_shared_v4(at, widen8<T>(make_uint2(codes[b].x, codes[b].y)));
+        ptx::st_shared_v4(at ^ 16u, widen8<T>(make_uint2(codes[b].z, codes[b].w)));
       }
     }
   }
