@@ -143,7 +143,7 @@ def lse_bound(ref: torch.Tensor, naive: torch.Tensor) -> float:
     return 2 * (naive.double() - ref)[finite].abs().max().item() + 1e-4
 
 
-def check_sequence(o, lse_b, q, k, v, causal, softmax_scale, window, label):
+def check_sequence(o, lse_b, q, k, v, causal, softmax_scale, window, label, softcap=0.0):
     """One sequence's out o [Sq, Hq, D] and lse_b [Hq, Sq] against attention_ref on that
     sequence alone (q [Sq, Hq, D], k and v [Sk, Hkv, D]), within twice the error of plain
     same-dtype torch (test_gpu.py's bound); rows that see no key must give 0 and -inf."""
@@ -152,8 +152,9 @@ def check_sequence(o, lse_b, q, k, v, causal, softmax_scale, window, label):
         assert torch.isneginf(lse_b).all(), f"{label}: rows without keys must give lse -inf"
         return
     qb, kb, vb = q[None], k[None], v[None]
-    ref_out, ref_lse = attention_ref(qb, kb, vb, causal, softmax_scale, upcast=True, window=window)
-    naive_out, naive_lse = attention_ref(qb, kb, vb, causal, softmax_scale, upcast=False, window=window)
+    options = dict(window=window, softcap=softcap)
+    ref_out, ref_lse = attention_ref(qb, kb, vb, causal, softmax_scale, upcast=True, **options)
+    naive_out, naive_lse = attention_ref(qb, kb, vb, causal, softmax_scale, upcast=False, **options)
     ref_out, naive_out, ref_lse, naive_lse = ref_out[0], naive_out[0], ref_lse[0], naive_lse[0]
     err = (o.double() - ref_out).abs().max().item()
     bound = error_bound(ref_out, naive_out, q.dtype)

@@ -114,6 +114,24 @@ def test_paged_fp8_cache_matches_reference(causal, dtype, head_dim):
 
 
 @requires_hopper
+@pytest.mark.parametrize("magnitude", [1e-4, 1.0, 1e5, 1e6])
+@pytest.mark.parametrize("softcap", [0.0, 30.0], ids=["plain", "softcap"])
+def test_bf16_queries_of_any_magnitude(magnitude, softcap):
+    """bf16 queries over an e4m3 cache run in fp16 with Q scaled by 2^-8 (kv_dequant.cuh's
+    kHalfQScale): queries past fp16's range (1e5, 1e6; exact up to 1.6e7) and far below it
+    stay right, with and without softcapping (which takes the scale back inside the tanh)."""
+    lens = [1, 300, 1000]
+    q, k_cache, v_cache, table, seqlens_k = make_paged(lens, 4, 8, 2, 128, torch.bfloat16, 128, seed=3)
+    q = (q * magnitude).to(torch.bfloat16)
+    k8, v8, (kd, vd) = quantized(k_cache, v_cache, 2, len(lens), 3)
+    out, lse = hattn.attention_paged(q, k8, v8, table, seqlens_k, softcap=softcap, return_lse=True, k_descale=kd,
+                                     v_descale=vd)  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    check_sequences(q, dequantized(k8, table, lens, kd), dequantized(v8, table, lens, vd), out, lse, softcap=softcap)
+
+
+@requires_hopper
 @pytest.mark.parametrize("num_splits", [0, 1, 3])
 def test_dense_fp8_cache_decoding(num_splits):
     """hattn.attention with seqlens_k over a dense e4m3 cache, GQA 8 (packed), split-KV."""

@@ -468,7 +468,7 @@ def gather(cache, table, b, n):
     return cache[pages].flatten(0, 1)[:n]
 
 
-def check_sequences(q, keys, values, out, lse, causal=False, softmax_scale=None, window=(-1, -1)):
+def check_sequences(q, keys, values, out, lse, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0):
     """Each sequence's out [Sq, Hq, D] and lse [Hq, Sq] against attention_ref on its keys alone
     ([n, Hkv, D] each), within twice the error of plain same-dtype torch (test_gpu.py's bound)."""
     batch, seqlen_q, heads_q, _ = q.shape
@@ -477,7 +477,7 @@ def check_sequences(q, keys, values, out, lse, causal=False, softmax_scale=None,
     assert not torch.isnan(out).any(), "NaN in out"
     assert not torch.isnan(lse).any(), "NaN in lse"
     for b, (kb, vb) in enumerate(zip(keys, values)):
-        check_sequence(out[b], lse[b], q[b], kb, vb, causal, softmax_scale, window, f"sequence {b}")
+        check_sequence(out[b], lse[b], q[b], kb, vb, causal, softmax_scale, window, f"sequence {b}", softcap)
 
 
 def check_paged(q, k_cache, v_cache, table, lens, out, lse, **kwargs):

@@ -22,6 +22,7 @@
 #include "../ptx/tma.cuh"
 #include "../ptx/wgmma.cuh"
 #include "epilogue.cuh"
+#include "kv_dequant.cuh"
 #include "shared_storage.cuh"
 #include "softmax.cuh"
 #include "work_list.cuh"
@@ -49,6 +50,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
                                         const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items,
                                         const ConsumerThread& t) {
   constexpr bool kFp8 = kIsFp8<T>;  // e4m3 q, k, v (V as its transposed copy), bf16 out
+  using C = ComputeType<T, Cfg>;     // what the wgmmas multiply: T, or fp16 for bf16 over an FP8 cache
+  constexpr bool kHalfQ = !std::is_same_v<C, T>;  // Q turned into fp16 times kHalfQScale per item
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr int kNTiles = kBlockN / 8;  // n8 column tiles of S in the accumulator
   constexpr int kDTiles = D / 8;        // n8 column tiles of O
@@ -161,7 +164,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
                                    kk > 0 || (Cfg::kSumsPvTiles && (ring - kv) % Cfg::kPvTilesPerSum != 0));
       } else {
         const uint32_t v_bytes = kk * 16 * 64 * sizeof(T);
-        ptx::WgmmaM64K16<T, D>::template rs<1>(o, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, v_bytes), 1);
+        ptx::WgmmaM64K16<C, D>::template rs<1>(o, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, v_bytes), 1);
       }
     }
     ptx::wgmma_commit_group();
@@ -217,7 +220,9 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       // null): the item's heads' descales fold into scale_log2 (the epilogue scales O by v's),
       // or with softcapping (an FP8 cache only) k's into the tanh's argument.
       const int64_t at = items.descale_index(item);
-      const float k_scale = p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f;
+      // With Q in fp16 the scores come kHalfQScale small: k's factor takes its inverse.
+      const float k_descale = p.k_descale != nullptr ? __ldg(p.k_descale + at) : 1.f;
+      const float k_scale = kHalfQ ? k_descale / kHalfQScale : k_descale;
       if (Cfg::kFp8Cache && p.softcap_scale > 0.f) {
         score_factor = k_scale;
       } else {
@@ -259,7 +264,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
           ptx::WgmmaM64K32<T, kBlockN>::ss(s, ptx::advance_smem_desc(q_desc, q_bytes),
                                            ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
         else
-          ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, q_bytes),
+          ptx::WgmmaM64K16<C, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, q_bytes),
                                                        ptx::advance_smem_desc(k_stage_desc, k_bytes), kk > 0);
       }
       ptx::wgmma_commit_group();
@@ -301,10 +306,10 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
         // P(t) as wgmma A fragments, one per 16 keys: S tiles 2kk and 2kk+1, rows g and g+8.
 #pragma unroll
         for (int kk = 0; kk < kPSteps; ++kk) {
-          p_frag[kk][0] = frag::pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-          p_frag[kk][1] = frag::pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-          p_frag[kk][2] = frag::pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-          p_frag[kk][3] = frag::pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+          p_frag[kk][0] = frag::pack2<C>(s[8 * kk + 0], s[8 * kk + 1]);
+          p_frag[kk][1] = frag::pack2<C>(s[8 * kk + 2], s[8 * kk + 3]);
+          p_frag[kk][2] = frag::pack2<C>(s[8 * kk + 4], s[8 * kk + 5]);
+          p_frag[kk][3] = frag::pack2<C>(s[8 * kk + 6], s[8 * kk + 7]);
         }
       }
     };
@@ -364,6 +369,13 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     // serialize them all (C7518), so the branch wraps its whole sweep.
     if (n_tiles > 0) {
       ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);  // this item's Q rows have landed
+      if constexpr (kHalfQ) {
+        q_to_half<Cfg>(ptx::cvta_to_shared_u32(smem.q[0] + warpgroup * 64 * Cfg::kAtomCols), t.warp_in_wg * 32 + lane);
+        // The warpgroup's generic writes, before its wgmmas (async proxy) read the rows.
+        ptx::fence_proxy_async_shared_cta();
+        // All 64 rows converted. (The barrier is the epilogue's, which FP8 caches do not use.)
+        ptx::bar_sync(kEpilogueConsumer0 + warpgroup, 128);
+      }
       // Consumer 0 goes first; after the first item the turn comes from the tiles before.
       if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
       if constexpr (kOwnSweeps) {

@@ -2,7 +2,8 @@
 // e4m3 K and V tiles are widened to the queries' type in shared memory before the consumers
 // read them. The producer thread loads each tile unchanged into a staging ring (producer.cuh);
 // the producer warpgroup's other three warps, idle otherwise, write it into the K/V ring the
-// consumers already read, in the layout TMA would have written a 16-bit tile in. The
+// consumers already read, in the layout TMA would have written a 16-bit tile in: fp16 for
+// bf16 queries too, whose problem then multiplies in fp16 (ComputeType, q_to_half). The
 // consumers run as for a 16-bit cache, with k's descale folded into the softmax's scale and
 // v's into the output. The aim is decoding bound by memory, the cache read once at half the
 // bytes (docs/guide/production_fp8_cache.md says how close it comes).
@@ -95,6 +96,34 @@ __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int 
   }
 }
 
+// bf16 queries over an FP8 KV cache compute in fp16 (ComputeType). Q is scaled by kHalfQScale
+// on the way, and the consumers fold its inverse into the scores' scale: fp16 then holds every
+// bf16 query element from 2^-6 to 1.6e7 exactly, smaller ones to 2^-16 absolute (below bf16's
+// own rounding from 2^-7 on, and far below the e4m3 keys'), and saturates larger ones.
+constexpr float kHalfQScale = 1.f / 256.f;
+
+// A consumer warpgroup's 64 rows of Q, landed as bf16 (TMA's swizzle moves whole 16-byte
+// chunks, so an element keeps its place), rewritten in place as fp16 times kHalfQScale.
+// `rows`: the warpgroup's first row in column block 0 (.shared window); `thread`: 0 .. 127.
+// The caller fences and syncs the warpgroup before its wgmmas read them.
+template <typename Cfg>
+__device__ __forceinline__ void q_to_half(uint32_t rows, int thread) {
+  constexpr int kChunksPerBlock = 64 * kSwizzleBytes / 16;  // 64 rows of 8 chunks
+  constexpr int kChunks = Cfg::kColBlocks * kChunksPerBlock;
+  constexpr uint32_t kBlockBytes = Cfg::kBlockM * kSwizzleBytes;  // a column block of the whole Q tile
+  // Not unrolled: beside the consumers' live O (128 registers at D = 256) an unrolled loop spilled.
+#pragma unroll 1
+  for (int c = thread; c < kChunks; c += 128) {
+    const uint32_t at = rows + uint32_t(c / kChunksPerBlock) * kBlockBytes + uint32_t(c % kChunksPerBlock) * 16;
+    const uint4 bf = ptx::ld_shared_v4(at);
+    auto half2 = [](uint32_t pair) {  // a bf16 pair's floats are its halves shifted into the top
+      return frag::pack2_half_satfinite(__uint_as_float(pair << 16) * kHalfQScale,
+                                        __uint_as_float(pair & 0xffff0000u) * kHalfQScale);
+    };
+    ptx::st_shared_v4(at, make_uint4(half2(bf.x), half2(bf.y), half2(bf.z), half2(bf.w)));
+  }
+}
+
 // The dequantizing warps' whole life: the K and V tile of every item of the CTA's share of the
 // work list, in the producer's order (the same items, the same ring positions). `thread`:
 // 0 .. 32 kDequantWarps - 1.
@@ -111,7 +140,8 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
                    uint64_t* full, uint64_t* empty, bool reused, uint32_t previous_use, int valid) {
     ptx::mbarrier_wait(staged_full, staged_parity);
     if (reused) ptx::mbarrier_wait(empty, previous_use);
-    dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
+    const uint32_t codes = ptx::cvta_to_shared_u32(from), tile = ptx::cvta_to_shared_u32(to);
+    dequantize_tile<ComputeType<T, Cfg>, Cfg>(codes, tile, valid, thread);
     // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
     ptx::fence_proxy_async_shared_cta();
     __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them

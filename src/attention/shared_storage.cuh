@@ -19,6 +19,12 @@ template <typename T>
 using OutType = std::conditional_t<kIsFp8<T>, __nv_bfloat16, T>;
 template <typename T, int D, bool kWide, int kNumConsumers, bool kFp8Kv = false>
 using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>, kFp8Kv>;
+// The type the tensor cores multiply in: T, or fp16 for bf16 queries over an FP8 KV cache. Its
+// codes widen to fp16 in one instruction a pair, where bf16 takes four, and the widening bounds
+// the decode (kv_dequant.cuh); the consumers then turn Q into fp16 in place (q_to_half) and O
+// still leaves as T.
+template <typename T, typename Cfg>
+using ComputeType = std::conditional_t<Cfg::kFp8Cache && std::is_same_v<T, __nv_bfloat16>, __half, T>;
 
 // The n-th tile through a ring of kSlots buffers, each with a full and an empty mbarrier: its
 // slot, the parity of the phase its fill completes, and whether the slot held an earlier tile,

@@ -25,6 +25,14 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return reinterpret_cast<const uint32_t&>(h);
 }
 
+// Two floats as an fp16 pair, `lo` in the low half, nearest even, saturated to +-65504 (NaN
+// stays NaN): cvt.rn.satfinite.f16x2.f32.
+__device__ __forceinline__ uint32_t pack2_half_satfinite(float lo, float hi) {
+  uint32_t pair;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(pair) : "f"(hi), "f"(lo));
+  return pair;
+}
+
 // The two elements of a packed pair, `lo` (the low half) in .x.
 template <typename T>
 __device__ __forceinline__ float2 unpack2(uint32_t pair);
