@@ -8,6 +8,7 @@ Tables live between marker lines, so the prose around them is never touched:
     <!-- results:anchors -->          our kernels beside cuDNN and FlashAttention-2 (python -m hattn.bench)
     <!-- results:anchors.NAME -->     the same from results/NAME.csv and .json (a run of a few kernels)
     <!-- results:capstone -->         one Wan 2.1 transformer step per variant (python -m hattn.capstone)
+    <!-- results:capstone.DIR -->     the same from results/DIR/*.json
     <!-- results:backward -->         the backward beside SDPA's (python -m hattn.bench_backward)
     <!-- results:backward.PATH -->    the same from results/PATH.csv (an earlier run kept as evidence)
     <!-- results:ab.PATH -->          kernels side by side from one hattn-bench run, results/PATH.csv
@@ -356,7 +357,15 @@ def mla_table(csv_path):
 
 STATUS_LABELS = {"fa3": "FA3", "sdpa_cudnn": "cuDNN", "sdpa_cudnn_bshd": "cuDNN", "sdpa_flash": "FA2",
                  "varlen_cudnn": "cuDNN", "varlen_flash": "FA2", "fa3_fp8": "FA3 FP8", "fa3_bf16": "FA3",
-                 "torch_mla": "torch (bmm + softmax)", "fa3_mla": "FA3"}
+                 "torch_mla": "torch (bmm + softmax)", "fa3_mla": "FA3", "fa3_det": "FA3 deterministic"}
+
+
+def gpu_note(gpu):
+    """", on the H100" where a run was not on the H200 (the results' usual GPU), else ""."""
+    if not gpu or "H200" in gpu:
+        return ""
+    m = re.search(r"\b([A-Z]\d{2,3})\b", gpu)
+    return f", on the {m.group(1) if m else gpu}"
 
 
 def status_table():
@@ -377,7 +386,7 @@ def status_table():
         commit = rows[0]["commit"] if "commit" in rows[0] else ""
         return (f"| {what} | {', '.join(anchors)}{missing} | {min(ratios):.2f} | {statistics.median(ratios):.2f} | "
                 f"{sum(r >= 1.0 for r in ratios)} of {len(ratios)} | `results/{name}`"
-                + (f" at `{commit[:7]}`" if commit else "") + " |")
+                + (f" at `{commit[:7]}`" if commit else "") + gpu_note(rows[0].get("gpu", "")) + " |")
 
     out = ["| what | anchors in the run | ours / best anchor: min | median | at or above 1 | results |",
            "|---|---|---|---|---|---|"]
@@ -411,8 +420,12 @@ def status_table():
                    f"`results/{name}` at `{commit[:7]}` |")
     bwd_anchor = lambda r: not r["name"].startswith("hattn") and r.get("status") != "not given"
     for what, name in (("backward, bf16 (dq, dk, dv)", "pybench_backward.csv"),
+                       ("backward, bf16, beside FA3", "pybench_backward_fa3.csv"),
                        ("backward, GQA 4", "pybench_backward_gqa4.csv"),
-                       ("backward, varlen (mixed lengths)", "pybench_backward_varlen_mixed.csv")):
+                       ("backward, varlen (mixed lengths)", "pybench_backward_varlen_mixed.csv"),
+                       ("backward, varlen (mixed lengths), beside FA3", "pybench_backward_varlen_mixed_fa3.csv")):
+        if name.endswith("_fa3.csv") and not read(name):
+            continue
         out.append(summary(what, read(name), name, lambda r: r["name"] == "hattn",
                            lambda r: r["ratio_to_best_anchor"], bwd_anchor))
     fp8 = read("pybench_fp8.csv")
@@ -435,19 +448,20 @@ def status_table():
                  sorted({r["name"] for r in mla if r["name"] in ("torch_mla", "fa3_mla") and r["status"] == "ok"})]
     out.append(summary("MLA decoding, bf16 (576 / 512 features, paged latent cache)", mla_rows, "pybench_mla.csv",
                        lambda r: r["name"] == "hattn_mla", lambda r: r["ratio"], lambda r: r["name"] != "hattn_mla"))
-    runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / "capstone").glob("*.json"))]
-    for run in runs:
-        ms = {r["variant"]: r["ms"] for r in run["results"]}
-        others = {k: v for k, v in ms.items() if k != "hattn"}
-        if "hattn" not in ms or not others:
-            continue
-        m = run["meta"]
-        names = sorted({("FA3" if k == "fa3" else "torch SDPA") for k in others})
-        missing = "" if "fa3" in others else "; FA3 not in the run"
-        ratio = min(others.values()) / ms["hattn"]
-        out.append(f"| capstone: {m['model']} {m['size']}, one transformer step, end to end | "
-                   f"{', '.join(names)}{missing} | {ratio:.3f} | – | {int(ratio >= 1)} of 1 | "
-                   f"`results/capstone/` at `{m['commit'][:7]}` |")
+    for folder in ("capstone", "capstone_fa3"):
+        runs = [json.loads(p.read_text()) for p in sorted((ROOT / "results" / folder).glob("*.json"))]
+        for run in runs:
+            ms = {r["variant"]: r["ms"] for r in run["results"]}
+            others = {k: v for k, v in ms.items() if k != "hattn"}
+            if "hattn" not in ms or not others:
+                continue
+            m = run["meta"]
+            names = sorted({("FA3" if k == "fa3" else "torch SDPA") for k in others})
+            missing = "" if "fa3" in others else "; FA3 not in the run"
+            ratio = min(others.values()) / ms["hattn"]
+            out.append(f"| capstone: {m['model']} {m['size']}, one transformer step, end to end | "
+                       f"{', '.join(names)}{missing} | {ratio:.3f} | – | {int(ratio >= 1)} of 1 | "
+                       f"`results/{folder}/` at `{m['commit'][:7]}`{gpu_note(m.get('gpu', ''))} |")
     out += ["", "_Ratios of throughput (time for the capstone), each over the best anchor timed in the same run; "
             "from the files named by `tools/gen_docs.py`._"]
     return "\n".join(out) + "\n"
@@ -512,6 +526,8 @@ def main():
             return lineage_table(rows, kernels, descriptions, path)
         if name == "capstone":
             return capstone_table(ROOT / "results" / "capstone")
+        if name.startswith("capstone."):
+            return capstone_table(ROOT / "results" / name[len("capstone."):])
         if name == "status":
             return status_table()
         if name == "anchors":
