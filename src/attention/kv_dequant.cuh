@@ -98,8 +98,9 @@ __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int 
 
 // bf16 queries over an FP8 KV cache compute in fp16 (ComputeType). Q is scaled by kHalfQScale
 // on the way, and the consumers fold its inverse into the scores' scale: fp16 then holds every
-// bf16 query element from 2^-6 to 1.6e7 exactly, smaller ones to 2^-16 absolute (below bf16's
-// own rounding from 2^-7 on, and far below the e4m3 keys'), and saturates larger ones.
+// bf16 query element from 2^-9 to 1.6e7 in magnitude exactly (below 2^-6 as subnormals, whose
+// steps of 2^-16 bf16's own reach only there), rounds smaller ones to those steps (far below the
+// e4m3 keys' error) and saturates larger ones.
 constexpr float kHalfQScale = 1.f / 256.f;
 
 // A consumer warpgroup's 64 rows of Q, landed as bf16 (TMA's swizzle moves whole 16-byte

@@ -106,7 +106,8 @@ def attention_paged(
         k_cache, v_cache: [num_pages, page_size, Hkv, D], same dtype and device; Hq % Hkv == 0
             (GQA/MQA). Or an FP8 cache: both torch.float8_e4m3fn beside bf16/fp16 q, with
             k_descale and v_descale (below); no sliding window then. bf16 q over an FP8 cache
-            is multiplied in fp16 as q * 2^-8: exact for |q| up to 1.6e7, saturated beyond.
+            is multiplied in fp16 as q * 2^-8: exact for |q| from 2^-9 to 1.6e7, rounded to
+            steps of 2^-16 below, saturated above.
             page_size must be a multiple of 128 (a K/V tile never spans two pages); other
             sizes raise NotImplementedError.
         block_table: torch.int32 [B, max_pages_per_seq] on q's device: sequence b's key j is
