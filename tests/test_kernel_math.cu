@@ -100,10 +100,10 @@ TEST(WidenE4m3, EveryCodeExactlyOnTheGpu) {
   }
 }
 
-// One staging tile of `codes` widened as the FP8 KV cache does (kv_dequant.cuh) by the 96
-// threads of the widening warps, into a 16-bit tile first filled with 0xFFFF (NaN), which
-// `out` receives.
-template <typename T, typename Cfg>
+// One staging tile of `codes` widened as the FP8 KV cache does (kv_dequant.cuh) by kThreads
+// threads (the widening warps' 96, or 224 with consumer 1's four warps on trial), into a
+// 16-bit tile first filled with 0xFFFF (NaN), which `out` receives.
+template <typename T, typename Cfg, int kThreads>
 __global__ void widen_tile_kernel(const uint8_t* codes, uint16_t* out, int valid) {
   constexpr int kCodes = Cfg::kBlockN * Cfg::kHeadDim;  // a multiple of 1024
   extern __shared__ unsigned char smem_raw[];
@@ -114,12 +114,13 @@ __global__ void widen_tile_kernel(const uint8_t* codes, uint16_t* out, int valid
     wide[i] = 0xFFFF;
   }
   __syncthreads();  // the tiles written, before the widening reads and overwrites them
-  fwd::dequantize_tile<T, Cfg>(ptx::cvta_to_shared_u32(staged), ptx::cvta_to_shared_u32(wide), valid, int(threadIdx.x));
+  fwd::dequantize_tile<T, Cfg, kThreads>(ptx::cvta_to_shared_u32(staged), ptx::cvta_to_shared_u32(wide), valid,
+                                         int(threadIdx.x));
   __syncthreads();  // the widening done, before the copy out
   for (int i = threadIdx.x; i < kCodes; i += blockDim.x) out[i] = wide[i];
 }
 
-template <typename T, int D>
+template <typename T, int D, int kThreads>
 void check_widened_tile(DType dtype) {
   using Cfg = fwd::ConfigOf<T, D, false, 2, true>;
   constexpr int kRows = Cfg::kBlockN, kCodes = kRows * D;
@@ -131,11 +132,11 @@ void check_widened_tile(DType dtype) {
   ASSERT_TRUE(d_out.allocate(kCodes * 2).ok());
   ASSERT_EQ(cudaMemcpy(d_codes.get(), codes.data(), kCodes, cudaMemcpyHostToDevice), cudaSuccess);
   const int smem = 3 * kCodes + 1024;
-  const auto kernel = widen_tile_kernel<T, Cfg>;
+  const auto kernel = widen_tile_kernel<T, Cfg, kThreads>;
   ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
   for (const int valid : {kRows, kRows - 37, 1, 0, -5}) {  // whole, part, one key, none (and a negative count)
-    kernel<<<1, fwd::kDequantWarps * 32, smem>>>(static_cast<const uint8_t*>(d_codes.get()),
-                                                  static_cast<uint16_t*>(d_out.get()), valid);
+    kernel<<<1, kThreads, smem>>>(static_cast<const uint8_t*>(d_codes.get()), static_cast<uint16_t*>(d_out.get()),
+                                   valid);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint16_t> tile(kCodes);
     ASSERT_EQ(cudaMemcpy(tile.data(), d_out.get(), kCodes * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -148,8 +149,8 @@ void check_widened_tile(DType dtype) {
         const float got = ref::bits_to_float(tile[at], dtype);
         const bool same = std::isnan(want) ? std::isnan(got) : got == want && std::signbit(got) == std::signbit(want);
         if (!same && ++wrong <= 5)
-          ADD_FAILURE() << dtype_name(dtype) << " D " << D << " valid " << valid << ": row " << row << " col " << col
-                        << " got " << got << ", want " << want;
+          ADD_FAILURE() << dtype_name(dtype) << " D " << D << " threads " << kThreads << " valid " << valid << ": row "
+                        << row << " col " << col << " got " << got << ", want " << want;
       }
     }
     EXPECT_EQ(wrong, 0) << dtype_name(dtype) << " D " << D << " valid " << valid;
@@ -157,13 +158,18 @@ void check_widened_tile(DType dtype) {
 }
 
 // The widening writes the 16-bit tile TMA would have: every code exactly at its swizzled place,
-// the rows past `valid` zero, nothing left unwritten.
+// the rows past `valid` zero, nothing left unwritten; by the widening warps alone and with
+// consumer 1's (the trial's 224 threads).
 TEST(WidenE4m3, TileAsTmaWouldOnTheGpu) {
   if (const std::string why = testing::gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
-  check_widened_tile<__nv_bfloat16, 64>(DType::bf16);
-  check_widened_tile<__nv_bfloat16, 128>(DType::bf16);
-  check_widened_tile<__nv_bfloat16, 256>(DType::bf16);
-  check_widened_tile<__half, 128>(DType::fp16);
+  constexpr int kAlone = fwd::kDequantWarps * 32, kHelped = (fwd::kDequantWarps + fwd::kHelperWarps) * 32;
+  check_widened_tile<__nv_bfloat16, 64, kAlone>(DType::bf16);
+  check_widened_tile<__nv_bfloat16, 128, kAlone>(DType::bf16);
+  check_widened_tile<__nv_bfloat16, 256, kAlone>(DType::bf16);
+  check_widened_tile<__half, 128, kAlone>(DType::fp16);
+  check_widened_tile<__half, 64, kHelped>(DType::fp16);
+  check_widened_tile<__half, 128, kHelped>(DType::fp16);
+  check_widened_tile<__half, 256, kHelped>(DType::fp16);
 }
 
 }  // namespace

@@ -89,11 +89,14 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       ptx::mbarrier_init(&smem.q_full[c], 1);
       ptx::mbarrier_init(&smem.q_empty[c], 4);  // one arrival per warp of consumer c
     }
+    // An FP8 KV cache's tiles are handed on by the dequantizing warps, and on trial by consumer
+    // 1's four warps too (or by warp 0 for them).
+    const uint32_t wideners = kDequantWarps + (kFp8Kv && p.kv_consumer_helps ? kHelperWarps : 0);
 #pragma unroll
     for (int s = 0; s < Cfg::kStages; ++s) {
-      // The producer's TMA completes a full barrier; with an FP8 KV cache each dequantizing warp's arrival.
-      ptx::mbarrier_init(&smem.k_full[s], kFp8Kv ? kDequantWarps : 1);
-      ptx::mbarrier_init(&smem.v_full[s], kFp8Kv ? kDequantWarps : 1);
+      // The producer's TMA completes a full barrier; with an FP8 KV cache each widening warp's arrival.
+      ptx::mbarrier_init(&smem.k_full[s], kFp8Kv ? wideners : 1);
+      ptx::mbarrier_init(&smem.v_full[s], kFp8Kv ? wideners : 1);
       ptx::mbarrier_init(&smem.k_empty[s], Cfg::kConsumers * 4);  // one arrival per consumer warp
       ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumers * 4);
     }
@@ -103,8 +106,8 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       for (int s = 0; s < Cfg::kStagingStages; ++s) {
         ptx::mbarrier_init(&smem.k8_full[s], 1);
         ptx::mbarrier_init(&smem.v8_full[s], 1);
-        ptx::mbarrier_init(&smem.k8_empty[s], kDequantWarps);
-        ptx::mbarrier_init(&smem.v8_empty[s], kDequantWarps);
+        ptx::mbarrier_init(&smem.k8_empty[s], wideners);
+        ptx::mbarrier_init(&smem.v8_empty[s], wideners);
       }
     }
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers

@@ -21,6 +21,7 @@
 #include "../common/params.h"
 #include "../common/sequence.cuh"
 #include "../ptx/mbarrier.cuh"
+#include "../ptx/named_barrier.cuh"
 #include "../ptx/smem.cuh"
 #include "../ptx/tma.cuh"
 #include "shared_storage.cuh"
@@ -30,6 +31,9 @@ namespace hattn::fwd {
 
 // The producer warpgroup's warps 1-3; warp 0's first lane loads.
 constexpr int kDequantWarps = 3;
+// On trial (FeatureParams::kv_consumer_helps): consumer warpgroup 1's four warps join them on
+// the tiles of items where it has no rows of its own (decoding), 7 warps a tile.
+constexpr int kHelperWarps = 4;
 
 #ifdef __CUDACC__
 // Eight e4m3 codes (code 0 in the low byte of .x) as eight T, two to a register: cvt per pair.
@@ -56,14 +60,14 @@ __device__ __forceinline__ uint4 widen8(uint2 codes) {
 // slots and the odd row's in odd slots: its first stores (each unit's even chunk) fill the 8
 // slots of a row once, and so do its second (the odd chunks). At D = 64 the two rows are one
 // block, and a row of codes is 64 bytes: the same holds.
-template <typename T, typename Cfg>
+template <typename T, typename Cfg, int kThreads = kDequantWarps * 32>
 __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread) {
   constexpr int D = Cfg::kHeadDim, kRows = Cfg::kBlockN;
   constexpr int kBlocks = D / 64;       // 64-column blocks of the swizzled tile: 4 units each
   constexpr int kUnitsPerRow = D / 16;  // 16 codes in (one 16-byte load), 32 bytes out (two stores)
-  constexpr int kThreads = kDequantWarps * 32;
-  static_assert(kThreads % (8 * kBlocks) == 0, "whole row pairs per pass");
-  constexpr int kRowStep = kThreads / kUnitsPerRow;  // rows between a thread's units: 24, 12, 6
+  static_assert(kThreads % (8 * kBlocks) == 0 && kThreads / (D / 16) % 2 == 0,
+                "whole row pairs per pass, and a thread's rows all of one parity");
+  constexpr int kRowStep = kThreads / kUnitsPerRow;  // rows between a thread's units: 24, 12, 6 with 96 threads
   constexpr int kSteps = (kRows + kRowStep - 1) / kRowStep;
   constexpr int kBatch = 3;  // 16-byte loads in flight per thread before the first conversion
   const int quarter = thread / 8, odd_row = thread % 8 / 4;
@@ -125,46 +129,109 @@ __device__ __forceinline__ void q_to_half(uint32_t rows, int thread) {
   }
 }
 
+// Whether consumer warpgroup 1 widens beside the dequantizing warps on an item (on trial): it
+// has no rows there (the item's packed rows end within consumer 0's 64) and consumer 0 has some.
+// `rows_end`: the sequence's packed query rows. The consumers and the widening warps both ask.
+__device__ __forceinline__ bool consumer_helps(const FeatureParams& p, int m_block, int rows_end) {
+  return p.kv_consumer_helps && m_block < rows_end && m_block + 64 >= rows_end;
+}
+
+// Widens staging tile `from` into ring tile `to`, this thread one of kThreads (`thread`), once
+// both are ready, then hands each on: the warp's leader arrives on `full` and `staged_empty`
+// with `arrivals` (1, or more for warps that sit the tile out: their barriers count 7).
+// WAR on `to`: the consumers' arrivals on `empty` follow their wgmma reads of its previous use.
+template <typename C, typename Cfg, int kThreads>
+__device__ __forceinline__ void widen_and_hand_on(uint8_t* from, uint64_t* staged_full, uint64_t* staged_empty,
+                                                  uint32_t staged_parity, void* to, uint64_t* full, uint64_t* empty,
+                                                  bool reused, uint32_t previous_use, int valid, int thread,
+                                                  uint32_t arrivals) {
+  ptx::mbarrier_wait(staged_full, staged_parity);
+  if (reused) ptx::mbarrier_wait(empty, previous_use);
+  dequantize_tile<C, Cfg, kThreads>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
+  // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
+  ptx::fence_proxy_async_shared_cta();
+  __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them
+  if (thread % 32 == 0) {
+    ptx::mbarrier_arrive(full, arrivals);
+    ptx::mbarrier_arrive(staged_empty, arrivals);  // the staging tile is read: the producer may load it again
+  }
+}
+
 // The dequantizing warps' whole life: the K and V tile of every item of the CTA's share of the
 // work list, in the producer's order (the same items, the same ring positions). `thread`:
-// 0 .. 32 kDequantWarps - 1.
+// 0 .. 32 kDequantWarps - 1. Where consumer 1 helps (consumer_helps), a tile's units go to
+// both; elsewhere, with the trial on, warp 0 also arrives for consumer 1's four warps.
 template <typename T, int D, typename Cfg, bool kRuntimeBounds, bool kWindow>
 __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const FeatureParams& p, const WorkList& sched,
                                            const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items,
                                            int thread) {
   static_assert(kRuntimeBounds, "an FP8 KV cache runs in the run-time bounds kernels (their tiles find their keys)");
+  using C = ComputeType<T, Cfg>;
   constexpr bool kFastDivide = !kWindow;
-  const bool leader = thread % 32 == 0;
-  // Widens staging tile `from` into ring tile `to` once both are ready, then hands each on.
-  // WAR on `to`: the consumers' arrivals on `empty` follow their wgmma reads of its previous use.
-  auto widen = [&](uint8_t* from, uint64_t* staged_full, uint64_t* staged_empty, uint32_t staged_parity, void* to,
-                   uint64_t* full, uint64_t* empty, bool reused, uint32_t previous_use, int valid) {
-    ptx::mbarrier_wait(staged_full, staged_parity);
-    if (reused) ptx::mbarrier_wait(empty, previous_use);
-    const uint32_t codes = ptx::cvta_to_shared_u32(from), tile = ptx::cvta_to_shared_u32(to);
-    dequantize_tile<ComputeType<T, Cfg>, Cfg>(codes, tile, valid, thread);
-    // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
-    ptx::fence_proxy_async_shared_cta();
-    __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them
-    if (leader) {
-      ptx::mbarrier_arrive(full);
-      ptx::mbarrier_arrive(staged_empty);  // the staging tile is read: the producer may load it again
-    }
-  };
+  constexpr int kAlone = kDequantWarps * 32, kHelped = (kDequantWarps + kHelperWarps) * 32;
+  const int pack_shift = items.mask.shift();
   int kv = 0;  // K/V tiles so far: the ring position
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
     const PartItem item = sched.item<kFastDivide>(w);
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const KvTileRange range = items.tiles(item, seq);
+    const bool helped = consumer_helps(p, items.block_of(item) * Cfg::kBlockM, seq.seqlen_q << pack_shift);
+    const uint32_t arrivals = !p.kv_consumer_helps || helped || thread >= 32 ? 1u : 1u + kHelperWarps;
     for (int tile = 0; tile < range.last - range.first; ++tile, ++kv) {
       const RingPosition<Cfg::kStages> ring(kv);
       const RingPosition<Cfg::kStagingStages> staged(kv);
       const int stage = ring.slot, s8 = staged.slot;
       const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;  // keys of the tile in the sequence
-      widen(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase, smem.k[stage], &smem.k_full[stage],
-            &smem.k_empty[stage], ring.reused, ring.previous_use, valid);
-      widen(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase, smem.v[stage], &smem.v_full[stage],
-            &smem.v_empty[stage], ring.reused, ring.previous_use, valid);
+      if (helped) {
+        widen_and_hand_on<C, Cfg, kHelped>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
+                                           smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
+                                           ring.previous_use, valid, thread, arrivals);
+        widen_and_hand_on<C, Cfg, kHelped>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
+                                           smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
+                                           ring.previous_use, valid, thread, arrivals);
+      } else {
+        widen_and_hand_on<C, Cfg, kAlone>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
+                                          smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
+                                          ring.previous_use, valid, thread, arrivals);
+        widen_and_hand_on<C, Cfg, kAlone>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
+                                          smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
+                                          ring.previous_use, valid, thread, arrivals);
+      }
+    }
+  }
+}
+
+// Consumer warpgroup 1's share of an item it has no rows of (consumer_helps), in place of
+// passing the tiles on: each K and V tile widened beside the dequantizing warps (this thread
+// kDequantWarps * 32 + its index in the warpgroup), the turn passed on between them as
+// consume's pass_tiles does, and its arrivals on the empty barriers after its own waits on
+// them (the slots' previous phases have completed).
+template <typename T, typename Cfg, typename Storage>
+__device__ __forceinline__ void help_widen(Storage& storage, const Sequence& seq, const KvTileRange& range, int kv,
+                                           int wg_thread, int my_turn, int next_turn, uint64_t* q_empty) {
+  static_assert(Cfg::kFp8Cache, "only an FP8 KV cache has tiles to widen");
+  auto& smem = static_cast<Fp8KvStorage<T, Cfg>&>(storage);
+  using C = ComputeType<T, Cfg>;
+  constexpr int kHelped = (kDequantWarps + kHelperWarps) * 32;
+  const int thread = kDequantWarps * 32 + wg_thread;
+  const int n_tiles = range.last - range.first;
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const RingPosition<Cfg::kStages> ring(kv + tile);
+    const RingPosition<Cfg::kStagingStages> staged(kv + tile);
+    const int stage = ring.slot, s8 = staged.slot;
+    const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;
+    widen_and_hand_on<C, Cfg, kHelped>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
+                                       smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
+                                       ring.previous_use, valid, thread, 1u);
+    ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
+    ptx::bar_arrive(next_turn, kTurnThreads);
+    widen_and_hand_on<C, Cfg, kHelped>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
+                                       smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
+                                       ring.previous_use, valid, thread, 1u);
+    if (wg_thread % 32 == 0) {
+      ptx::mbarrier_arrive(&smem.k_empty[stage]);
+      ptx::mbarrier_arrive(&smem.v_empty[stage]);
+      if (tile + 1 == n_tiles) ptx::mbarrier_arrive(q_empty);
     }
   }
 }

@@ -37,6 +37,11 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cvta_to_shared_u32(bar)) : "memory");
 }
 
+// mbarrier.arrive with a count: `count` arrivals at once (a warp that stands in for others).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(cvta_to_shared_u32(bar)), "r"(count) : "memory");
+}
+
 // mbarrier.try_wait.parity in a loop: returns once the phase with `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
