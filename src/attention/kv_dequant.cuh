@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/fragment.cuh"
 #include "../common/params.h"
@@ -182,21 +183,20 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
       const RingPosition<Cfg::kStagingStages> staged(kv);
       const int stage = ring.slot, s8 = staged.slot;
       const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;  // keys of the tile in the sequence
-      if (helped) {
-        widen_and_hand_on<C, Cfg, kHelped>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
-                                           smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
-                                           ring.previous_use, valid, thread, arrivals);
-        widen_and_hand_on<C, Cfg, kHelped>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
-                                           smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
-                                           ring.previous_use, valid, thread, arrivals);
-      } else {
-        widen_and_hand_on<C, Cfg, kAlone>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
-                                          smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
-                                          ring.previous_use, valid, thread, arrivals);
-        widen_and_hand_on<C, Cfg, kAlone>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
-                                          smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
-                                          ring.previous_use, valid, thread, arrivals);
-      }
+      // The tile's K, then its V, by kThreads threads (an integral_constant: a template argument).
+      auto widen_k_and_v = [&](auto threads) {
+        constexpr int kThreads = decltype(threads)::value;
+        widen_and_hand_on<C, Cfg, kThreads>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
+                                            smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
+                                            ring.previous_use, valid, thread, arrivals);
+        widen_and_hand_on<C, Cfg, kThreads>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
+                                            smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
+                                            ring.previous_use, valid, thread, arrivals);
+      };
+      if (helped)
+        widen_k_and_v(std::integral_constant<int, kHelped>{});
+      else
+        widen_k_and_v(std::integral_constant<int, kAlone>{});
     }
   }
 }
