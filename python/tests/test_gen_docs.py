@@ -167,3 +167,48 @@ def test_mla_table_states_the_ceilings_of_its_run(tmp_path, monkeypatch):
 def test_mla_table_without_results_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
     assert "No results yet" in gen_docs.mla_table(tmp_path / "pybench_mla.csv")
+
+
+BWD_HEAD = ("commit,gpu,sm_clock_mhz,name,dtype,head_dim,causal,batch,seqlen,heads_q,heads_kv,tokens,ms,reps,tflops,"
+            "ratio_to_best_anchor,max_err_dq,max_err_dk,max_err_dv,status")
+
+
+def test_status_names_a_run_that_was_not_on_the_h200(tmp_path, monkeypatch):
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    (tmp_path / "results").mkdir()
+    for name, gpu in (("pybench_backward.csv", "NVIDIA H200"), ("pybench_backward_fa3.csv", "NVIDIA H100 80GB HBM3")):
+        lines = [BWD_HEAD,
+                 f"abcdef123456,{gpu},1980,hattn,bf16,64,False,16,1024,32,32,16384,1.0,20,335,0.80,0,0,0,ok",
+                 f"abcdef123456,{gpu},1980,fa3,bf16,64,False,16,1024,32,32,16384,0.8,20,410,,0,0,0,ok"]
+        (tmp_path / "results" / name).write_text("\n".join(lines) + "\n")
+    rows = gen_docs.status_table().splitlines()
+    plain = next(r for r in rows if r.startswith("| backward, bf16 (dq, dk, dv)"))
+    beside = next(r for r in rows if r.startswith("| backward, bf16, beside FA3"))
+    assert plain.endswith("`results/pybench_backward.csv` at `abcdef1` |")  # the H200: no note
+    assert beside.endswith("`results/pybench_backward_fa3.csv` at `abcdef1`, on the H100 |")
+    assert "| FA3 | 0.80 | 0.80 | 0 of 1 |" in beside
+    # A results file that is not there gives no row of its own.
+    assert not any(r.startswith("| backward, varlen (mixed lengths), beside FA3") for r in rows)
+
+
+def test_capstone_rows_come_from_each_folder_with_their_gpu(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(gen_docs, "ROOT", tmp_path)
+    (tmp_path / "results").mkdir()
+    for folder, gpu, variants in (("capstone", "NVIDIA H200", {"torch_cudnn": 630.0, "hattn": 600.0}),
+                                  ("capstone_fa3", "NVIDIA H100 80GB HBM3",
+                                   {"torch_cudnn": 650.0, "hattn": 601.0, "fa3": 588.0})):
+        (tmp_path / "results" / folder).mkdir()
+        run = {"meta": {"gpu": gpu, "model": "wan2.1-1.3b", "size": "480p", "tokens": 32760, "commit": "abcdef123456",
+                        "torch": "2.11", "cudnn": 91900, "diffusers": "0.42.1"},
+               "results": [{"variant": v, "ms": ms} for v, ms in variants.items()]}
+        (tmp_path / "results" / folder / "wan2.1-1.3b_480p.json").write_text(json.dumps(run))
+    rows = [r for r in gen_docs.status_table().splitlines() if r.startswith("| capstone")]
+    assert len(rows) == 2
+    assert "| torch SDPA; FA3 not in the run | 1.050 |" in rows[0]
+    assert rows[0].endswith("`results/capstone/` at `abcdef1` |")
+    assert "| FA3, torch SDPA | 0.978 |" in rows[1]
+    assert rows[1].endswith("`results/capstone_fa3/` at `abcdef1`, on the H100 |")
+    table = gen_docs.capstone_table(tmp_path / "results" / "capstone_fa3")
+    assert "| 0.978x |" in table and "NVIDIA H100 80GB HBM3" in table
