@@ -25,13 +25,8 @@ __device__ __forceinline__ unsigned char* align_shared(unsigned char* raw) {
   return raw + (kAlign - misalignment) % kAlign;
 }
 
-// 8 or 16 bytes from, and 16 bytes to, a .shared-window address (LDS.64, LDS.128, STS.128
-// whatever the compiler knows of the pointer it came from).
-__device__ __forceinline__ uint2 ld_shared_v2(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
-  return v;
-}
+// 16 bytes from and to a .shared-window address (LDS.128, STS.128 whatever the compiler knows
+// of the pointer it came from).
 __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr)
