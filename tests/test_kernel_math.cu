@@ -101,7 +101,7 @@ TEST(WidenE4m3, EveryCodeExactlyOnTheGpu) {
 }
 
 // One staging tile of `codes` widened as the FP8 KV cache does (kv_dequant.cuh) by kThreads
-// threads (the widening warps' 96, or 224 with consumer 1's four warps on trial), into a
+// threads (the widening warps' 96, or 224 with consumer 1's four warps), into a
 // 16-bit tile first filled with 0xFFFF (NaN), which `out` receives.
 template <typename T, typename Cfg, int kThreads>
 __global__ void widen_tile_kernel(const uint8_t* codes, uint16_t* out, int valid) {

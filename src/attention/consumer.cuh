@@ -356,9 +356,9 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       if (n_tiles > 0 && m_block + warpgroup * 64 >= seq.seqlen_q << pack_shift) {
         ptx::mbarrier_wait(&smem.q_full[warpgroup], uses % 2);
         if (warpgroup == Cfg::kConsumers - 1 && uses == 0) ptx::bar_arrive(kTurnConsumer0, kTurnThreads);
-        bool helps = false;  // with an FP8 KV cache, on trial: consumer 1 widens instead (kv_dequant.cuh)
+        bool helps = false;  // with an FP8 KV cache consumer 1 widens instead (kv_dequant.cuh)
         if constexpr (Cfg::kFp8Cache) {
-          helps = warpgroup == 1 && consumer_helps(p, m_block, seq.seqlen_q << pack_shift);
+          helps = warpgroup == 1 && consumer_helps(m_block, seq.seqlen_q << pack_shift);
           if (helps)
             help_widen<T, Cfg>(smem, seq, range, kv, t.warp_in_wg * 32 + lane, my_turn, next_turn,
                                &smem.q_empty[warpgroup]);

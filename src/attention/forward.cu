@@ -128,10 +128,6 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
       grid_plan.ctas = int(std::min<int64_t>(int64_t(grid_plan.sched.total()), sms));
     }
   }
-  if constexpr (kFp8Kv) {  // on trial, read each call: consumer 1 widens where it has no rows (kv_dequant.cuh)
-    const char* help = std::getenv("HATTN_KV_HELP");
-    kernel_params.kv_consumer_helps = help != nullptr && std::string(help) == "1";
-  }
   WorkList list(grid_plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
                 kernel_params.heads_per_kv);
   list.own_sweeps = fp.own_sweeps;

@@ -89,9 +89,9 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       ptx::mbarrier_init(&smem.q_full[c], 1);
       ptx::mbarrier_init(&smem.q_empty[c], 4);  // one arrival per warp of consumer c
     }
-    // An FP8 KV cache's tiles are handed on by the dequantizing warps, and on trial by consumer
-    // 1's four warps too (or by warp 0 for them).
-    const uint32_t wideners = kDequantWarps + (kFp8Kv && p.kv_consumer_helps ? kHelperWarps : 0);
+    // An FP8 KV cache's tiles are handed on by the dequantizing warps and consumer 1's four
+    // warps (or by warp 0 for them, on items where consumer 1 has rows).
+    constexpr uint32_t wideners = kDequantWarps + (kFp8Kv ? kHelperWarps : 0);
 #pragma unroll
     for (int s = 0; s < Cfg::kStages; ++s) {
       // The producer's TMA completes a full barrier; with an FP8 KV cache each widening warp's arrival.

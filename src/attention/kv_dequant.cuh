@@ -32,8 +32,8 @@ namespace hattn::fwd {
 
 // The producer warpgroup's warps 1-3; warp 0's first lane loads.
 constexpr int kDequantWarps = 3;
-// On trial (FeatureParams::kv_consumer_helps): consumer warpgroup 1's four warps join them on
-// the tiles of items where it has no rows of its own (decoding), 7 warps a tile.
+// Consumer warpgroup 1's four warps join them on the tiles of items where it has no rows of
+// its own (decoding), 7 warps a tile.
 constexpr int kHelperWarps = 4;
 
 #ifdef __CUDACC__
@@ -130,11 +130,11 @@ __device__ __forceinline__ void q_to_half(uint32_t rows, int thread) {
   }
 }
 
-// Whether consumer warpgroup 1 widens beside the dequantizing warps on an item (on trial): it
-// has no rows there (the item's packed rows end within consumer 0's 64) and consumer 0 has some.
+// Whether consumer warpgroup 1 widens beside the dequantizing warps on an item: it has no rows
+// there (the item's packed rows end within consumer 0's 64) and consumer 0 has some.
 // `rows_end`: the sequence's packed query rows. The consumers and the widening warps both ask.
-__device__ __forceinline__ bool consumer_helps(const FeatureParams& p, int m_block, int rows_end) {
-  return p.kv_consumer_helps && m_block < rows_end && m_block + 64 >= rows_end;
+__device__ __forceinline__ bool consumer_helps(int m_block, int rows_end) {
+  return m_block < rows_end && m_block + 64 >= rows_end;
 }
 
 // Widens staging tile `from` into ring tile `to`, this thread one of kThreads (`thread`), once
@@ -161,7 +161,7 @@ __device__ __forceinline__ void widen_and_hand_on(uint8_t* from, uint64_t* stage
 // The dequantizing warps' whole life: the K and V tile of every item of the CTA's share of the
 // work list, in the producer's order (the same items, the same ring positions). `thread`:
 // 0 .. 32 kDequantWarps - 1. Where consumer 1 helps (consumer_helps), a tile's units go to
-// both; elsewhere, with the trial on, warp 0 also arrives for consumer 1's four warps.
+// both; elsewhere warp 0 also arrives for consumer 1's four warps.
 template <typename T, int D, typename Cfg, bool kRuntimeBounds, bool kWindow>
 __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const FeatureParams& p, const WorkList& sched,
                                            const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items,
@@ -176,8 +176,8 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
     const PartItem item = sched.item<kFastDivide>(w);
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const KvTileRange range = items.tiles(item, seq);
-    const bool helped = consumer_helps(p, items.block_of(item) * Cfg::kBlockM, seq.seqlen_q << pack_shift);
-    const uint32_t arrivals = !p.kv_consumer_helps || helped || thread >= 32 ? 1u : 1u + kHelperWarps;
+    const bool helped = consumer_helps(items.block_of(item) * Cfg::kBlockM, seq.seqlen_q << pack_shift);
+    const uint32_t arrivals = helped || thread >= 32 ? 1u : 1u + kHelperWarps;
     for (int tile = 0; tile < range.last - range.first; ++tile, ++kv) {
       const RingPosition<Cfg::kStages> ring(kv);
       const RingPosition<Cfg::kStagingStages> staged(kv);

@@ -48,10 +48,6 @@ struct BackwardParams {
   int* dq_turns;
   int* dkdv_turns;
   int q_blocks, k_blocks;
-  // A variable-length batch, on trial (HATTN_BWD_PACKED_GRID=1; 0 otherwise): the grid's x
-  // runs over the sequences' key blocks laid end to end, this many at most, instead of the
-  // longest sequence's blocks for every sequence (production backward, work.cuh).
-  int packed_key_blocks;
 };
 
 // How many turn counters a deterministic backward needs (BackwardParams::dq_turns, dkdv_turns):

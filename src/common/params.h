@@ -67,9 +67,6 @@ struct FeatureParams : AttentionParams {
   // Softcapping: scores s become tanh(s * softcap_scale), with softcap_scale = softmax scale /
   // softcap, and `scale` is the softcap; 0 without softcapping.
   float softcap_scale;
-  // An FP8 KV cache, on trial (HATTN_KV_HELP=1, forward.cu): consumer warpgroup 1 widens a share
-  // of the tiles of items where it has no rows (kv_dequant.cuh).
-  bool kv_consumer_helps;
 };
 
 // The base contract's fields of a validated problem.

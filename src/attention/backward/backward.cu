@@ -5,7 +5,6 @@
 // split by role.
 #include <cuda.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "../../common/backward.h"
@@ -76,23 +75,10 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
                                              D, 64);
           }
           if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
-          if (fwd.is_varlen()) {
-            // On trial, read each call: the packed grid (work.cuh's packed_key_block), one CTA per
-            // key block of each sequence (at most a block per sequence more), not per block of
-            // the longest. Not with the deterministic mode, whose turns follow the launch order.
-            const char* packed = std::getenv("HATTN_BWD_PACKED_GRID");
-            if (packed != nullptr && std::string(packed) == "1" && p.dq_turns == nullptr) {
-              BackwardParams packed_params = p;
-              packed_params.packed_key_blocks = (fwd.total_k + bwd::kBlockN - 1) / bwd::kBlockN + fwd.batch;
-              const dim3 grid(unsigned(packed_params.packed_key_blocks), unsigned(fwd.heads_q), 1u);
-              return launch_with_smem(bwd::backward_kernel<T, D, true>, grid, bwd::kThreads,
-                                      bwd::smem_bytes<T, D, true>(), stream, kName, maps.q, maps.k, maps.v, dout_map,
-                                      dq_map, dk_map, dv_map, packed_params);
-            }
+          if (fwd.is_varlen())
             return launch_per_key_block(bwd::backward_kernel<T, D, true>, bwd::kBlockN, bwd::kThreads,
                                         bwd::smem_bytes<T, D, true>(), p.fwd, stream, kName, maps.q, maps.k, maps.v,
                                         dout_map, dq_map, dk_map, dv_map, p);
-          }
           return launch_per_key_block(bwd::backward_kernel<T, D, false>, bwd::kBlockN, bwd::kThreads,
                                       bwd::smem_bytes<T, D, false>(), p.fwd, stream, kName, maps.q, maps.k, maps.v,
                                       dout_map, dq_map, dk_map, dv_map, p);

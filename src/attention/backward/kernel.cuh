@@ -40,15 +40,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The deterministic backward takes the key blocks from the last: a query block's adders then
   // take their turns from its last key block down (work.cuh's dq_turn), each waiting only on
   // CTAs launched before it.
-  int key_block = p.dq_turns != nullptr ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  int batch = int(blockIdx.z);
-  if constexpr (kVarlen) {
-    if (p.packed_key_blocks > 0) {  // on trial: the packed grid (work.cuh)
-      packed_key_block(p.fwd, int(blockIdx.x), &batch, &key_block);
-      if (batch < 0) return;  // the grid's slack; CTA-uniform, before any barrier
-    }
-  }
-  const int n0 = key_block * kBlockN, head = int(blockIdx.y);
+  const int key_block = p.dq_turns != nullptr ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int n0 = key_block * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const QueryBlocks blocks = query_blocks<kVarlen>(f, seq, n0, /*in_order=*/p.dq_turns != nullptr);

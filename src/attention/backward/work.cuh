@@ -56,37 +56,4 @@ __host__ __device__ __forceinline__ int dq_turn(int n0, int last_key) {
   return (last_key - 1) / kBlockN - n0 / kBlockN;
 }
 
-// The packed grid of a variable-length batch (on trial, BackwardParams::packed_key_blocks):
-// CTA x takes key block x of the sequences' blocks laid end to end, sequence b having
-// ceil(len_k(b) / kBlockN) of them. Where the grid is per longest sequence, CTAs past their
-// own sequence's keys start and exit at once (about two in five with bench_backward's mixed
-// lengths, S/4 to 7S/4). Each warp finds its CTA's place from cu_seqlens_k,
-// 32 sequences at a time (a scan of the block counts, then the first lane past x); the same
-// answer in every warp, so the CTA needs no shared memory for it. *batch = -1 past the last
-// block (the grid's slack: at most one block per sequence).
-__device__ __forceinline__ void packed_key_block(const FeatureParams& f, int x, int* batch, int* key_block) {
-  const int lane = int(threadIdx.x) % 32;
-  int before = 0;  // blocks of the sequences before this group of 32
-  for (int b0 = 0; b0 < f.batch; b0 += 32) {
-    const int b = b0 + lane;
-    const int blocks = b < f.batch ? (f.cu_seqlens_k[b + 1] - f.cu_seqlens_k[b] + kBlockN - 1) / kBlockN : 0;
-    int through = blocks;  // blocks of sequences b0 .. b
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int below = __shfl_up_sync(0xffffffffu, through, d);
-      if (lane >= d) through += below;
-    }
-    const unsigned past = __ballot_sync(0xffffffffu, before + through > x);  // sequences that end past x
-    if (past != 0) {
-      const int owner = __ffs(int(past)) - 1;
-      *batch = b0 + owner;
-      *key_block = x - before - __shfl_sync(0xffffffffu, through - blocks, owner);
-      return;
-    }
-    before += __shfl_sync(0xffffffffu, through, 31);
-  }
-  *batch = -1;
-  *key_block = 0;
-}
-
 }  // namespace hattn::bwd
