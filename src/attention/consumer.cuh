@@ -213,6 +213,11 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       }
     }
     const int row0 = m_block + warp_row + group;  // this thread's rows: row0 and row0 + 8 (packed rows)
+    // An FP8 KV cache's item where consumer 1 widens (consumer_helps): consumer 0 computes alone
+    // and neither takes turns. The turn's token (consumer 1's pending arrival on consumer 0's
+    // barrier) then waits untouched for the next item. Folds to false in the other kernels.
+    bool solo = false;
+    if constexpr (Cfg::kFp8Cache) solo = consumer_helps(m_block, seq.seqlen_q << pack_shift);
     // An FP8 KV cache with softcapping: k's descale, which scales the scores inside the tanh.
     float score_factor = 1.f;
     if constexpr (kFp8 || Cfg::kFp8Cache) {
@@ -251,7 +256,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       ptx::fence_operand(k_stage_desc);
       // In the turn: S(t) = Q K(t)^T, then PV(t - 1) right behind it.
       ptx::mbarrier_wait(&smem.k_full[stage], at.phase);
-      ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the previous warpgroup has issued its GEMMs
+      if (!solo) ptx::bar_sync(my_turn, kTurnThreads);  // wait for the turn: the previous warpgroup has issued its GEMMs
 #pragma unroll
       for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
       ptx::wgmma_fence();
@@ -270,7 +275,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
       ptx::wgmma_commit_group();
       if constexpr (kHasPrevious) issue_pv(ring - 1);
       // Pass the turn on, also after an item's last tile: the turn runs across items.
-      ptx::bar_arrive(next_turn, kTurnThreads);
+      if (!solo) ptx::bar_arrive(next_turn, kTurnThreads);
       ptx::wgmma_wait_group<kHasPrevious ? 1 : 0>();  // S(t) has completed; PV(t - 1) may still run
 #pragma unroll
       for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
@@ -359,9 +364,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
         bool helps = false;  // with an FP8 KV cache consumer 1 widens instead (kv_dequant.cuh)
         if constexpr (Cfg::kFp8Cache) {
           helps = warpgroup == 1 && consumer_helps(m_block, seq.seqlen_q << pack_shift);
-          if (helps)
-            help_widen<T, Cfg>(smem, seq, range, kv, t.warp_in_wg * 32 + lane, my_turn, next_turn,
-                               &smem.q_empty[warpgroup]);
+          if (helps) help_widen<T, Cfg>(smem, seq, range, kv, t.warp_in_wg * 32 + lane, &smem.q_empty[warpgroup]);
         }
         if (!helps) pass_tiles(0);
         kv += n_tiles;

@@ -203,12 +203,12 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
 
 // Consumer warpgroup 1's share of an item it has no rows of (consumer_helps), in place of
 // passing the tiles on: each K and V tile widened beside the dequantizing warps (this thread
-// kDequantWarps * 32 + its index in the warpgroup), the turn passed on between them as
-// consume's pass_tiles does, and its arrivals on the empty barriers after its own waits on
-// them (the slots' previous phases have completed).
+// kDequantWarps * 32 + its index in the warpgroup), and its arrivals on the empty barriers
+// after its own waits on them (the slots' previous phases have completed). No turns: consumer
+// 0 computes such an item alone (consume's `solo`), so the widening runs ahead of its GEMMs.
 template <typename T, typename Cfg, typename Storage>
 __device__ __forceinline__ void help_widen(Storage& storage, const Sequence& seq, const KvTileRange& range, int kv,
-                                           int wg_thread, int my_turn, int next_turn, uint64_t* q_empty) {
+                                           int wg_thread, uint64_t* q_empty) {
   static_assert(Cfg::kFp8Cache, "only an FP8 KV cache has tiles to widen");
   auto& smem = static_cast<Fp8KvStorage<T, Cfg>&>(storage);
   using C = ComputeType<T, Cfg>;
@@ -223,8 +223,6 @@ __device__ __forceinline__ void help_widen(Storage& storage, const Sequence& seq
     widen_and_hand_on<C, Cfg, kHelped>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
                                        smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
                                        ring.previous_use, valid, thread, 1u);
-    ptx::bar_sync(my_turn, kTurnThreads);  // pass the turn straight on
-    ptx::bar_arrive(next_turn, kTurnThreads);
     widen_and_hand_on<C, Cfg, kHelped>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
                                        smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
                                        ring.previous_use, valid, thread, 1u);
