@@ -144,12 +144,6 @@ TEST(Fp8Validation, StridesAreSixteenByteMultiplesOfBytes) {
 TEST(Fp8Dispatch, RefusesWhatTheFinalKernelDoesNotRunInFp8) {
   std::string name;
   AttentionProblem p = fp8_problem();
-  p.head_dim = 256;
-  p.q_strides = contiguous_bshd(p.seqlen_q, p.heads_q, 256);
-  p.k_strides = p.v_strides = contiguous_bshd(p.seqlen_k, p.heads_kv, 256);
-  p.out_strides = p.q_strides;
-  expect_status(resolve_kernel(p, "auto", &name), StatusCode::not_supported, "head_dim 64 and 128");
-  p = fp8_problem();
   p.window_left = 16;
   expect_status(resolve_kernel(p, "auto", &name), StatusCode::not_supported, "dense batches only");
   p = fp8_problem();
@@ -448,7 +442,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp8Case{64, 1, 300, 257, 4, 4, true, true, false, true},        // Sq > Sk causal
                       Fp8Case{64, 1, 100, 8192, 2, 2, false, true, false, true},      // 64 tiles summed into O
                       Fp8Case{128, 2, 200, 333, 4, 2, true, true, false, true, true},  // a zero descale, masked keys
-                      Fp8Case{64, 1, 300, 257, 4, 4, true, true, true, true, true}));
+                      Fp8Case{64, 1, 300, 257, 4, 4, true, true, true, true, true},
+                      Fp8Case{256, 1, 128, 128, 2, 2, false, false, false, true},  // D = 256: P V summed in O
+                      Fp8Case{256, 2, 200, 333, 4, 2, true, true, true, true},     // tails, GQA, causal, padded
+                      Fp8Case{256, 1, 300, 257, 4, 4, true, true, false, true},    // Sq > Sk causal
+                      Fp8Case{256, 1, 100, 8192, 2, 2, false, true, false, true},  // 64 tiles summed in O
+                      Fp8Case{256, 1, 300, 257, 4, 4, true, true, false, true, true}));
 
 }  // namespace
 }  // namespace hattn

@@ -11,8 +11,8 @@ import pathlib
 # at D = 64, where each warpgroup computes half of the columns.
 SIZES = [32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256]
 TYPES = {"__nv_bfloat16": "bf16", "__half": "f16"}
-# The FP8 forward (e4m3 inputs): N of S = Q K^T (128 keys) and of O += P V (the head dim).
-FP8_SIZES = [64, 128]
+# The FP8 forward (e4m3 inputs): N of S = Q K^T (128 keys) and of O += P V (the head dim: 64, 128, 256).
+FP8_SIZES = [64, 128, 256]
 
 
 def accumulators(n):

@@ -209,7 +209,7 @@ struct AttentionProblem {
   // kv_dtype, below). The values must be finite and >= 0 (the kernel takes the softmax's
   // running max on unscaled scores; a q or k descale of 0 weighs every key a row sees alike, as
   // a zero softmax_scale does); like varlen offsets they stay on the GPU and are the caller's
-  // promise. The production forward runs e4m3 at head_dim 64 and 128,
+  // promise. The production forward runs e4m3 at head_dim 64, 128 and 256,
   // dense batches (no window, varlen, seqlens_k or paged cache); P enters the PV product in
   // e4m3 too, as in FlashAttention-3. Its V goes through a transposed copy in the workspace.
   const float* q_descale = nullptr;

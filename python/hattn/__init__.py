@@ -13,7 +13,7 @@ sequences packed along the rows ([total, H, D]) with FlashAttention's int32 cu_s
 hattn.attention_paged (op torch.ops.hattn.attention_paged_fwd) reads a paged KV cache through an
 int32 block table, with the keys in use per sequence (seqlens_k); hattn.attention takes seqlens_k
 for a dense cache too. hattn.attention_fp8 (op torch.ops.hattn.attention_fp8_fwd) is the FP8
-forward: float8_e4m3fn q, k, v with FlashAttention-3's q/k/v_descale, bf16 out, D = 64 and 128.
+forward: float8_e4m3fn q, k, v with FlashAttention-3's q/k/v_descale, bf16 out, D = 64, 128 and 256.
 hattn.scaled_dot_product_attention takes torch SDPA's arguments ([B, H, L, E] tensors) and runs
 the calls hattn supports, handing the others to torch; `with hattn.patch_sdpa():` puts it in
 place of torch.nn.functional.scaled_dot_product_attention. hattn.flash_attn_func,

@@ -47,7 +47,7 @@ from . import fa3
 from .bench import (GRID_TOKENS, Shape, Timer, anchor_fn, environment, grid_shapes, make_inputs, max_error,
                     parse_int_list, sm_clock_mhz)  # fmt: skip
 
-HEAD_DIMS = (64, 128)  # the FP8 path's head dims
+HEAD_DIMS = (64, 128, 256)  # the FP8 path's head dims
 REFERENCES = ("sdpa_cudnn", "sdpa_flash")  # the reference output: the first that runs
 BF16_ANCHORS = ("fa3_bf16",) + REFERENCES
 ANCHORS = ("fa3_fp8",) + BF16_ANCHORS
@@ -67,7 +67,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hattn.bench_fp8", description=__doc__.split("\n")[0])
     p.add_argument("--seqlens", default="1k,4k,16k", help="sequence lengths (default: 1k,4k,16k)")
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both", help="masks (default: both)")
-    p.add_argument("--dims", default="128", help="head dims, of 64 and 128 (default: 128)")
+    p.add_argument("--dims", default="128", help="head dims, of 64, 128 and 256 (default: 128)")
     p.add_argument("--tokens", type=int, default=GRID_TOKENS, help=f"batch * seqlen (default: {GRID_TOKENS})")
     p.add_argument("--reps", type=int, default=30,
                    help="timed calls per implementation; the median counts (default: 30)")  # fmt: skip

@@ -157,7 +157,7 @@ def flash_attn_func(
     rounding); None, True and False are all accepted. deterministic=True makes the backward's
     dq, dk and dv bitwise the same from run to run (at D = 256 not with GQA: NotImplementedError).
 
-    FP8: with torch.float8_e4m3fn q, k and v (D = 64 or 128), q_descale, k_descale and v_descale
+    FP8: with torch.float8_e4m3fn q, k and v (D = 64, 128 or 256), q_descale, k_descale and v_descale
     (None or fp32 [B, Hkv]) go with them to hattn.attention_fp8, which returns bf16 out (and
     the LSE with return_attn_probs) and has no backward; window_size must then be (-1, -1) or
     the causal mask's (-1, 0), softcap 0, and num_splits is not used. Descales with bf16/fp16

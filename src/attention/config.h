@@ -27,7 +27,7 @@ constexpr float kZeroScale = 1e-30f;
 constexpr float kFp8PLog2 = 8.f;
 
 // kWide: the wide tile shape for long key sweeps; kNumConsumers: consumer warpgroups (2, or 3
-// at D = 64); kFp8: e4m3 inputs (the FP8 forward, D = 64 or 128 with 128-key tiles); kFp8Kv:
+// at D = 64); kFp8: e4m3 inputs (the FP8 forward, 128-key tiles at every head dim); kFp8Kv:
 // an e4m3 KV cache beside 16-bit queries (kv_dequant.cuh), 128- or 64-key tiles, two consumers.
 template <int D, bool kWide, int kNumConsumers, bool kFp8 = false, bool kFp8Kv = false>
 struct Config {
@@ -37,7 +37,8 @@ struct Config {
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA: 64 per consumer
   // Keys per K/V tile (the N of S = Q K^T).
-  static constexpr int kBlockN = D == 256 ? (kWide ? 80 : 64) : !kWide ? 128 : D == 128 ? 176 : 160;
+  // FP8: one 128-key swizzle row of V^T (kVtTileKeys) at every D.
+  static constexpr int kBlockN = kFp8 ? kVtTileKeys : D == 256 ? (kWide ? 80 : 64) : !kWide ? 128 : D == 128 ? 176 : 160;
   static constexpr int kStages = D == 64 ? 3 : 2;      // K/V tiles in flight (3 fit beside O only at D = 64)
   // Q's and K's rows go in swizzle rows of 128 bytes, or 64 where a whole row is shorter (FP8 at
   // D = 64: 64-byte swizzle).
@@ -71,6 +72,9 @@ struct Config {
   // 1k); at D = 128 two ran 3% slower (results/evidence/fp8_promote_trial/).
   static constexpr int kPvTilesPerSum = kFp8 && D == 64 ? 2 : 1;
   static constexpr bool kSumsPvTiles = kPvTilesPerSum > 1;
+  // FP8 at D = 256: P V adds into O inside the tensor cores, as FlashAttention-3's FP8 does.
+  // o_tile would be another 128 registers a thread beside O's 128, S's 64 and P's 16.
+  static constexpr bool kPvIntoO = kFp8 && D == 256;
   // Register budgets per thread after setmaxnreg. setmaxnreg only moves registers inside the
   // CTA's own pool, which is what the CTA got at launch: kThreads x the compiler's cap under
   // __launch_bounds__(kThreads, 1), 65536 / kThreads rounded down to a multiple of 8 (168).
@@ -88,8 +92,8 @@ struct Config {
   static_assert(kConsumers == 2 || (kConsumers == 3 && D == 64 && !kWide),
                 "three consumers fit their registers only at D = 64 with 128-key tiles");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
-  static_assert(!kFp8 || ((D == 64 || D == 128) && !kWide && kConsumers == 2 && kBlockN == 128),
-                "the FP8 forward runs D = 64 and 128 with 128-key tiles (one swizzle row of V^T)");
+  static_assert(!kFp8 || (!kWide && kConsumers == 2 && kBlockN == 128),
+                "the FP8 forward runs 128-key tiles (one swizzle row of V^T) and two consumers");
   static_assert(!kFp8Kv || (!kFp8 && !kWide && kConsumers == 2),
                 "an FP8 KV cache runs 16-bit queries with the narrow tiles and two consumers");
 };

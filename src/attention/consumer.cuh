@@ -109,8 +109,10 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   // output summed there, 0.070 summed here; most of the rest was P's rounding, see kFp8PLog2).
   // With kPvTilesPerSum > 1 it holds the P V of an item's tiles since the last one whose
   // index is a multiple of kPvTilesPerSum. The index is ring - kv: a counter, or even a
-  // constexpr local here, changed ptxas's code for the bf16 kernels.
-  float o_tile[kFp8 ? kDTiles * 4 : 1];
+  // constexpr local here, changed ptxas's code for the bf16 kernels. At D = 256 (kPvIntoO) P V
+  // adds into O itself: no room for o_tile.
+  constexpr bool kOTile = kFp8 && !Cfg::kPvIntoO;
+  float o_tile[kOTile ? kDTiles * 4 : 1];
   float s[kNTiles * 4];              // S / P of the current tile
   OnlineSoftmax<kNTiles, Cfg::kFmaExp2Tiles, kFp8> softmax;  // the rows' max and sum, O's rescale
   uint32_t p_frag[kPSteps][4];       // P of the previous tile, as wgmma A fragments
@@ -149,7 +151,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     ptx::mbarrier_wait(&smem.v_full[at.slot], at.phase);
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
-    if constexpr (kFp8) {
+    if constexpr (kOTile) {
 #pragma unroll
       for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o_tile[i]);
     }
@@ -159,7 +161,9 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     // V^T's rows.
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) {
-      if constexpr (kFp8) {
+      if constexpr (kFp8 && Cfg::kPvIntoO) {
+        ptx::WgmmaM64K32<T, D>::rs(o, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, kk * 32), 1);
+      } else if constexpr (kFp8) {
         ptx::WgmmaM64K32<T, D>::rs(o_tile, p_frag[kk], ptx::advance_smem_desc(v_stage_desc, kk * 32),
                                    kk > 0 || (Cfg::kSumsPvTiles && (ring - kv) % Cfg::kPvTilesPerSum != 0));
       } else {
@@ -179,7 +183,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
 #pragma unroll
       for (int i = 0; i < 4; ++i) ptx::fence_operand(p_frag[kk][i]);
     if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[RingPosition<Cfg::kStages>(ring).slot]);
-    if constexpr (kFp8) {
+    if constexpr (kOTile) {
 #pragma unroll
       for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o_tile[i]);
       if (!Cfg::kSumsPvTiles || (ring - kv) % Cfg::kPvTilesPerSum == Cfg::kPvTilesPerSum - 1) {

@@ -159,9 +159,6 @@ static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultipl
 // (B * Hq * ceil(Sq / 128) < 2^31); a paged cache's pages must hold whole K/V tiles.
 Status supports(const AttentionProblem& problem) {
   if (problem.dtype == DType::e4m3) {
-    if (problem.head_dim != 64 && problem.head_dim != 128)
-      return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run at head_dim 64 and 128; got " +
-                                             std::to_string(problem.head_dim)};
     if (problem.has_window() || problem.has_sequence_bounds() || problem.softcap > 0.f)
       return {StatusCode::not_supported, std::string(kName) + ": e4m3 (FP8) inputs run dense batches only: no sliding "
                                                               "window, cu_seqlens, seqlens_k, block_table, "
@@ -231,9 +228,10 @@ Status launch_planned(const AttentionProblem& problem, ForwardPlan fp, cudaStrea
       return launch_typed<T, D, false, 2, true, false, true>(problem, fp, stream);
     });
   }
-  if (fp.fp8) {  // one shape per head dim (64, 128): supports() refused the rest
+  if (fp.fp8) {  // one shape per head dim: the dense kernel, 128-key tiles, two consumers
     if (problem.head_dim == 64) return launch_typed<__nv_fp8_e4m3, 64, false, 2, false, false>(problem, fp, stream);
-    return launch_typed<__nv_fp8_e4m3, 128, false, 2, false, false>(problem, fp, stream);
+    if (problem.head_dim == 128) return launch_typed<__nv_fp8_e4m3, 128, false, 2, false, false>(problem, fp, stream);
+    return launch_typed<__nv_fp8_e4m3, 256, false, 2, false, false>(problem, fp, stream);
   }
   return dispatch_dtype_headdim(problem, [&]<typename T, int D>() -> Status {
     if constexpr (D == 64) {  // D = 64 never takes the wide tiles

@@ -103,7 +103,7 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   c.params.pack_shift = c.window || c.fp8 ? 0 : pack_gqa_shift(problem);  // the window's kernels do not pack
   c.mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c.params.pack_shift, problem.seqlen_q,
                                     problem.seqlen_k, problem.causal, c.params.window_left, c.params.window_right);
-  if (c.fp8) {  // one shape per head dim (64, 128): 128-key tiles, two consumers, the dense kernel
+  if (c.fp8) {  // one shape per head dim (64, 128, 256): 128-key tiles, two consumers, the dense kernel
     c.dense_batch = c.dense = true;
     c.block_n = 128;
     c.workspace_bytes = vt_bytes(problem);  // V^T's copy

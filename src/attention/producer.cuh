@@ -158,7 +158,9 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
       }
       if (ring.reused) ptx::mbarrier_wait(&smem.v_empty[stage], ring.previous_use);
       const int valid = seq.seqlen_k - key;  // keys of the tile inside the sequence
-      if (kRuntimeBounds && valid < kBlockN) {
+      if constexpr (kIsFp8<T>) {  // V^T: v_map is over the transposed copy (zeros past Sk; dense batches only)
+        load_vt_tile<T, Cfg, D>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
+      } else if (kRuntimeBounds && valid < kBlockN) {
         // The rows past the sequence's end hold anything: the next sequence's keys, a
         // cache's unused rows. Their weights are 0, but 0 x NaN is NaN in P V. So the tile
         // first lands on v_landed; then (one async copy after the other, the first seen
@@ -171,8 +173,6 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
 #pragma unroll
         for (int cb = 0; cb < Cfg::kColBlocks; ++cb)
           ptx::cp_async_bulk_g2s(smem.v[stage][cb] + valid * 64, g_zero_rows, zero_bytes, &smem.v_full[stage]);
-      } else if constexpr (kIsFp8<T>) {  // V^T: v_map is over the transposed copy
-        load_vt_tile<T, Cfg, D>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
       } else {
         load_tile<T, Cfg, D>(smem.v[stage], &v_map, kv_row, head_kv, kv_entry, &smem.v_full[stage]);
       }
