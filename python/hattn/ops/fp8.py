@@ -69,7 +69,7 @@ def attention_fp8(
     per-(batch, K/V head) dequantization scales; the output is bf16.
 
     Args:
-        q: [B, Sq, Hq, D] CUDA tensor, torch.float8_e4m3fn; D in {64, 128}.
+        q: [B, Sq, Hq, D] CUDA tensor, torch.float8_e4m3fn; D in {64, 128, 256}.
         k, v: [B, Sk, Hkv, D], torch.float8_e4m3fn on q's device; Hq % Hkv == 0 (GQA/MQA).
         q_descale, k_descale, v_descale: None (scale 1) or torch.float32 [B, Hkv] on q's
             device (copied when not contiguous). Query head h of batch b computes with
@@ -89,7 +89,7 @@ def attention_fp8(
 
     Raises:
         TypeError / ValueError: malformed arguments (the message names the argument).
-        NotImplementedError: what the FP8 path does not run (head_dim 256, a lineage
+        NotImplementedError: what the FP8 path does not run (a head_dim other than 64, 128, 256; a lineage
             kernel), or inputs that require grad: there is no FP8 backward, so rather than give
             no gradient this refuses them (call it under torch.no_grad() or on detached tensors).
         RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
