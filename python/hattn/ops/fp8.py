@@ -89,8 +89,8 @@ def attention_fp8(
 
     Raises:
         TypeError / ValueError: malformed arguments (the message names the argument).
-        NotImplementedError: what the FP8 path does not run (a lineage kernel, a window,
-            varlen), or inputs that require grad: there is no FP8 backward, so rather than give
+        NotImplementedError: what the FP8 path does not run (a lineage kernel; seqlen_k above
+            2^30), or inputs that require grad: there is no FP8 backward, so rather than give
             no gradient this refuses them (call it under torch.no_grad() or on detached tensors).
         RuntimeError: no suitable GPU (none, or not Hopper sm_90), or a CUDA error.
 
