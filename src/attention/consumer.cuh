@@ -173,8 +173,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     }
     ptx::wgmma_commit_group();
   };
-  // After wait_group<0>: PV has read V and P; release V's stage (FP8: and add o_tile's P V to
-  // O every kPvTilesPerSum tiles; flush_o_tile adds what an item's last tiles leave).
+  // After wait_group<0>: PV has read V and P; release V's stage (FP8 below D = 256: and add
+  // o_tile's P V to O every kPvTilesPerSum tiles; the sweep adds what an item's last tiles leave).
   auto finish_pv = [&](int ring) {
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(o[i]);
