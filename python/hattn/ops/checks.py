@@ -417,8 +417,6 @@ def _check_problem(
     production = kernel_names()[-1]
     if kernel in ("auto", production):
         why = None
-        if "fp8" in features and head_dim not in (64, 128):
-            why = f"{production}: e4m3 (FP8) inputs run at head_dim 64 and 128; got {head_dim}"
         if "fp8_cache" in features and (left >= 0 or (right >= 0 and not causal)):
             why = f"{production}: an e4m3 KV cache (kv_dtype) runs without a sliding window (window_left / window_right)"
         if why is not None:
