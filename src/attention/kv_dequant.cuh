@@ -22,7 +22,6 @@
 #include "../common/params.h"
 #include "../common/sequence.cuh"
 #include "../ptx/mbarrier.cuh"
-#include "../ptx/named_barrier.cuh"
 #include "../ptx/smem.cuh"
 #include "../ptx/tma.cuh"
 #include "shared_storage.cuh"
