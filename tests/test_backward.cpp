@@ -718,7 +718,9 @@ INSTANTIATE_TEST_SUITE_P(
 // dv are 0): a kernel whose boxes run past a neighbour's last row must keep them out of the
 // neighbour's gradients. With nan_sequence >= 0 that sequence's own first query and key hold
 // NaN (its gradients are NaN, and not checked): the others' must stay exact, although a box of
-// its rows runs into theirs (0 x NaN is NaN on the tensor cores).
+// its rows runs into theirs (0 x NaN is NaN on the tensor cores). With unowned_k > 0, k and v
+// have that many NaN rows before the first sequence and after the last, which no sequence owns:
+// their dk and dv rows must be 0.
 struct VarlenCase {
   std::vector<int> lens_q, lens_k;
   int heads_q, heads_kv, head_dim;
@@ -728,6 +730,7 @@ struct VarlenCase {
   bool padded;  // dq, dk and dv with gaps between rows and heads
   int nan_sequence = -1;
   float softcap = 0.f;
+  int unowned_k = 0;
 };
 
 std::string describe(const VarlenCase& c) {
@@ -739,7 +742,8 @@ std::string describe(const VarlenCase& c) {
          (c.window_left >= 0 ? " window_left=" + std::to_string(c.window_left) : "") +
          (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "") +
          (c.nan_sequence >= 0 ? " NaN in sequence " + std::to_string(c.nan_sequence) : "") +
-         (c.softcap > 0.f ? " softcap=" + std::to_string(c.softcap) : "");
+         (c.softcap > 0.f ? " softcap=" + std::to_string(c.softcap) : "") +
+         (c.unowned_k > 0 ? " unowned_k=" + std::to_string(c.unowned_k) : "");
 }
 
 class BackwardVarlenTest : public ::testing::TestWithParam<std::tuple<std::string, VarlenCase>> {};
@@ -750,12 +754,12 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   const auto& [kernel, c] = GetParam();
   SCOPED_TRACE(kernel + ": " + describe(c));
   const int D = c.head_dim, Hq = c.heads_q, Hkv = c.heads_kv, batch = int(c.lens_q.size());
-  std::vector<int> cu_q{0}, cu_k{0};
+  std::vector<int> cu_q{0}, cu_k{c.unowned_k};
   for (int b = 0; b < batch; ++b) {
     cu_q.push_back(cu_q.back() + c.lens_q[b]);
     cu_k.push_back(cu_k.back() + c.lens_k[b]);
   }
-  const int total_q = cu_q.back(), total_k = cu_k.back();
+  const int total_q = cu_q.back(), total_k = cu_k.back() + c.unowned_k;
   const size_t q_elems = size_t(total_q) * Hq * D, k_elems = size_t(total_k) * Hkv * D;
   std::mt19937 rng(uint32_t(total_q * 7919 + total_k * 31 + D));
   using harness::random_normal;
@@ -768,6 +772,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
       t->values[e] = std::numeric_limits<float>::quiet_NaN();
     }
   };
+  for (int row0 : {0, cu_k.back()}) poison(&k, row0, c.unowned_k, Hkv), poison(&v, row0, c.unowned_k, Hkv);
   for (int b = 0; b < batch; ++b) {
     if (c.lens_k[b] == 0) poison(&q, cu_q[b], c.lens_q[b], Hq), poison(&dout, cu_q[b], c.lens_q[b], Hq);
     if (c.lens_q[b] == 0) poison(&k, cu_k[b], c.lens_k[b], Hkv), poison(&v, cu_k[b], c.lens_k[b], Hkv);
@@ -909,7 +914,12 @@ INSTANTIATE_TEST_SUITE_P(
             // window; D = 256 causal, GQA 2, padded, sequences without queries or keys.
             VarlenCase{{60, 50, 40}, {60, 0, 45}, 4, 2, 64, true, -1, bf, false, -1, 2.f},
             VarlenCase{{130, 8, 500}, {200, 700, 9}, 2, 1, 128, false, 40, fp, true, -1, 1.5f},
-            VarlenCase{{70, 0, 50}, {130, 40, 0}, 4, 2, 256, true, -1, bf, true, -1, 5.f})),
+            VarlenCase{{70, 0, 50}, {130, 40, 0}, 4, 2, 256, true, -1, bf, true, -1, 5.f},
+            // Rows no sequence owns: 7 NaN key rows before the first sequence and after the
+            // last (whose last key box runs into them); their dk and dv rows must be 0. Without
+            // GQA (the production backward may write dK and dV itself) and with GQA 2.
+            VarlenCase{{100, 1, 60}, {90, 130, 5}, 4, 4, 64, true, -1, bf, true, -1, 0.f, 7},
+            VarlenCase{{100, 60}, {90, 130}, 4, 2, 128, false, -1, fp, false, -1, 0.f, 7})),
     [](const ::testing::TestParamInfo<std::tuple<std::string, VarlenCase>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });
