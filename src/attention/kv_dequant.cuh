@@ -121,9 +121,9 @@ __device__ __forceinline__ void q_to_half(uint32_t rows, int thread) {
   for (int c = thread; c < kChunks; c += 128) {
     const uint32_t at = rows + uint32_t(c / kChunksPerBlock) * kBlockBytes + uint32_t(c % kChunksPerBlock) * 16;
     const uint4 bf = ptx::ld_shared_v4(at);
-    auto half2 = [](uint32_t pair) {  // a bf16 pair's floats are its halves shifted into the top
-      return frag::pack2_half_satfinite(__uint_as_float(pair << 16) * kHalfQScale,
-                                        __uint_as_float(pair & 0xffff0000u) * kHalfQScale);
+    auto half2 = [](uint32_t pair) {
+      const float2 x = frag::unpack2<__nv_bfloat16>(pair);
+      return frag::pack2_half_satfinite(x.x * kHalfQScale, x.y * kHalfQScale);
     };
     ptx::st_shared_v4(at, make_uint4(half2(bf.x), half2(bf.y), half2(bf.z), half2(bf.w)));
   }
