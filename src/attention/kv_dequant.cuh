@@ -16,7 +16,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "../common/fragment.cuh"
 #include "../common/params.h"
@@ -157,6 +156,24 @@ __device__ __forceinline__ void widen_and_hand_on(uint8_t* from, uint64_t* stage
   }
 }
 
+// Ring position `kv`'s K tile, then its V tile (`valid` keys of them in the sequence), each
+// widened by kThreads threads and handed on with `arrivals` (widen_and_hand_on). Returns the
+// tiles' ring slot.
+template <typename C, typename Cfg, int kThreads, typename T>
+__device__ __forceinline__ int widen_kv_tiles(Fp8KvStorage<T, Cfg>& smem, int kv, int valid, int thread,
+                                              uint32_t arrivals) {
+  const RingPosition<Cfg::kStages> ring(kv);
+  const RingPosition<Cfg::kStagingStages> staged(kv);
+  const int stage = ring.slot, s8 = staged.slot;
+  widen_and_hand_on<C, Cfg, kThreads>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase, smem.k[stage],
+                                      &smem.k_full[stage], &smem.k_empty[stage], ring.reused, ring.previous_use, valid,
+                                      thread, arrivals);
+  widen_and_hand_on<C, Cfg, kThreads>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase, smem.v[stage],
+                                      &smem.v_full[stage], &smem.v_empty[stage], ring.reused, ring.previous_use, valid,
+                                      thread, arrivals);
+  return stage;
+}
+
 // The dequantizing warps' whole life: the K and V tile of every item of the CTA's share of the
 // work list, in the producer's order (the same items, the same ring positions). `thread`:
 // 0 .. 32 kDequantWarps - 1. Where consumer 1 helps (consumer_helps), a tile's units go to
@@ -178,24 +195,11 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
     const bool helped = consumer_helps(items.block_of(item) * Cfg::kBlockM, seq.seqlen_q << pack_shift);
     const uint32_t arrivals = helped || thread >= 32 ? 1u : 1u + kHelperWarps;
     for (int tile = 0; tile < range.last - range.first; ++tile, ++kv) {
-      const RingPosition<Cfg::kStages> ring(kv);
-      const RingPosition<Cfg::kStagingStages> staged(kv);
-      const int stage = ring.slot, s8 = staged.slot;
       const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;  // keys of the tile in the sequence
-      // The tile's K, then its V, by kThreads threads (an integral_constant: a template argument).
-      auto widen_k_and_v = [&](auto threads) {
-        constexpr int kThreads = decltype(threads)::value;
-        widen_and_hand_on<C, Cfg, kThreads>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
-                                            smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
-                                            ring.previous_use, valid, thread, arrivals);
-        widen_and_hand_on<C, Cfg, kThreads>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
-                                            smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
-                                            ring.previous_use, valid, thread, arrivals);
-      };
       if (helped)
-        widen_k_and_v(std::integral_constant<int, kHelped>{});
+        widen_kv_tiles<C, Cfg, kHelped>(smem, kv, valid, thread, arrivals);
       else
-        widen_k_and_v(std::integral_constant<int, kAlone>{});
+        widen_kv_tiles<C, Cfg, kAlone>(smem, kv, valid, thread, arrivals);
     }
   }
 }
@@ -215,16 +219,8 @@ __device__ __forceinline__ void help_widen(Storage& storage, const Sequence& seq
   const int thread = kDequantWarps * 32 + wg_thread;
   const int n_tiles = range.last - range.first;
   for (int tile = 0; tile < n_tiles; ++tile) {
-    const RingPosition<Cfg::kStages> ring(kv + tile);
-    const RingPosition<Cfg::kStagingStages> staged(kv + tile);
-    const int stage = ring.slot, s8 = staged.slot;
     const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;
-    widen_and_hand_on<C, Cfg, kHelped>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase,
-                                       smem.k[stage], &smem.k_full[stage], &smem.k_empty[stage], ring.reused,
-                                       ring.previous_use, valid, thread, 1u);
-    widen_and_hand_on<C, Cfg, kHelped>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase,
-                                       smem.v[stage], &smem.v_full[stage], &smem.v_empty[stage], ring.reused,
-                                       ring.previous_use, valid, thread, 1u);
+    const int stage = widen_kv_tiles<C, Cfg, kHelped>(smem, kv + tile, valid, thread, 1u);
     if (wg_thread % 32 == 0) {
       ptx::mbarrier_arrive(&smem.k_empty[stage]);
       ptx::mbarrier_arrive(&smem.v_empty[stage]);
