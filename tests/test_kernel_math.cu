@@ -159,7 +159,7 @@ void check_widened_tile(DType dtype) {
 
 // The widening writes the 16-bit tile TMA would have: every code exactly at its swizzled place,
 // the rows past `valid` zero, nothing left unwritten; by the widening warps alone and with
-// consumer 1's (the trial's 224 threads).
+// consumer 1's (224 threads).
 TEST(WidenE4m3, TileAsTmaWouldOnTheGpu) {
   if (const std::string why = testing::gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   constexpr int kAlone = fwd::kDequantWarps * 32, kHelped = (fwd::kDequantWarps + fwd::kHelperWarps) * 32;
