@@ -56,19 +56,18 @@ TEST(TanhApprox, WithinTheH200sErrorOnTheGpu) {
   EXPECT_LT(worst_rel, 1.2e-5);  // measured: 9.9e-6
 }
 
-// e4m3 codes widened to 16 bits as the FP8 KV cache does (kv_dequant.cuh): `words` holds 4
-// codes each; out gets their 16-bit values, 2 per register.
-template <typename T>
+// e4m3 codes widened to fp16 as the FP8 KV cache does (kv_dequant.cuh): `words` holds 4 codes
+// each; out gets their fp16 values, 2 per register.
 __global__ void widen_e4m3_kernel(const uint32_t* words, uint32_t* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const uint4 wide = fwd::widen8<T>(make_uint2(words[i], 0u));
+  const uint4 wide = fwd::widen8(make_uint2(words[i], 0u));
   out[2 * i + 0] = wide.x;
   out[2 * i + 1] = wide.y;
 }
 
-// Every e4m3 code, widened on the GPU to bf16 and fp16, is its exact value (-0 too; NaN codes
-// NaN); subnormal codes included.
+// Every e4m3 code, widened on the GPU to fp16, is its exact value (-0 too; NaN codes NaN);
+// subnormal codes included.
 TEST(WidenE4m3, EveryCodeExactlyOnTheGpu) {
   if (const std::string why = testing::gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   std::vector<uint32_t> words(64);
@@ -77,33 +76,26 @@ TEST(WidenE4m3, EveryCodeExactlyOnTheGpu) {
   ASSERT_TRUE(d_words.allocate(words.size() * 4).ok());
   ASSERT_TRUE(d_out.allocate(words.size() * 8).ok());
   ASSERT_EQ(cudaMemcpy(d_words.get(), words.data(), words.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  for (DType dtype : {DType::bf16, DType::fp16}) {
-    const auto* in = static_cast<const uint32_t*>(d_words.get());
-    auto* out = static_cast<uint32_t*>(d_out.get());
-    if (dtype == DType::bf16)
-      widen_e4m3_kernel<__nv_bfloat16><<<1, 64>>>(in, out, 64);
-    else
-      widen_e4m3_kernel<__half><<<1, 64>>>(in, out, 64);
-    std::vector<uint32_t> got(words.size() * 2);
-    ASSERT_EQ(cudaMemcpy(got.data(), d_out.get(), got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    for (int code = 0; code < 256; ++code) {
-      const int word = code / 4, k = code % 4;  // code k of its word: register k / 2, half k % 2
-      const float wide = ref::bits_to_float(uint16_t(got[2 * word + k / 2] >> (16 * (k % 2))), dtype);
-      const float want = ref::bits_to_float(uint16_t(code), DType::e4m3);
-      if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(wide)) << dtype_name(dtype) << " code " << code;
-        continue;
-      }
-      EXPECT_EQ(wide, want) << dtype_name(dtype) << " code " << code;
-      EXPECT_EQ(std::signbit(wide), std::signbit(want)) << dtype_name(dtype) << " code " << code;  // -0 too
+  widen_e4m3_kernel<<<1, 64>>>(static_cast<const uint32_t*>(d_words.get()), static_cast<uint32_t*>(d_out.get()), 64);
+  std::vector<uint32_t> got(words.size() * 2);
+  ASSERT_EQ(cudaMemcpy(got.data(), d_out.get(), got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int code = 0; code < 256; ++code) {
+    const int word = code / 4, k = code % 4;  // code k of its word: register k / 2, half k % 2
+    const float wide = ref::bits_to_float(uint16_t(got[2 * word + k / 2] >> (16 * (k % 2))), DType::fp16);
+    const float want = ref::bits_to_float(uint16_t(code), DType::e4m3);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(wide)) << "code " << code;
+      continue;
     }
+    EXPECT_EQ(wide, want) << "code " << code;
+    EXPECT_EQ(std::signbit(wide), std::signbit(want)) << "code " << code;  // -0 too
   }
 }
 
 // One staging tile of `codes` widened as the FP8 KV cache does (kv_dequant.cuh) by kThreads
-// threads (the widening warps' 96, or 224 with consumer 1's four warps), into a
-// 16-bit tile first filled with 0xFFFF (NaN), which `out` receives.
-template <typename T, typename Cfg, int kThreads>
+// threads (the widening warps' 96, or 224 with consumer 1's four warps), into an
+// fp16 tile first filled with 0xFFFF (NaN), which `out` receives.
+template <typename Cfg, int kThreads>
 __global__ void widen_tile_kernel(const uint8_t* codes, uint16_t* out, int valid) {
   constexpr int kCodes = Cfg::kBlockN * Cfg::kHeadDim;  // a multiple of 1024
   extern __shared__ unsigned char smem_raw[];
@@ -114,15 +106,15 @@ __global__ void widen_tile_kernel(const uint8_t* codes, uint16_t* out, int valid
     wide[i] = 0xFFFF;
   }
   __syncthreads();  // the tiles written, before the widening reads and overwrites them
-  fwd::dequantize_tile<T, Cfg, kThreads>(ptx::cvta_to_shared_u32(staged), ptx::cvta_to_shared_u32(wide), valid,
+  fwd::dequantize_tile<Cfg, kThreads>(ptx::cvta_to_shared_u32(staged), ptx::cvta_to_shared_u32(wide), valid,
                                          int(threadIdx.x));
   __syncthreads();  // the widening done, before the copy out
   for (int i = threadIdx.x; i < kCodes; i += blockDim.x) out[i] = wide[i];
 }
 
-template <typename T, int D, int kThreads>
-void check_widened_tile(DType dtype) {
-  using Cfg = fwd::ConfigOf<T, D, false, 2, true>;
+template <int D, int kThreads>
+void check_widened_tile() {
+  using Cfg = fwd::ConfigOf<__half, D, false, 2, true>;
   constexpr int kRows = Cfg::kBlockN, kCodes = kRows * D;
   std::mt19937 rng(D);
   std::vector<uint8_t> codes(kCodes);
@@ -132,7 +124,7 @@ void check_widened_tile(DType dtype) {
   ASSERT_TRUE(d_out.allocate(kCodes * 2).ok());
   ASSERT_EQ(cudaMemcpy(d_codes.get(), codes.data(), kCodes, cudaMemcpyHostToDevice), cudaSuccess);
   const int smem = 3 * kCodes + 1024;
-  const auto kernel = widen_tile_kernel<T, Cfg, kThreads>;
+  const auto kernel = widen_tile_kernel<Cfg, kThreads>;
   ASSERT_EQ(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), cudaSuccess);
   for (const int valid : {kRows, kRows - 37, 1, 0, -5}) {  // whole, part, one key, none (and a negative count)
     kernel<<<1, kThreads, smem>>>(static_cast<const uint8_t*>(d_codes.get()), static_cast<uint16_t*>(d_out.get()),
@@ -146,14 +138,14 @@ void check_widened_tile(DType dtype) {
         // TMA's 128-byte swizzle of [D / 64][kRows][64]: 8-column chunk j of a row at j ^ row % 8.
         const int at = (col / 64) * kRows * 64 + row * 64 + ((col % 64 / 8) ^ (row % 8)) * 8 + col % 8;
         const float want = row < valid ? ref::bits_to_float(codes[row * D + col], DType::e4m3) : 0.f;
-        const float got = ref::bits_to_float(tile[at], dtype);
+        const float got = ref::bits_to_float(tile[at], DType::fp16);
         const bool same = std::isnan(want) ? std::isnan(got) : got == want && std::signbit(got) == std::signbit(want);
         if (!same && ++wrong <= 5)
-          ADD_FAILURE() << dtype_name(dtype) << " D " << D << " threads " << kThreads << " valid " << valid << ": row "
+          ADD_FAILURE() << "D " << D << " threads " << kThreads << " valid " << valid << ": row "
                         << row << " col " << col << " got " << got << ", want " << want;
       }
     }
-    EXPECT_EQ(wrong, 0) << dtype_name(dtype) << " D " << D << " valid " << valid;
+    EXPECT_EQ(wrong, 0) << "D " << D << " threads " << kThreads << " valid " << valid;
   }
 }
 
@@ -163,13 +155,12 @@ void check_widened_tile(DType dtype) {
 TEST(WidenE4m3, TileAsTmaWouldOnTheGpu) {
   if (const std::string why = testing::gpu_skip_reason(); !why.empty()) GTEST_SKIP() << why;
   constexpr int kAlone = fwd::kDequantWarps * 32, kHelped = (fwd::kDequantWarps + fwd::kHelperWarps) * 32;
-  check_widened_tile<__nv_bfloat16, 64, kAlone>(DType::bf16);
-  check_widened_tile<__nv_bfloat16, 128, kAlone>(DType::bf16);
-  check_widened_tile<__nv_bfloat16, 256, kAlone>(DType::bf16);
-  check_widened_tile<__half, 128, kAlone>(DType::fp16);
-  check_widened_tile<__half, 64, kHelped>(DType::fp16);
-  check_widened_tile<__half, 128, kHelped>(DType::fp16);
-  check_widened_tile<__half, 256, kHelped>(DType::fp16);
+  check_widened_tile<64, kAlone>();
+  check_widened_tile<128, kAlone>();
+  check_widened_tile<256, kAlone>();
+  check_widened_tile<64, kHelped>();
+  check_widened_tile<128, kHelped>();
+  check_widened_tile<256, kHelped>();
 }
 
 }  // namespace

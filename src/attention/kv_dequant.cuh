@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/fragment.cuh"
 #include "../common/params.h"
@@ -35,14 +36,13 @@ constexpr int kDequantWarps = 3;
 constexpr int kHelperWarps = 4;
 
 #ifdef __CUDACC__
-// Eight e4m3 codes (code 0 in the low byte of .x) as eight T, two to a register: cvt per pair.
-template <typename T>
+// Eight e4m3 codes (code 0 in the low byte of .x) as eight fp16, two to a register: cvt per pair.
 __device__ __forceinline__ uint4 widen8(uint2 codes) {
-  return make_uint4(frag::e4m3x2_to<T>(uint16_t(codes.x)), frag::e4m3x2_to<T>(uint16_t(codes.x >> 16)),
-                    frag::e4m3x2_to<T>(uint16_t(codes.y)), frag::e4m3x2_to<T>(uint16_t(codes.y >> 16)));
+  return make_uint4(frag::e4m3x2_to_half2(uint16_t(codes.x)), frag::e4m3x2_to_half2(uint16_t(codes.x >> 16)),
+                    frag::e4m3x2_to_half2(uint16_t(codes.y)), frag::e4m3x2_to_half2(uint16_t(codes.y >> 16)));
 }
 
-// One tile: `src`, [kBlockN keys][D] e4m3 codes row by row, into `dst`, the 16-bit tile
+// One tile: `src`, [kBlockN keys][D] e4m3 codes row by row, into `dst`, the fp16 tile
 // [D / 64][kBlockN][64] with TMA's 128-byte swizzle (16-byte chunk j of a row at chunk
 // j ^ row % 8), keys from `valid` on as zeros: rows past the sequence hold anything, NaN codes
 // too, and 0 x NaN in P V would be NaN. (Addresses in the .shared window.)
@@ -59,7 +59,7 @@ __device__ __forceinline__ uint4 widen8(uint2 codes) {
 // slots and the odd row's in odd slots: its first stores (each unit's even chunk) fill the 8
 // slots of a row once, and so do its second (the odd chunks). At D = 64 the two rows are one
 // block, and a row of codes is 64 bytes: the same holds.
-template <typename T, typename Cfg, int kThreads = kDequantWarps * 32>
+template <typename Cfg, int kThreads = kDequantWarps * 32>
 __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int valid, int thread) {
   constexpr int D = Cfg::kHeadDim, kRows = Cfg::kBlockN;
   constexpr int kBlocks = D / 64;       // 64-column blocks of the swizzled tile: 4 units each
@@ -92,8 +92,8 @@ __device__ __forceinline__ void dequantize_tile(uint32_t src, uint32_t dst, int 
       if (i0 + b < kSteps && row < kRows) {
         // The even chunk's swizzled slot; the odd one's is its neighbour (slot ^ 1: byte ^ 16).
         const uint32_t at = block_base + uint32_t(row) * kSwizzleBytes + uint32_t(chunk ^ (row % 8)) * 16;
-        ptx::st_shared_v4(at, widen8<T>(make_uint2(codes[b].x, codes[b].y)));
-        ptx::st_shared_v4(at ^ 16u, widen8<T>(make_uint2(codes[b].z, codes[b].w)));
+        ptx::st_shared_v4(at, widen8(make_uint2(codes[b].x, codes[b].y)));
+        ptx::st_shared_v4(at ^ 16u, widen8(make_uint2(codes[b].z, codes[b].w)));
       }
     }
   }
@@ -139,14 +139,14 @@ __device__ __forceinline__ bool consumer_helps(int m_block, int rows_end) {
 // both are ready, then hands each on: the warp's leader arrives on `full` and `staged_empty`
 // with `arrivals` (1, or more for warps that sit the tile out: their barriers count 7).
 // WAR on `to`: the consumers' arrivals on `empty` follow their wgmma reads of its previous use.
-template <typename C, typename Cfg, int kThreads>
+template <typename Cfg, int kThreads>
 __device__ __forceinline__ void widen_and_hand_on(uint8_t* from, uint64_t* staged_full, uint64_t* staged_empty,
                                                   uint32_t staged_parity, void* to, uint64_t* full, uint64_t* empty,
                                                   bool reused, uint32_t previous_use, int valid, int thread,
                                                   uint32_t arrivals) {
   ptx::mbarrier_wait(staged_full, staged_parity);
   if (reused) ptx::mbarrier_wait(empty, previous_use);
-  dequantize_tile<C, Cfg, kThreads>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
+  dequantize_tile<Cfg, kThreads>(ptx::cvta_to_shared_u32(from), ptx::cvta_to_shared_u32(to), valid, thread);
   // This thread's generic-proxy writes, before the consumers' wgmmas (async proxy) read them.
   ptx::fence_proxy_async_shared_cta();
   __syncwarp();  // the warp's writes and fences, before its leader's arrivals release them
@@ -159,16 +159,16 @@ __device__ __forceinline__ void widen_and_hand_on(uint8_t* from, uint64_t* stage
 // Ring position `kv`'s K tile, then its V tile (`valid` keys of them in the sequence), each
 // widened by kThreads threads and handed on with `arrivals` (widen_and_hand_on). Returns the
 // tiles' ring slot.
-template <typename C, typename Cfg, int kThreads, typename T>
+template <typename Cfg, int kThreads, typename T>
 __device__ __forceinline__ int widen_kv_tiles(Fp8KvStorage<T, Cfg>& smem, int kv, int valid, int thread,
                                               uint32_t arrivals) {
   const RingPosition<Cfg::kStages> ring(kv);
   const RingPosition<Cfg::kStagingStages> staged(kv);
   const int stage = ring.slot, s8 = staged.slot;
-  widen_and_hand_on<C, Cfg, kThreads>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase, smem.k[stage],
+  widen_and_hand_on<Cfg, kThreads>(smem.k8[s8], &smem.k8_full[s8], &smem.k8_empty[s8], staged.phase, smem.k[stage],
                                       &smem.k_full[stage], &smem.k_empty[stage], ring.reused, ring.previous_use, valid,
                                       thread, arrivals);
-  widen_and_hand_on<C, Cfg, kThreads>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase, smem.v[stage],
+  widen_and_hand_on<Cfg, kThreads>(smem.v8[s8], &smem.v8_full[s8], &smem.v8_empty[s8], staged.phase, smem.v[stage],
                                       &smem.v_full[stage], &smem.v_empty[stage], ring.reused, ring.previous_use, valid,
                                       thread, arrivals);
   return stage;
@@ -183,7 +183,7 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
                                            const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items,
                                            int thread) {
   static_assert(kRuntimeBounds, "an FP8 KV cache runs in the run-time bounds kernels (their tiles find their keys)");
-  using C = ComputeType<T, Cfg>;
+  static_assert(std::is_same_v<ComputeType<T, Cfg>, __half>, "the widening writes fp16 tiles");
   constexpr bool kFastDivide = !kWindow;
   constexpr int kAlone = kDequantWarps * 32, kHelped = (kDequantWarps + kHelperWarps) * 32;
   const int pack_shift = items.mask.shift();
@@ -197,9 +197,9 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
     for (int tile = 0; tile < range.last - range.first; ++tile, ++kv) {
       const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;  // keys of the tile in the sequence
       if (helped)
-        widen_kv_tiles<C, Cfg, kHelped>(smem, kv, valid, thread, arrivals);
+        widen_kv_tiles<Cfg, kHelped>(smem, kv, valid, thread, arrivals);
       else
-        widen_kv_tiles<C, Cfg, kAlone>(smem, kv, valid, thread, arrivals);
+        widen_kv_tiles<Cfg, kAlone>(smem, kv, valid, thread, arrivals);
     }
   }
 }
@@ -214,13 +214,12 @@ __device__ __forceinline__ void help_widen(Storage& storage, const Sequence& seq
                                            int wg_thread, uint64_t* q_empty) {
   static_assert(Cfg::kFp8Cache, "only an FP8 KV cache has tiles to widen");
   auto& smem = static_cast<Fp8KvStorage<T, Cfg>&>(storage);
-  using C = ComputeType<T, Cfg>;
   constexpr int kHelped = (kDequantWarps + kHelperWarps) * 32;
   const int thread = kDequantWarps * 32 + wg_thread;
   const int n_tiles = range.last - range.first;
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int valid = seq.seqlen_k - (range.first + tile) * Cfg::kBlockN;
-    const int stage = widen_kv_tiles<C, Cfg, kHelped>(smem, kv + tile, valid, thread, 1u);
+    const int stage = widen_kv_tiles<Cfg, kHelped>(smem, kv + tile, valid, thread, 1u);
     if (wg_thread % 32 == 0) {
       ptx::mbarrier_arrive(&smem.k_empty[stage]);
       ptx::mbarrier_arrive(&smem.v_empty[stage]);

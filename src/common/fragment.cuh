@@ -6,7 +6,6 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
-#include <type_traits>
 
 namespace hattn::frag {
 
@@ -53,18 +52,11 @@ __device__ __forceinline__ uint32_t pack4_e4m3(float x0, float x1, float x2, flo
   return lo | hi << 16;
 }
 
-// Two e4m3 codes (the low byte the low element) as a T pair, exactly: every e4m3 value is a
-// normal fp16 (cvt.rn.f16x2.e4m3x2, sm_89 on), and every fp16 one with 3 mantissa bits a bf16.
-// NaN codes stay NaN.
-template <typename T>
-__device__ __forceinline__ uint32_t e4m3x2_to(uint16_t pair) {
+// Two e4m3 codes (the low byte the low element) as an fp16 pair, exactly: every e4m3 value is
+// a normal fp16 (cvt.rn.f16x2.e4m3x2, sm_89 on). NaN codes stay NaN.
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint16_t pair) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-  if constexpr (std::is_same_v<T, __half>) {
-    return uint32_t(h.x) | uint32_t(h.y) << 16;
-  } else {
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
-    return reinterpret_cast<const uint32_t&>(b);
-  }
+  return uint32_t(h.x) | uint32_t(h.y) << 16;
 }
 
 }  // namespace hattn::frag
