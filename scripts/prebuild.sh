@@ -31,7 +31,10 @@ cp .prebuilt/commit.txt "$build/prebuild_commit.txt"
 # The compiler's version, for tools/check_spills.py there (as gpu_run.sh reads it from CMake).
 grep -ho 'CMAKE_CUDA_COMPILER_VERSION "[0-9.]*"' "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake | head -1 |
   grep -o '[0-9][0-9.]*' >"$build/prebuild_nvcc.txt" || true
+# xz -9: its 64 MiB window spans hattn_tests, so hattn-bench's copy of the kernels packs as
+# references to it (11 MB at -3, 5.3 MB at -9 for about 35 s more): a trial's binaries then
+# fit beside main's in a device call's 64 MiB.
 tar cf - -C "$build" hattn_tests hattn-bench prebuild.log prebuild_commit.txt prebuild_nvcc.txt |
-  xz -T"$jobs" -3 >.prebuilt/build-gpu.tar.xz
+  xz -T"$jobs" -9 >.prebuilt/build-gpu.tar.xz
 echo "packed $(du -h .prebuilt/build-gpu.tar.xz | cut -f1) for commit $commit into .prebuilt/build-gpu.tar.xz" \
   "($(grep -c 'registers' "$log" || true) ptxas reports in the log)"
