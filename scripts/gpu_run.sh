@@ -36,6 +36,13 @@
 #                            are added
 #   ab FLAGS                 hattn-bench with FLAGS naming two kernels (--kernels A,B), then again
 #                            with the two swapped: an A/B in both orders (NAME_ab.csv, NAME_ba.csv)
+#   trial ARCHIVE [--test FILTER] [FLAGS]
+#                            a trial's binaries (scripts/prebuild.sh's archive, built at the
+#                            trial's commit) beside this run's: with --test, the trial's
+#                            hattn_tests FILTER first; then hattn-bench FLAGS from this run's
+#                            binaries and the trial's in the order main, trial, trial, main
+#                            (NAME_main_1.csv ...), and each point's trial time over main's
+#                            (tools/trial_ratio.py: NAME.txt; min, median and max in the summary)
 #   ncu FLAGS                ncu's duration, tensor-pipe share, L2 hit rate, reduction sectors and
 #                            barrier/long-scoreboard stalls of every kernel of one hattn-bench call
 #   sanitize [FILTER | KERNEL:I,J,... | contract:N]
@@ -129,6 +136,15 @@ for step in "${steps[@]}"; do
         exit 2
       fi ;;
     ncu) [ ${#args[@]} -gt 0 ] || { echo "gpu_run.sh ncu: give hattn-bench flags for one small call"; exit 2; } ;;
+    trial)
+      if [[ "${args[0]:-}" != *.tar.xz ]] || [ ! -f "${args[0]}" ]; then
+        echo "gpu_run.sh trial: ARCHIVE is a prebuilt .tar.xz that is here (got: ${args[0]:-nothing})"
+        exit 2
+      fi
+      if [ "${args[1]:-}" = --test ] && { [ -z "${args[2]:-}" ] || [[ ${args[2]} == *[\[\]]* ]]; }; then
+        echo "gpu_run.sh trial: --test FILTER, a GoogleTest filter with only * and ? (got: ${args[2]:-nothing})"
+        exit 2
+      fi ;;
     py)
       case ${args[0]:-} in
         bench | bench_backward | bench_fp8 | bench_mla | kernel_times) ;;
@@ -139,12 +155,13 @@ for step in "${steps[@]}"; do
       [ ${#args[@]} -eq 0 ] || [ ${#args[@]} -eq 3 ] ||
         { echo "gpu_run.sh capstone: MODEL SIZE REPS, or nothing for the two default runs"; exit 2; } ;;
     bench | bench-backward | python) ;;
-    *) echo "gpu_run.sh: unknown step '$name' (test, bench, bench-backward, ab, ncu, sanitize, python, py, capstone)"
+    *) echo "gpu_run.sh: unknown step '$name' (test, bench, bench-backward, ab, trial, ncu, sanitize, python, py, capstone)"
       exit 2 ;;
   esac
   # The step's label names its files: the step (and a py step's module), numbered when repeated.
   label=${name//-/_}
   [ "$name" = py ] && label=py_${args[0]}
+  if [ "$name" = trial ]; then label=$(basename "${args[0]}" .tar.xz) && label=trial_${label//[^A-Za-z0-9]/_}; fi
   for assignment in "${step_env[@]}"; do
     value=${assignment#*=}
     label+=_${value//[^A-Za-z0-9]/_}
@@ -299,6 +316,36 @@ step_ab() {  # LABEL FLAGS (with --kernels A,B)
     note "$label ($order): rc=$? -> $out/${label}_$order.csv"
     sed -n '/^# TFLOP\/s/,$p' "$out/${label}_$order.log"
   done
+}
+
+step_trial() {  # LABEL ARCHIVE [--test FILTER] [FLAGS]
+  local label=$1 archive=$2 dir="$build-$1" who rc
+  shift 2
+  if ! { rm -rf "$dir" && mkdir -p "$dir" && tar xJf "$archive" -C "$dir"; }; then
+    note "$label: cannot unpack $archive"
+    return
+  fi
+  note "$label: the trial's binaries, built at $(cat "$dir/prebuild_commit.txt" 2>/dev/null || echo unknown)"
+  if [ "${1:-}" = --test ]; then
+    timeout "$timeout_s" "$dir/hattn_tests" --gtest_filter="$2" --gtest_brief=1 >"$out/${label}_test.log" 2>&1
+    rc=$?
+    grep -E "^\[  FAILED  \]" "$out/${label}_test.log" | head -20
+    note "$label test ($2): rc=$rc, $(grep -E '^\[  PASSED  \]' "$out/${label}_test.log")"
+    shift 2
+  fi
+  sass_wait
+  # Main, trial, trial, main: a drift over the calls (the clock, the heat) weighs on both alike.
+  for who in main_1 trial_1 trial_2 main_2; do
+    local bin="$bench_bin"
+    [[ $who == trial* ]] && bin="$dir/hattn-bench"
+    timeout "$timeout_s" "$bin" --csv "$out/${label}_$who.csv" "$@" >"$out/${label}_$who.log" 2>&1
+    rc=$?
+    [ "$rc" = 0 ] || note "$label $who: rc=$rc (log ${label}_$who.log)"
+  done
+  python3 tools/trial_ratio.py --main "$out/${label}"_main_?.csv --trial "$out/${label}"_trial_?.csv \
+    >"$out/$label.txt" 2>&1
+  cat "$out/$label.txt"
+  note "$label ($*): $(tail -1 "$out/$label.txt") -> $out/$label.txt"
 }
 
 step_ncu() {  # LABEL FLAGS

@@ -162,3 +162,53 @@ def test_pack_leaves_two_files_in_the_output_folder(tmp_path):
     with tarfile.open(out / "gpu_run.tgz") as tar:
         assert "./test.log" in tar.getnames()
     assert "test (*): rc=0" in (out / "summary.txt").read_text()
+
+
+def _bench_stub(ms, record=""):
+    """hattn-bench writing two points to its --csv, each `ms` long; the second fails its check
+    when ms is 'fail'."""
+    return record + f"""
+for a in "$@"; do [ "${{prev:-}}" = --csv ] && csv=$a; prev=$a; done
+echo "commit,gpu,kernel,head_dim,seqlen_k,reps,ms,tflops,check" >"$csv"
+echo "c,H,bwd_sm90,64,1024,5,{ms},1,PASS" >>"$csv"
+echo "c,H,bwd_sm90,64,4096,5,4.0,1,{'FAIL' if ms == 'fail' else 'PASS'}" >>"$csv"
+"""
+
+
+def test_trial_times_main_and_the_trial_in_turn_and_gives_their_ratio(tmp_path):
+    calls = tmp_path / "calls.txt"
+    record = f'echo "$0 $*" >>{calls}\n'
+    (tmp_path / "m").mkdir()
+    (tmp_path / "t").mkdir()
+    main = _prebuilt(tmp_path / "m", "exit 0\n", _bench_stub("2.0", record))
+    trial = _prebuilt(tmp_path / "t", record + 'echo "[  PASSED  ] 2 tests."\n', _bench_stub("1.0", record))
+    trial = trial.rename(tmp_path / "my-trial.tar.xz")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
+    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    out, build = tmp_path / "out", tmp_path / "build"
+    r = run("--out", str(out), "--build", str(build), "--prebuilt", str(main), "--no-sass",
+            "trial", str(trial), "--test", "*Backward*", "--backward", "--dims", "64", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = calls.read_text().splitlines()
+    assert log[0].startswith(f"{build}-trial_my_trial/hattn_tests --gtest_filter=*Backward*")
+    order = [line.split()[0] for line in log[1:]]
+    assert order == [f"{build}/hattn-bench", f"{build}-trial_my_trial/hattn-bench",
+                     f"{build}-trial_my_trial/hattn-bench", f"{build}/hattn-bench"]
+    assert all(line.split()[-3:] == ["--backward", "--dims", "64"] for line in log[1:])
+    table = (out / "trial_my_trial.txt").read_text()
+    assert "seqlen_k=1024: main 2.0000 ms, trial 1.0000 ms, trial/main 0.500" in table
+    assert "trial/main time over 2 points: min 0.500, median 0.750, max 1.000" in table
+    assert "trial_my_trial test (*Backward*): rc=0, [  PASSED  ] 2 tests." in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["trial", "nope.tar.xz"], "ARCHIVE is a prebuilt .tar.xz that is here"),
+    (["trial", "README.md"], "ARCHIVE is a prebuilt .tar.xz that is here"),
+])
+def test_trial_refuses_a_missing_archive(args, message):
+    r = run("--dry-run", *args)
+    assert r.returncode == 2
+    assert message in r.stdout

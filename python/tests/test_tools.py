@@ -1,6 +1,6 @@
-"""tools/ctest_summary.py, tools/evidence_index.py and tools/check_figures.py (CPU only): what
-test.sh prints of a ctest run, how citations of results/evidence are read, and which collisions of
-text the figure checker reports."""
+"""tools/ctest_summary.py, tools/evidence_index.py, tools/check_figures.py and tools/trial_ratio.py
+(CPU only): what test.sh prints of a ctest run, how citations of results/evidence are read, which
+collisions of text the figure checker reports, and how a trial's times are set beside main's."""
 
 import importlib.util
 import pathlib
@@ -18,6 +18,7 @@ def load(name):
 ctest_summary = load("ctest_summary")
 evidence_index = load("evidence_index")
 check_figures = load("check_figures")
+trial_ratio = load("trial_ratio")
 
 LOG = """\
    1/4 Test    #1: Reference.TwoKeys ....................................   Passed    0.03 sec
@@ -122,3 +123,26 @@ def test_precision_emulation_study_counts_a_few_cases(tmp_path, capsys, monkeypa
         for g in ("dq", "dk", "dv"):
             assert float(row[f"{g}_bound"]) >= 1e-6 and float(row[f"{g}_fp64"]) >= 0
             assert row[f"{g}_emu_miss"] == str(int(float(row[f"{g}_emu"]) > float(row[f"{g}_bound"])))
+
+
+def test_trial_ratio_matches_points_and_leaves_out_failed_or_missing_ones(tmp_path):
+    header = "commit,gpu,kernel,head_dim,seqlen_k,varlen,reps,ms,tflops,check\n"
+    files = {}
+    for name, rows in {
+        "main_1": ["a,H,k,64,1024,mixed,5,2.0,1,PASS", "a,H,k,64,1024,mixed,5,6.0,1,PASS",
+                   "a,H,k,64,4096,,5,4.0,1,PASS", "a,H,k,64,8192,,5,8.0,1,PASS"],
+        "main_2": ["a,H,k,64,1024,mixed,5,4.0,1,PASS", "a,H,k,64,1024,mixed,5,6.0,1,PASS",
+                   "a,H,k,64,4096,,5,4.0,1,PASS", "a,H,k,64,8192,,5,8.0,1,PASS"],
+        "trial_1": ["b,H,k,64,1024,mixed,5,1.5,1,PASS", "b,H,k,64,1024,mixed,5,6.6,1,PASS",
+                    "b,H,k,64,4096,,5,1.0,1,FAIL", "b,H,k,64,16384,,5,9.0,1,PASS"],
+    }.items():
+        files[name] = tmp_path / f"{name}.csv"
+        files[name].write_text(header + "\n".join(rows) + "\n")
+    lines, ratios = trial_ratio.compare([files["main_1"], files["main_2"]], [files["trial_1"]])
+    # Two equal points (two varlen batches of one shape) pair up by their place.
+    assert lines[0] == "kernel=k head_dim=64 seqlen_k=1024 varlen=mixed: main 3.0000 ms, trial 1.5000 ms, trial/main 0.500"
+    assert lines[1].endswith("trial/main 1.100")
+    assert lines[2] == "kernel=k head_dim=64 seqlen_k=4096: check FAIL, not compared"
+    assert lines[3] == "kernel=k head_dim=64 seqlen_k=8192: only in main"
+    assert lines[4] == "kernel=k head_dim=64 seqlen_k=16384: only in the trial"
+    assert [round(r, 6) for r in ratios] == [0.5, 1.1]
