@@ -142,16 +142,18 @@ def test_backward_matches_fp64_reference(p):
     args = dict(causal=p["causal"], window=p["window"], softcap=p["softcap"])
 
     def grads(fn, *inputs):
+        """fn's output and the gradients of q, k and v."""
         leaves = [t.detach().requires_grad_() for t in inputs]
-        fn(*leaves).backward(dout.to(leaves[0].dtype))
-        return [t.grad for t in leaves]
+        out = fn(*leaves)
+        out.backward(dout.to(leaves[0].dtype))
+        return out.detach(), [t.grad for t in leaves]
 
-    got = grads(lambda q, k, v: hattn.attention(q, k, v, causal=p["causal"], window_size=p["window"],
-                                                 softcap=p["softcap"], deterministic=p["deterministic"]),
-                q, k, v)  # fmt: skip
-    ref = grads(lambda q, k, v: attention_ref(q, k, v, upcast=True, **args)[0], q.double(), k.double(), v.double())
-    naive = grads(lambda q, k, v: attention_ref(q, k, v, upcast=False, **args)[0], q, k, v)
-    out_ref = attention_ref(q.double(), k.double(), v.double(), upcast=True, **args)[0]
+    _, got = grads(lambda q, k, v: hattn.attention(q, k, v, causal=p["causal"], window_size=p["window"],
+                                                    softcap=p["softcap"], deterministic=p["deterministic"]),
+                   q, k, v)  # fmt: skip
+    out_ref, ref = grads(lambda q, k, v: attention_ref(q, k, v, upcast=True, **args)[0],
+                         q.double(), k.double(), v.double())  # fmt: skip
+    _, naive = grads(lambda q, k, v: attention_ref(q, k, v, upcast=False, **args)[0], q, k, v)
     slack = (*row_sum_atol(q, k, dout, out_ref), 0.0)
     for name, g, r, n, extra in zip(("dq", "dk", "dv"), got, ref, naive, slack):
         assert g.shape == r.shape and torch.isfinite(g).all(), f"{name}: shape or not finite"
