@@ -1,5 +1,5 @@
-// CPU tests of the test and benchmark harness's bookkeeping for variable-length batches: which
-// rows exist, how many FLOPs a batch does, what a failure message says.
+// CPU tests of the test and benchmark harness's bookkeeping: for variable-length batches which
+// rows exist and how many FLOPs a batch does; how many bytes a forward moves.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -47,6 +47,25 @@ TEST(Harness, VarlenFlopsSumTheSequences) {
   double visible = 0;
   for (int i = 0; i < 100; ++i) visible += i + 21;
   EXPECT_DOUBLE_EQ(forward_flops(varlen_shape(true)), per_entry * visible);
+}
+
+// The bytes a forward must move: 2 an element of 16-bit tensors, 1 of e4m3 ones (an FP8 cache's
+// k and v; the FP8 forward's q, k and v), out 2 either way.
+TEST(Harness, ForwardBytesCountE4m3InputsAtOneByte) {
+  Shape s;
+  s.batch = 2;
+  s.seqlen_q = 100;
+  s.seqlen_k = 300;
+  s.heads_q = 8;
+  s.heads_kv = 2;
+  s.head_dim = 128;
+  const double q_rows = 2.0 * 100 * 8 * 128, kv_rows = 2.0 * 300 * 2 * 128;
+  EXPECT_DOUBLE_EQ(forward_bytes(s), 2 * (2 * q_rows) + 2 * (2 * kv_rows));
+  s.fp8_cache = true;
+  EXPECT_DOUBLE_EQ(forward_bytes(s), 2 * (2 * q_rows) + 1 * (2 * kv_rows));
+  s.fp8_cache = false;
+  s.dtype = DType::e4m3;
+  EXPECT_DOUBLE_EQ(forward_bytes(s), (1 + 2) * q_rows + 1 * (2 * kv_rows));
 }
 
 }  // namespace

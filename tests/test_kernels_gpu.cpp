@@ -288,6 +288,13 @@ std::vector<Shape> test_shapes() {
   shapes.back().softcap = 2.5f;
   varlen(make(1, 1, 1, 8, 2, 128, true, bf, Layout::contiguous), {37, 1, 100, 20}, {300, 9, 100, 700});
   shapes.back().fp8_cache = true;
+  // The FP8 forward (the production forward; q, k and v e4m3 with descales, out bf16) through
+  // the harness, as hattn-bench --dtype e4m3 times it: causal with Sq > Sk, GQA and padding; a
+  // long sweep at D = 64; D = 256 with tails.
+  const DType e4m3 = DType::e4m3;
+  shapes.push_back(make(1, 300, 257, 4, 2, 128, true, e4m3, Layout::padded));
+  shapes.push_back(make(1, 100, 3000, 2, 2, 64, false, e4m3, Layout::contiguous));
+  shapes.push_back(make(2, 200, 333, 4, 4, 256, false, e4m3, Layout::contiguous));
   std::mt19937 rng(2026);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int d : {64, 128, 256})

@@ -85,7 +85,8 @@ void usage() {
       "  --backward          time the backward (dq, dk, dv) after a forward; FLOPs 2.5x the forward's;\n"
       "                      sampled rows of dq are checked against the fp64 reference; --kernels\n"
       "                      then names backward kernels (default: auto); with --varlen too\n"
-      "  --dtype bf16|fp16   (default bf16)\n"
+      "  --dtype bf16|fp16|e4m3  (default bf16; e4m3: the FP8 forward, q, k and v e4m3 codes with\n"
+      "                      descales, out bf16; no GEMM ceiling: cuBLAS's bf16 one is not FP8's)\n"
       "  --tokens N          batch * seqlen (default 16384)\n"
       "  --hidden N          heads * head_dim (default 2048)\n"
       "  --capstone          add the video-model shapes (B=1, S=32760/75600, H=12/40, D=128)\n"
@@ -179,13 +180,8 @@ int parse(int argc, char** argv, Config* c) {
         c->causal = s == "no" ? std::vector<bool>{false} : s == "yes" ? std::vector<bool>{true}
                                                                         : std::vector<bool>{false, true};
       } else if (a == "--dtype") {
-        if (s == "e4m3") {  // this CLI's workloads are 16-bit tensors
-          std::fprintf(stderr, "hattn-bench: --dtype e4m3: python -m hattn.bench_fp8 times the FP8 forward "
-                               "beside bf16 attention; this CLI takes bf16 or fp16\n");
-          return 2;
-        }
-        ok = s == "bf16" || s == "fp16";
-        c->dtype = s == "fp16" ? DType::fp16 : DType::bf16;
+        ok = s == "bf16" || s == "fp16" || s == "e4m3";
+        c->dtype = s == "fp16" ? DType::fp16 : s == "e4m3" ? DType::e4m3 : DType::bf16;
       } else if (a == "--window") {
         const std::vector<std::string> parts = split(s);
         ok = parts.size() == 2;
@@ -257,6 +253,11 @@ int parse(int argc, char** argv, Config* c) {
   }
   if ((c->fp8_cache || c->with_fp8_cache) && (c->backward || c->dtype == DType::e4m3)) {
     std::fprintf(stderr, "hattn-bench: --fp8-cache is a forward's e4m3 cache beside bf16 or fp16 q\n");
+    return 2;
+  }
+  if (c->dtype == DType::e4m3 && c->backward) {
+    std::fprintf(stderr, "hattn-bench: --dtype e4m3 is the FP8 forward's (q, k and v e4m3 with descales), not "
+                         "with --backward\n");
     return 2;
   }
   if (c->backward && c->page_size > 0) {  // the backward takes no paged cache
@@ -624,7 +625,8 @@ int main(int argc, char** argv) {
                 "on sampled rows\n");
 
   double gemm = 0;
-  if (cfg.gemm) {
+  if (cfg.gemm && cfg.dtype == DType::e4m3) std::printf("# --dtype e4m3: no GEMM ceiling (cuBLAS's bf16 one is not FP8's)\n");
+  if (cfg.gemm && cfg.dtype != DType::e4m3) {
     if (!gemm_ceiling(&gemm)) std::fprintf(stderr, "hattn-bench: cuBLAS GEMM ceiling failed\n");
     std::printf("# cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s (SM clock %d MHz)\n", gemm, sm_clock_mhz());
   }

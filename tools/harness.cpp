@@ -120,8 +120,10 @@ double forward_bytes(const Shape& s) {
     rows_q += queries;
     rows_k += keys;
   }
-  const double element = 2.0, kv_element = s.fp8_cache ? 1.0 : 2.0;  // bf16 and fp16; an e4m3 cache
-  return s.head_dim * (element * 2.0 * rows_q * s.heads_q + kv_element * 2.0 * rows_k * s.heads_kv);
+  // bf16 and fp16: 2 bytes; e4m3 inputs (an FP8 cache's k and v, the FP8 forward's q too) 1; out 2.
+  const bool fp8 = s.dtype == DType::e4m3;
+  const double q_element = fp8 ? 1.0 : 2.0, kv_element = fp8 || s.fp8_cache ? 1.0 : 2.0;
+  return s.head_dim * ((q_element + 2.0) * rows_q * s.heads_q + kv_element * 2.0 * rows_k * s.heads_kv);
 }
 
 DeviceBuffer::~DeviceBuffer() {
@@ -227,9 +229,11 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
     case Layout::contiguous:
     case Layout::padded: {
       const bool pad = shape.layout == Layout::padded;
-      q.strides = pad ? padded_strides(Sq, Hq, D) : contiguous_bshd(Sq, Hq, D);
-      // An FP8 KV cache's k and v: 16-byte rows and starts are 16 elements.
-      k.strides = pad ? padded_strides(Sk, Hkv, D, shape.fp8_cache ? 16 : 8) : contiguous_bshd(Sk, Hkv, D);
+      // e4m3 tensors (an FP8 cache's k and v, the FP8 forward's q too): 16-byte rows and starts
+      // are 16 elements.
+      const int q_pad = shape.dtype == DType::e4m3 ? 16 : 8, kv_pad = shape.dtype == DType::e4m3 || shape.fp8_cache ? 16 : 8;
+      q.strides = pad ? padded_strides(Sq, Hq, D, q_pad) : contiguous_bshd(Sq, Hq, D);
+      k.strides = pad ? padded_strides(Sk, Hkv, D, kv_pad) : contiguous_bshd(Sk, Hkv, D);
       v.strides = k.strides;
       out.strides = pad ? padded_strides(Sq, Hq, D) : contiguous_bshd(Sq, Hq, D);
       q.offset = 0;
@@ -256,7 +260,10 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   out.offset = 0;
   w->output.elements = extent(out.strides, B, Sq, Hq, D);
 
-  // Host images: uniform values with unit variance around a non-zero mean, rounded to dtype.
+  // Host images: uniform values with unit variance around a non-zero mean, rounded to dtype
+  // (e4m3 inputs: to bf16 here, to codes below).
+  const bool fp8 = shape.dtype == DType::e4m3;
+  const DType value_dtype = fp8 ? DType::bf16 : shape.dtype;
   std::vector<uint16_t> bits(w->inputs.elements);
   w->inputs.host.resize(w->inputs.elements);
   const double half_width = std::sqrt(3.0);  // uniform on [-sqrt(3), sqrt(3)] has variance 1
@@ -265,8 +272,8 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
     for (size_t i = begin; i < end; ++i) {
       const double u = double(splitmix64(seed * 0x2545f4914f6cdd1dull + i) >> 11) * 0x1.0p-53;
       const float x = mean + float((2 * u - 1) * half_width);
-      bits[i] = ref::float_to_bits(x, shape.dtype);
-      w->inputs.host[i] = ref::bits_to_float(bits[i], shape.dtype);
+      bits[i] = ref::float_to_bits(x, value_dtype);
+      w->inputs.host[i] = ref::bits_to_float(bits[i], value_dtype);
     }
   });
   if (!shape.leftpad_k.empty() && (int(shape.leftpad_k.size()) != shape.batch || shape.page_size > 0))
@@ -289,27 +296,33 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
                           D, uint16_t(0xFFFF));
       }
   }
-  // An FP8 KV cache: k's and v's elements become e4m3 codes (the NaN poison the NaN code 0xFF),
-  // kept in the low byte of `bits` until upload, and their host values code x descale.
-  std::vector<float> descale[2];  // k's, v's: [batch, heads_kv]
-  if (shape.fp8_cache) {
-    if (shape.dtype == DType::e4m3 || shape.layout == Layout::packed_qkv)
-      return {StatusCode::invalid_argument, "fp8_cache: needs bf16 or fp16 q and no packed_qkv layout"};
+  // e4m3 inputs (an FP8 KV cache's k and v; the FP8 forward's q, k and v): the elements become
+  // e4m3 codes (the NaN poison the NaN code 0xFF), kept in the low byte of `bits` until upload,
+  // and their host values code x descale.
+  std::vector<float> descale[3];  // k's, v's, q's: [batch, heads_kv] (a query head takes its K/V head's)
+  if (shape.fp8_cache || fp8) {
+    if ((shape.fp8_cache && fp8) || shape.layout == Layout::packed_qkv)
+      return {StatusCode::invalid_argument,
+              "e4m3 inputs: fp8_cache needs bf16 or fp16 q, and neither takes the packed_qkv layout"};
     std::mt19937 rng(uint32_t(seed * 977 + 13));
     std::uniform_real_distribution<float> scale_dist(0.25f, 2.f);
-    // The sequence of tensor entry b's key row j: b, or in a varlen batch the one holding row j.
-    auto sequence_of_row = [&](int b, int j) {
-      return varlen ? int(std::upper_bound(w->cu_k.begin(), w->cu_k.end(), j) - w->cu_k.begin()) - 1 : b;
+    // The sequence of tensor entry b's row j (of `starts`' tensor): b, or in a varlen batch the
+    // one holding row j.
+    auto sequence_of_row = [&](const std::vector<int>& starts, int b, int j) {
+      return varlen ? int(std::upper_bound(starts.begin(), starts.end(), j) - starts.begin()) - 1 : b;
     };
-    for (int kv = 0; kv < 2; ++kv) {
-      descale[kv].resize(size_t(shape.batch) * Hkv);
-      for (float& x : descale[kv]) x = scale_dist(rng);
-      const TensorPlacement& t = kv == 0 ? k : v;
+    for (int t = 0; t < (fp8 ? 3 : 2); ++t) {
+      descale[t].resize(size_t(shape.batch) * Hkv);
+      for (float& x : descale[t]) x = scale_dist(rng);
+      const TensorPlacement& place = t == 0 ? k : t == 1 ? v : q;
+      const int rows = t == 2 ? Sq : Sk, heads = t == 2 ? Hq : Hkv, group = t == 2 ? Hq / Hkv : 1;
+      const std::vector<int>& starts = t == 2 ? w->cu_q : w->cu_k;
       for (int b = 0; b < B; ++b)
-        for (int j = 0; j < Sk; ++j)
-          for (int h = 0; h < Hkv; ++h) {
-            const size_t at = t.offset + size_t(b * t.strides.batch + int64_t(j) * t.strides.seq + h * t.strides.head);
-            const float scale = descale[kv][size_t(sequence_of_row(b, j)) * Hkv + h];
+        for (int j = 0; j < rows; ++j)
+          for (int h = 0; h < heads; ++h) {
+            const size_t at =
+                place.offset + size_t(b * place.strides.batch + int64_t(j) * place.strides.seq + h * place.strides.head);
+            const float scale = descale[t][size_t(sequence_of_row(starts, b, j)) * Hkv + h / group];
             for (int d = 0; d < D; ++d) {
               const uint16_t code =
                   bits[at + d] == 0xFFFF ? 0xFF : ref::float_to_bits(w->inputs.host[at + d], DType::e4m3);
@@ -319,16 +332,17 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
           }
     }
   }
-  // e4m3 codes as bytes (an FP8 KV cache's device image), from their 16-bit slots.
+  // e4m3 codes as bytes (the device image of e4m3 inputs), from their 16-bit slots.
   auto codes_of = [](const std::vector<uint16_t>& slots) {
     std::vector<uint8_t> codes(slots.size());
     for (size_t i = 0; i < slots.size(); ++i) codes[i] = uint8_t(slots[i]);
     return codes;
   };
-  const size_t kv_elem_bytes = shape.fp8_cache ? 1 : 2;
+  const bool kv_codes = shape.fp8_cache || fp8;
+  const size_t kv_elem_bytes = kv_codes ? 1 : 2;
   // Uploads a cache image (16-bit slots) as the kernel reads it: 16-bit, or e4m3 bytes.
   auto upload_cache = [&](void* to, const std::vector<uint16_t>& slots, const char* what) {
-    if (!shape.fp8_cache) return cuda_check(cudaMemcpy(to, slots.data(), slots.size() * 2, cudaMemcpyHostToDevice), what);
+    if (!kv_codes) return cuda_check(cudaMemcpy(to, slots.data(), slots.size() * 2, cudaMemcpyHostToDevice), what);
     const std::vector<uint8_t> codes = codes_of(slots);
     return cuda_check(cudaMemcpy(to, codes.data(), codes.size(), cudaMemcpyHostToDevice), what);
   };
@@ -370,22 +384,25 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.k_strides = k.strides;
   p.v = dev + v.offset;
   p.v_strides = v.strides;
-  if (shape.fp8_cache) {  // k and v from a byte image of the inputs (q's bytes there unused)
-    if (!(s = w->kv_codes.allocate(bits.size())).ok() ||
-        !(s = upload_cache(w->kv_codes.get(), bits, "uploading the e4m3 cache")).ok())
+  if (kv_codes) {  // k and v (the FP8 forward: q too) from a byte image of the inputs (an FP8 cache's q bytes unused)
+    if (!(s = w->codes.allocate(bits.size())).ok() || !(s = upload_cache(w->codes.get(), bits, "uploading e4m3 codes")).ok())
       return s;
-    p.k = static_cast<uint8_t*>(w->kv_codes.get()) + k.offset;
-    p.v = static_cast<uint8_t*>(w->kv_codes.get()) + v.offset;
-    p.kv_dtype = DType::e4m3;
+    auto* codes = static_cast<uint8_t*>(w->codes.get());
+    p.k = codes + k.offset;
+    p.v = codes + v.offset;
+    if (fp8) p.q = codes + q.offset;
+    if (shape.fp8_cache) p.kv_dtype = DType::e4m3;
+    const int tensors = fp8 ? 3 : 2;
     const size_t n = size_t(shape.batch) * Hkv;
-    if (!(s = w->descales.allocate(2 * n * sizeof(float))).ok()) return s;
+    if (!(s = w->descales.allocate(tensors * n * sizeof(float))).ok()) return s;
     auto* d = static_cast<float*>(w->descales.get());
-    if (!(s = cuda_check(cudaMemcpy(d, descale[0].data(), n * 4, cudaMemcpyHostToDevice), "uploading k_descale")).ok() ||
-        !(s = cuda_check(cudaMemcpy(d + n, descale[1].data(), n * 4, cudaMemcpyHostToDevice), "uploading v_descale"))
-             .ok())
-      return s;
+    for (int t = 0; t < tensors; ++t)
+      if (!(s = cuda_check(cudaMemcpy(d + t * n, descale[t].data(), n * 4, cudaMemcpyHostToDevice), "uploading descales"))
+               .ok())
+        return s;
     p.k_descale = d;
     p.v_descale = d + n;
+    if (fp8) p.q_descale = d + 2 * n;
   }
   p.out = static_cast<uint16_t*>(w->output.device.get()) + out.offset;
   p.out_strides = out.strides;
@@ -529,6 +546,23 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   h.causal = shape.causal;
   h.window_left = shape.window_left;
   h.window_right = shape.window_right;
+  w->fp8_score_error = 0;
+  if (fp8) {  // 2^-13 of the largest scale |q| |k| (Workload::fp8_score_error)
+    auto max_norm = [&](const TensorPlacement& t, int rows, int heads) {
+      double norm = 0;
+      for (int b = 0; b < B; ++b)
+        for (int i = 0; i < rows; ++i)
+          for (int hd = 0; hd < heads; ++hd) {
+            const float* x = w->inputs.host.data() + t.offset + size_t(b * t.strides.batch + int64_t(i) * t.strides.seq +
+                                                                      hd * t.strides.head);
+            double sum = 0;
+            for (int d = 0; d < D; ++d) sum += double(x[d]) * x[d];
+            norm = std::max(norm, sum);
+          }
+      return std::sqrt(norm);
+    };
+    w->fp8_score_error = 0x1p-13 * h.scale * max_norm(q, Sq, Hq) * max_norm(k, Sk, Hkv);
+  }
   return Status::Ok();
 }
 
@@ -612,18 +646,19 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
     r.nan_outputs = -1;
     return r;
   }
+  const DType dtype = s.dtype, out_dtype = output_dtype(dtype);  // the FP8 forward's out: bf16
   for (size_t i = 0; i < out_bits.size(); ++i) {
     if (w.is_output_element[i]) {
-      if (!std::isfinite(ref::bits_to_float(out_bits[i], s.dtype))) ++r.nan_outputs;
+      if (!std::isfinite(ref::bits_to_float(out_bits[i], out_dtype))) ++r.nan_outputs;
     } else if (out_bits[i] != 0xFFFF) {
       ++r.touched_gaps;
     }
   }
 
-  const DType dtype = s.dtype;
-  // Below the rounding step of either dtype near 1: slack for outputs near zero.
-  const double atol = dtype == DType::bf16 ? 1e-3 : 2e-4;
-  const double lse_atol = 2e-4;
+  // Below the rounding step of either output dtype near 1: slack for outputs near zero. e4m3:
+  // the emulation sums the scores in fp32, the FP8 wgmma with about 14 bits (fp8_score_error).
+  const double atol = out_dtype == DType::bf16 ? 1e-3 : 2e-4;
+  const double lse_atol = 2e-4 + w.fp8_score_error;
   // Rows are independent: each chunk of rows keeps its own maxima and merges them at the end.
   struct Partial {
     double max_err = 0, lowp_err = 0, lse_max_err = 0, lowp_lse_err = 0;
@@ -645,7 +680,7 @@ CheckResult check_outputs(const Workload& w, const std::vector<RowId>& rows) {
       if (s.varlen()) row = {0, row.h, w.cu_q[row.b] + row.i};
       const size_t base = size_t(row.b * os.batch + int64_t(row.i) * os.seq + row.h * os.head);
       for (int d = 0; d < D; ++d) {
-        const double got = ref::bits_to_float(out_bits[base + d], dtype);
+        const double got = ref::bits_to_float(out_bits[base + d], out_dtype);
         if (std::isfinite(got)) part->max_err = std::max(part->max_err, std::abs(got - ref_out[d]));
         part->lowp_err = std::max(part->lowp_err, std::abs(double(lowp_out[d]) - ref_out[d]));
       }

@@ -52,7 +52,8 @@ struct Shape {
   bool kv_batch_idx = false;
   // An FP8 KV cache (AttentionProblem::kv_dtype e4m3): k and v as e4m3 codes with random
   // descales per (batch, K/V head) in [0.25, 2]; the host images hold code x descale. dtype
-  // stays q's and out's (bf16 or fp16).
+  // stays q's and out's (bf16 or fp16). With dtype e4m3 instead, q, k and v are all such codes
+  // (q's descale that of its K/V head) and out is bf16: the FP8 forward.
   bool fp8_cache = false;
 };
 // Makes `shape` a variable-length batch of these lengths (equal counts, some non-zero).
@@ -107,8 +108,11 @@ struct Workload {
   DeviceBuffer pages;                   // a paged cache: k's pages, then v's, and the block table
   DeviceBuffer entries;                 // kv_batch_idx: a dense cache's k entries, then v's, then the indices
   DeviceBuffer leftpad_k;               // leftpad_k, int32
-  DeviceBuffer kv_codes;                // fp8_cache: a dense k and v as e4m3 codes (at inputs' element offsets)
-  DeviceBuffer descales;                // fp8_cache: k_descale then v_descale, fp32 [batch, heads_kv]
+  DeviceBuffer codes;                   // e4m3 inputs: a dense k and v (dtype e4m3: and q) as codes, at inputs' element offsets
+  DeviceBuffer descales;                // e4m3 inputs: k_descale, v_descale (and q_descale), fp32 [batch, heads_kv]
+  // dtype e4m3: how far Hopper's FP8 wgmma may move a score (its adder keeps about 14 bits):
+  // 2^-13 of the largest scale |q| |k|, added to the LSE's budget (as tests/test_fp8.cpp does).
+  double fp8_score_error = 0;
   std::vector<int> cu_q, cu_k;          // varlen: the same offsets on the host
 };
 
