@@ -231,7 +231,8 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
       const bool pad = shape.layout == Layout::padded;
       // e4m3 tensors (an FP8 cache's k and v, the FP8 forward's q too): 16-byte rows and starts
       // are 16 elements.
-      const int q_pad = shape.dtype == DType::e4m3 ? 16 : 8, kv_pad = shape.dtype == DType::e4m3 || shape.fp8_cache ? 16 : 8;
+      const bool e4m3_q = shape.dtype == DType::e4m3, e4m3_kv = e4m3_q || shape.fp8_cache;
+      const int q_pad = e4m3_q ? 16 : 8, kv_pad = e4m3_kv ? 16 : 8;
       q.strides = pad ? padded_strides(Sq, Hq, D, q_pad) : contiguous_bshd(Sq, Hq, D);
       k.strides = pad ? padded_strides(Sk, Hkv, D, kv_pad) : contiguous_bshd(Sk, Hkv, D);
       v.strides = k.strides;
@@ -320,8 +321,8 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
       for (int b = 0; b < B; ++b)
         for (int j = 0; j < rows; ++j)
           for (int h = 0; h < heads; ++h) {
-            const size_t at =
-                place.offset + size_t(b * place.strides.batch + int64_t(j) * place.strides.seq + h * place.strides.head);
+            const Strides& st = place.strides;
+            const size_t at = place.offset + size_t(b * st.batch + int64_t(j) * st.seq + h * st.head);
             const float scale = descale[t][size_t(sequence_of_row(starts, b, j)) * Hkv + h / group];
             for (int d = 0; d < D; ++d) {
               const uint16_t code =
@@ -385,7 +386,8 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   p.v = dev + v.offset;
   p.v_strides = v.strides;
   if (kv_codes) {  // k and v (the FP8 forward: q too) from a byte image of the inputs (an FP8 cache's q bytes unused)
-    if (!(s = w->codes.allocate(bits.size())).ok() || !(s = upload_cache(w->codes.get(), bits, "uploading e4m3 codes")).ok())
+    if (!(s = w->codes.allocate(bits.size())).ok() ||
+        !(s = upload_cache(w->codes.get(), bits, "uploading e4m3 codes")).ok())
       return s;
     auto* codes = static_cast<uint8_t*>(w->codes.get());
     p.k = codes + k.offset;
@@ -396,10 +398,10 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
     const size_t n = size_t(shape.batch) * Hkv;
     if (!(s = w->descales.allocate(tensors * n * sizeof(float))).ok()) return s;
     auto* d = static_cast<float*>(w->descales.get());
-    for (int t = 0; t < tensors; ++t)
-      if (!(s = cuda_check(cudaMemcpy(d + t * n, descale[t].data(), n * 4, cudaMemcpyHostToDevice), "uploading descales"))
-               .ok())
-        return s;
+    for (int t = 0; t < tensors; ++t) {
+      s = cuda_check(cudaMemcpy(d + t * n, descale[t].data(), n * 4, cudaMemcpyHostToDevice), "uploading descales");
+      if (!s.ok()) return s;
+    }
     p.k_descale = d;
     p.v_descale = d + n;
     if (fp8) p.q_descale = d + 2 * n;
@@ -553,8 +555,9 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
       for (int b = 0; b < B; ++b)
         for (int i = 0; i < rows; ++i)
           for (int hd = 0; hd < heads; ++hd) {
-            const float* x = w->inputs.host.data() + t.offset + size_t(b * t.strides.batch + int64_t(i) * t.strides.seq +
-                                                                      hd * t.strides.head);
+            const Strides& st = t.strides;
+            const float* x = w->inputs.host.data() + t.offset + size_t(b * st.batch + int64_t(i) * st.seq) +
+                             size_t(hd * st.head);
             double sum = 0;
             for (int d = 0; d < D; ++d) sum += double(x[d]) * x[d];
             norm = std::max(norm, sum);

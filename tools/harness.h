@@ -108,7 +108,7 @@ struct Workload {
   DeviceBuffer pages;                   // a paged cache: k's pages, then v's, and the block table
   DeviceBuffer entries;                 // kv_batch_idx: a dense cache's k entries, then v's, then the indices
   DeviceBuffer leftpad_k;               // leftpad_k, int32
-  DeviceBuffer codes;                   // e4m3 inputs: a dense k and v (dtype e4m3: and q) as codes, at inputs' element offsets
+  DeviceBuffer codes;                   // e4m3 inputs: dense k and v (dtype e4m3: q too), at inputs' element offsets
   DeviceBuffer descales;                // e4m3 inputs: k_descale, v_descale (and q_descale), fp32 [batch, heads_kv]
   // dtype e4m3: how far Hopper's FP8 wgmma may move a score (its adder keeps about 14 bits):
   // 2^-13 of the largest scale |q| |k|, added to the LSE's budget (as tests/test_fp8.cpp does).
