@@ -160,6 +160,23 @@ void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, 
   *lse = m + std::log(sum);
 }
 
+double fp8_score_error(const HostProblem& p) {
+  auto max_norm = [&](const float* base, const Strides& st, int rows, int heads) {
+    double largest = 0;  // of the squared norms
+    for (int b = 0; b < p.batch; ++b)
+      for (int i = 0; i < rows; ++i)
+        for (int h = 0; h < heads; ++h) {
+          const float* x = row_ptr(base, st, b, i, h);
+          double sum = 0;
+          for (int d = 0; d < p.head_dim; ++d) sum += double(x[d]) * x[d];
+          largest = std::max(largest, sum);
+        }
+    return std::sqrt(largest);
+  };
+  return 0x1p-13 * p.scale * max_norm(p.q, p.q_strides, p.seqlen_q, p.heads_q) *
+         max_norm(p.k, p.k_strides, p.seqlen_k, p.heads_kv);
+}
+
 void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<double>* lse) {
   const int D = p.head_dim;
   out->assign(size_t(p.batch) * p.seqlen_q * p.heads_q * D, 0.0);

@@ -397,27 +397,9 @@ TEST_P(Fp8Test, MatchesFp64Reference) {
       }
   for (size_t e = 0; e < out_elems; ++e)
     if (!is_out[e] && out[e] != 0xFFFF) ++touched_padding;
-  // The scores come from Hopper's FP8 wgmma, whose adder keeps about 14 bits, not fp32's 24
-  // (DeepSeek-V3's report measured it; FlashAttention-3's FP8 shares it): a score is off by up
-  // to about 2^-13 of scale x sum_d |q_d k_d| <= scale |q| |k|, which moves the LSE as much. The
-  // emulation sums in fp32, so that term is added to the LSE budget: the largest scale |q| |k|
-  // of the problem (the output's budget already covers it: P's rounding to e4m3 dominates).
-  double q_norm = 0, k_norm = 0;
-  auto max_norm = [&](const std::vector<float>& t, const Strides& st, int seqlen, int heads, double* norm) {
-    for (int b = 0; b < c.batch; ++b)
-      for (int i = 0; i < seqlen; ++i)
-        for (int h = 0; h < heads; ++h) {
-          double sum = 0;
-          for (int d = 0; d < D; ++d) {
-            const double x = t[size_t(b * st.batch + int64_t(i) * st.seq + h * st.head + d)];
-            sum += x * x;
-          }
-          *norm = std::max(*norm, std::sqrt(sum));
-        }
-  };
-  max_norm(q_host, qs, c.seqlen_q, c.heads_q, &q_norm);
-  max_norm(k_host, ks, c.seqlen_k, c.heads_kv, &k_norm);
-  const double fp8_score_error = 0x1p-13 * host.scale * q_norm * k_norm;
+  // The emulation sums the scores in fp32, the FP8 wgmma with about 14 bits: that term goes into
+  // the LSE's budget (the output's budget already covers it: P's rounding to e4m3 dominates).
+  const double fp8_score_error = ref::fp8_score_error(host);
   const double budget = 2 * lowp_err + 1e-3, lse_budget = 2 * lowp_lse_err + 2e-4 + fp8_score_error;
   EXPECT_EQ(nan_out, 0) << describe(c);
   EXPECT_EQ(lse_mismatch, 0) << describe(c);

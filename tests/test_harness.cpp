@@ -5,6 +5,7 @@
 #include <string>
 
 #include "../tools/harness.h"
+#include "make_shape.h"
 
 namespace hattn::harness {
 namespace {
@@ -52,13 +53,7 @@ TEST(Harness, VarlenFlopsSumTheSequences) {
 // The bytes a forward must move: 2 an element of 16-bit tensors, 1 of e4m3 ones (an FP8 cache's
 // k and v; the FP8 forward's q, k and v), out 2 either way.
 TEST(Harness, ForwardBytesCountE4m3InputsAtOneByte) {
-  Shape s;
-  s.batch = 2;
-  s.seqlen_q = 100;
-  s.seqlen_k = 300;
-  s.heads_q = 8;
-  s.heads_kv = 2;
-  s.head_dim = 128;
+  Shape s = testing::make(2, 100, 300, 8, 2, 128, false, DType::bf16, Layout::contiguous);
   const double q_rows = 2.0 * 100 * 8 * 128, kv_rows = 2.0 * 300 * 2 * 128;
   EXPECT_DOUBLE_EQ(forward_bytes(s), 2 * (2 * q_rows) + 2 * (2 * kv_rows));
   s.fp8_cache = true;

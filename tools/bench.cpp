@@ -625,9 +625,9 @@ int main(int argc, char** argv) {
                 "on sampled rows\n");
 
   double gemm = 0;
-  if (cfg.gemm && cfg.dtype == DType::e4m3)
+  if (cfg.gemm && cfg.dtype == DType::e4m3) {
     std::printf("# --dtype e4m3: no GEMM ceiling (cuBLAS's bf16 one is not FP8's)\n");
-  if (cfg.gemm && cfg.dtype != DType::e4m3) {
+  } else if (cfg.gemm) {
     if (!gemm_ceiling(&gemm)) std::fprintf(stderr, "hattn-bench: cuBLAS GEMM ceiling failed\n");
     std::printf("# cuBLAS bf16 GEMM 8192^3: %.1f TFLOP/s (SM clock %d MHz)\n", gemm, sm_clock_mhz());
   }

@@ -224,6 +224,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
             Sk = varlen ? w->cu_k.back() : shape.seqlen_k, Hq = shape.heads_q, Hkv = shape.heads_kv,
             D = shape.head_dim;
   w->shape = shape;
+  const bool fp8 = shape.dtype == DType::e4m3;  // the FP8 forward: q, k and v e4m3 codes
   TensorPlacement q, k, v, out;
   switch (shape.layout) {
     case Layout::contiguous:
@@ -231,8 +232,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
       const bool pad = shape.layout == Layout::padded;
       // e4m3 tensors (an FP8 cache's k and v, the FP8 forward's q too): 16-byte rows and starts
       // are 16 elements.
-      const bool e4m3_q = shape.dtype == DType::e4m3, e4m3_kv = e4m3_q || shape.fp8_cache;
-      const int q_pad = e4m3_q ? 16 : 8, kv_pad = e4m3_kv ? 16 : 8;
+      const int q_pad = fp8 ? 16 : 8, kv_pad = fp8 || shape.fp8_cache ? 16 : 8;
       q.strides = pad ? padded_strides(Sq, Hq, D, q_pad) : contiguous_bshd(Sq, Hq, D);
       k.strides = pad ? padded_strides(Sk, Hkv, D, kv_pad) : contiguous_bshd(Sk, Hkv, D);
       v.strides = k.strides;
@@ -263,7 +263,6 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
 
   // Host images: uniform values with unit variance around a non-zero mean, rounded to dtype
   // (e4m3 inputs: to bf16 here, to codes below).
-  const bool fp8 = shape.dtype == DType::e4m3;
   const DType value_dtype = fp8 ? DType::bf16 : shape.dtype;
   std::vector<uint16_t> bits(w->inputs.elements);
   w->inputs.host.resize(w->inputs.elements);
@@ -548,24 +547,7 @@ Status make_workload(const Shape& shape, uint64_t seed, Workload* w) {
   h.causal = shape.causal;
   h.window_left = shape.window_left;
   h.window_right = shape.window_right;
-  w->fp8_score_error = 0;
-  if (fp8) {  // 2^-13 of the largest scale |q| |k| (Workload::fp8_score_error)
-    auto max_norm = [&](const TensorPlacement& t, int rows, int heads) {
-      double norm = 0;
-      for (int b = 0; b < B; ++b)
-        for (int i = 0; i < rows; ++i)
-          for (int hd = 0; hd < heads; ++hd) {
-            const Strides& st = t.strides;
-            const float* x = w->inputs.host.data() + t.offset + size_t(b * st.batch + int64_t(i) * st.seq) +
-                             size_t(hd * st.head);
-            double sum = 0;
-            for (int d = 0; d < D; ++d) sum += double(x[d]) * x[d];
-            norm = std::max(norm, sum);
-          }
-      return std::sqrt(norm);
-    };
-    w->fp8_score_error = 0x1p-13 * h.scale * max_norm(q, Sq, Hq) * max_norm(k, Sk, Hkv);
-  }
+  w->fp8_score_error = fp8 ? ref::fp8_score_error(h) : 0.0;
   return Status::Ok();
 }
 

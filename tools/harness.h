@@ -110,8 +110,8 @@ struct Workload {
   DeviceBuffer leftpad_k;               // leftpad_k, int32
   DeviceBuffer codes;                   // e4m3 inputs: dense k and v (dtype e4m3: q too), at inputs' element offsets
   DeviceBuffer descales;                // e4m3 inputs: k_descale, v_descale (and q_descale), fp32 [batch, heads_kv]
-  // dtype e4m3: how far Hopper's FP8 wgmma may move a score (its adder keeps about 14 bits):
-  // 2^-13 of the largest scale |q| |k|, added to the LSE's budget (as tests/test_fp8.cpp does).
+  // dtype e4m3: how far Hopper's FP8 wgmma may move a score (ref::fp8_score_error), added to
+  // the LSE's budget.
   double fp8_score_error = 0;
   std::vector<int> cu_q, cu_k;          // varlen: the same offsets on the host
 };

@@ -43,6 +43,13 @@ void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, 
 // output rounded to output_dtype(dtype).
 void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, float* out, float* lse);
 
+// How far Hopper's FP8 wgmma may move a score: its adder keeps about 14 bits, not fp32's 24
+// (DeepSeek-V3's report measured it; FlashAttention-3's FP8 shares it), so a score is off by up
+// to about 2^-13 of scale x sum_d |q_d k_d| <= scale |q| |k|, which moves the LSE as much:
+// 2^-13 scale times the largest row norms of q and k. attention_row_lowp sums in fp32, so
+// tests of the FP8 forward add this to the LSE's budget.
+double fp8_score_error(const HostProblem& p);
+
 // Whole problem in fp64: out [B, Sq, Hq, D] and lse [B, Hq, Sq], both contiguous.
 void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<double>* lse);
 
