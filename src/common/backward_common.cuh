@@ -14,6 +14,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "common.cuh"
 #include "fragment.cuh"
@@ -308,6 +309,27 @@ __global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, 
                    int(frag::pack2<T>(hi.z, hi.w))));
 }
 
+// A packed batch's dK and dV rows that no sequence owns, [0, cu_seqlens_k[0]) and
+// [cu_seqlens_k[batch], total_k), get zeros (as the conversion of zeroed sums would give them)
+// where the main kernel writes the sequences' rows itself. 8 elements a thread, grid-stride;
+// the bounds are read on the GPU (usually both ranges are empty).
+template <typename T, int D>
+__global__ void __launch_bounds__(256) zero_unowned_rows_kernel(T* dst, const int32_t* cu_seqlens, int batch,
+                                                                int total, int heads, int64_t seq_stride,
+                                                                int64_t head_stride) {
+  constexpr int kPieces = D / kConvertElems;
+  const int first = min(max(__ldg(cu_seqlens), 0), total);
+  const int last = min(max(__ldg(cu_seqlens + batch), first), total);
+  const int64_t unowned = int64_t(first + total - last) * heads * kPieces;
+  for (int64_t piece = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; piece < unowned;
+       piece += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = piece / kPieces;  // over the unowned rows' heads
+    const int h = int(row % heads), r = int(row / heads), s = r < first ? r : last + (r - first);
+    const int d = int(piece % kPieces) * kConvertElems;
+    *reinterpret_cast<int4*>(dst + int64_t(s) * seq_stride + h * head_stride + d) = make_int4(0, 0, 0, 0);
+  }
+}
+
 // What the kernels that take a variable-length batch refuse (backward() refuses it before
 // asking them): keys in use (seqlens_k), a paged KV cache, cache entries (kv_batch_idx) and
 // left padding (leftpad_k). Their varlen instantiations assume all absent (sequence_at).
@@ -419,6 +441,13 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
       delta_kernel<T, D><<<unsigned((rows_q + kDeltaRows - 1) / kDeltaRows), kDeltaThreads, 0, stream>>>(rows);
       Status st = launch_status(name);
       if (!st.ok()) return st;
+      if (dkdv_written_by_kernel && fwd.is_varlen()) {  // the rows no sequence owns (the kernel writes the rest)
+        for (auto [dst, strides] : {std::pair{problem.dk, problem.dk_strides}, std::pair{problem.dv, problem.dv_strides}}) {
+          zero_unowned_rows_kernel<T, D><<<64, 256, 0, stream>>>(static_cast<T*>(dst), fwd.cu_seqlens_k, fwd.batch,
+                                                                 fwd.total_k, fwd.heads_kv, strides.seq, strides.head);
+          if (!(st = launch_status(name)).ok()) return st;
+        }
+      }
       if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;
       auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {
         const int64_t rows = int64_t(entries) * seqlen * heads, pieces = rows * (D / kConvertElems);

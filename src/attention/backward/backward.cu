@@ -58,8 +58,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
           Status st = make_fp32_bshd_tensor_map(&dq_map, p.dq_accum, fwd.tensor_batch(), fwd.tensor_rows_q(),
                                                 fwd.heads_q, D, bwd::kBlockM);
           if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
-          // 64-row boxes (a warpgroup's keys) over dK and dV where the kernel writes them, else over
-          // run_backward's fp32 sums of them.
+          // 64-row boxes (a warpgroup's keys) over dK and dV where the kernel writes them (a packed
+          // batch's over its rows), else over run_backward's fp32 sums of them.
           CUtensorMap dk_map, dv_map;
           if (p.dk_accum == nullptr) {
             st = make_bshd_tensor_map(&dk_map, problem.dk, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_k(),
@@ -83,10 +83,10 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
                                       bwd::smem_bytes<T, D, false>(), p.fwd, stream, kName, maps.q, maps.k, maps.v,
                                       dout_map, dq_map, dk_map, dv_map, p);
         }
-        // dK and dV written by the kernel only for a dense batch without GQA: a packed batch may
-        // have rows that belong to no sequence, which only the conversion of zeroed sums writes.
+        // dK and dV written by the kernel without GQA (on trial also for a packed batch, whose
+        // rows that no sequence owns run_backward zeroes).
       },
-      /*dkdv_written_by_kernel=*/!fwd.is_varlen() && fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/false,
+      /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/false,
       deterministic_turns(fwd));
 }
 

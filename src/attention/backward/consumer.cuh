@@ -359,8 +359,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   ptx::wgmma_wait_group<0>();  // the last block's dQ (its tile was freed at the last reduction's barrier)
   send_dq(steps - 1);
   if (threadIdx.x % 128 == 0) pass_dq_turn();
-  if (!kVarlen && p.dk_accum == nullptr)
-    store_dk_dv(smem, dk, dv, dk_map, dv_map, warpgroup, n_wg, head_kv, batch, grad_scale);
+  if (p.dk_accum == nullptr)
+    store_dk_dv(smem, dk, dv, dk_map, dv_map, p, seq, warpgroup, n_wg, head_kv, key0, grad_scale);
   else
     add_dk_dv(smem, dk, dv, dk_map, dv_map, p, seq, warpgroup, n_wg, head, head_kv, batch, key0, dq_lane, grad_scale);
 }

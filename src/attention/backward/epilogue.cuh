@@ -1,7 +1,9 @@
-// The consumers' last act: dK and dV out of registers. A dense batch without GQA owns its keys'
-// gradients and stores them by TMA through shared memory (over K and V); GQA and packed batches
-// add fp32 rows into the sums that run_backward zeroed and converts afterwards, by TMA
-// reductions. And the zeros of a CTA whose keys no query sees.
+// The consumers' last act: dK and dV out of registers. Without GQA a CTA owns its keys'
+// gradients and stores them by TMA through shared memory (over K and V); on trial, a packed
+// batch's too, the rows of a box past its sequence's end excepted (the next sequence's): that
+// warpgroup stores its rows from registers. With GQA the CTAs add fp32 rows into the sums that
+// run_backward zeroed and converts afterwards, by TMA reductions. And the zeros of a CTA whose
+// keys no query sees.
 #pragma once
 
 #include <cuda.h>
@@ -17,37 +19,52 @@
 
 namespace hattn::bwd {
 
-// Zeros for this thread's dK and dV rows (keys key0 and key0 + 8; columns 8 dt + 2 t, + 1) of a
-// dense batch without GQA, where no query sees the CTA's keys: every other path leaves by TMA,
-// and fp32 sums (GQA, varlen) are zeroed before the kernel.
-template <typename T, int D>
-__device__ __forceinline__ void store_zero_dk_dv(const BackwardParams& p, int batch, int head_kv, int key0, int tig) {
+// This thread's dK (times `k_scale`) and dV rows straight from registers (keys key0 and key0 + 8
+// of the sequence, those below its seqlen_k; columns 8 dt + 2 t, + 1), where a TMA box cannot
+// go: a CTA whose keys no query sees (dk, dv null: zeros; every other path leaves by TMA, and
+// fp32 sums (GQA) are zeroed before the kernel), and a packed batch's box past its sequence's end.
+template <typename T, int D, int N = 1>
+__device__ __forceinline__ void store_dk_dv_rows(const BackwardParams& p, const Sequence& seq, int head_kv, int key0,
+                                                 int tig, const float (*dk)[N] = nullptr,
+                                                 const float (*dv)[N] = nullptr, float k_scale = 1.f) {
   constexpr int kDTiles = D / 8;
-  const uint32_t zero = frag::pack2<T>(0.f, 0.f);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= p.fwd.seqlen_k) continue;
+    if (key >= seq.seqlen_k) continue;
     // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
-    T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
-    T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_seq_stride + head_kv * p.dv_head_stride;
+    const int64_t row = int64_t(seq.k_start) + key;
+    T* dk_row = static_cast<T*>(p.dk) + seq.batch_coord * p.dk_batch_stride + row * p.dk_seq_stride +
+                head_kv * p.dk_head_stride;
+    T* dv_row = static_cast<T*>(p.dv) + seq.batch_coord * p.dv_batch_stride + row * p.dv_seq_stride +
+                head_kv * p.dv_head_stride;
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
-      *reinterpret_cast<uint32_t*>(dk_row + 8 * dt + 2 * tig) = zero;
-      *reinterpret_cast<uint32_t*>(dv_row + 8 * dt + 2 * tig) = zero;
+      uint32_t k2 = frag::pack2<T>(0.f, 0.f), v2 = k2;
+      if constexpr (N > 1) {
+        k2 = frag::pack2<T>(k_scale * (*dk)[dt * 4 + 2 * r], k_scale * (*dk)[dt * 4 + 2 * r + 1]);
+        v2 = frag::pack2<T>((*dv)[dt * 4 + 2 * r], (*dv)[dt * 4 + 2 * r + 1]);
+      }
+      *reinterpret_cast<uint32_t*>(dk_row + 8 * dt + 2 * tig) = k2;
+      *reinterpret_cast<uint32_t*>(dv_row + 8 * dt + 2 * tig) = v2;
     }
   }
 }
 
 // dK (scaled) and dV of the warpgroup's 64 keys (from n_wg) into dK and dV, through the K and V
-// tiles. Every consumer thread calls it after its last wgmma.
+// tiles; a packed batch's warpgroup whose keys end inside its box, from registers (the box's
+// other rows are the next sequence's). Every consumer thread calls it after its last wgmma.
 template <typename T, int D, bool kVarlen, int N>
 __device__ __forceinline__ void store_dk_dv(SharedStorage<T, D, kVarlen>& smem, const float (&dk)[N],
                                             const float (&dv)[N], const CUtensorMap& dk_map, const CUtensorMap& dv_map,
-                                            int warpgroup, int n_wg, int head_kv, int batch, float grad_scale) {
+                                            const BackwardParams& p, const Sequence& seq, int warpgroup, int n_wg,
+                                            int head_kv, int key0, float grad_scale) {
   constexpr int kDTiles = D / 8;  // n8 column tiles of dK and dV
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;
+  // Warpgroup-uniform: a packed batch's box that would run into the next sequence.
+  const bool by_rows = kVarlen && n_wg + 64 > seq.seqlen_k;
+  if (by_rows) store_dk_dv_rows<T, D, N>(p, seq, head_kv, key0, tig, &dk, &dv, grad_scale);
   // dK and dV written once, through shared memory. WAR: every consumer's last dQ wgmma (each
   // read all 128 keys of K) has completed before either warpgroup overwrites K's tile; V's
   // last reads were the last step's dP^T.
@@ -66,12 +83,14 @@ __device__ __forceinline__ void store_dk_dv(SharedStorage<T, D, kVarlen>& smem, 
     }
   ptx::fence_proxy_async_shared_cta();             // the stores above, before the TMA copies (async proxy) read them
   ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the warpgroup's 64 rows are in the tiles
-  if (threadIdx.x % 128 == 0) {
-    // Rows past Sk are not written (the box's out-of-bounds part).
+  if (threadIdx.x % 128 == 0 && !by_rows) {
+    // Dense: rows past Sk are not written (the box's out-of-bounds part).
 #pragma unroll
     for (int cb = 0; cb < D / 64; ++cb) {
-      ptx::cp_async_bulk_tensor_4d_s2g(&dk_map, cb * 64, n_wg, head_kv, batch, smem.k[cb] + warpgroup * 64 * 64);
-      ptx::cp_async_bulk_tensor_4d_s2g(&dv_map, cb * 64, n_wg, head_kv, batch, smem.v[cb] + warpgroup * 64 * 64);
+      ptx::cp_async_bulk_tensor_4d_s2g(&dk_map, cb * 64, seq.k_start + n_wg, head_kv, seq.batch_coord,
+                                       smem.k[cb] + warpgroup * 64 * 64);
+      ptx::cp_async_bulk_tensor_4d_s2g(&dv_map, cb * 64, seq.k_start + n_wg, head_kv, seq.batch_coord,
+                                       smem.v[cb] + warpgroup * 64 * 64);
     }
     ptx::cp_async_bulk_commit_group();
   }

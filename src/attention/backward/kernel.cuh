@@ -62,10 +62,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 128) ptx::prefetch_tensormap(&dq_map);  // the reductions' issuing thread of warpgroup 0
   __syncthreads();                                           // no thread waits on a barrier before it is initialized
   if (blocks.steps == 0) {  // CTA-uniform: no query sees these keys, their dK and dV are 0
-    if (!kVarlen && warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
+    if (warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
       const int lane = int(threadIdx.x) % 32;
       const int key0 = n0 + 64 * warpgroup + 16 * (int(threadIdx.x) % 128 / 32) + lane / 4;
-      store_zero_dk_dv<T, D>(p, seq.batch_coord, head_kv, key0, lane % 4);
+      store_dk_dv_rows<T, D>(p, seq, head_kv, key0, lane % 4);
     }
     return;
   }
