@@ -31,7 +31,8 @@ Status supports(const BackwardProblem& problem) {
 // and head, and with GQA per key block and K/V head, one for each consumer warpgroup.
 TurnCounts deterministic_turns(const AttentionProblem& fwd) {
   TurnCounts turns;
-  turns.q_blocks = (fwd.seqlen_q + bwd::kBlockM - 1) / bwd::kBlockM;
+  const int block_m = bwd::block_m(fwd.head_dim);
+  turns.q_blocks = (fwd.seqlen_q + block_m - 1) / block_m;
   turns.k_blocks = (fwd.seqlen_k + bwd::kBlockN - 1) / bwd::kBlockN;
   turns.dq = int64_t(fwd.batch) * fwd.heads_q * turns.q_blocks * bwd::kWarpgroups;
   if (fwd.heads_q != fwd.heads_kv) turns.dkdv = int64_t(fwd.batch) * fwd.heads_kv * turns.k_blocks * bwd::kWarpgroups;
@@ -40,12 +41,13 @@ TurnCounts deterministic_turns(const AttentionProblem& fwd) {
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   const AttentionProblem& fwd = problem.forward;
+  const int block_m = bwd::block_m(fwd.head_dim);  // query rows of a step
   QkvTensorMaps maps;
-  Status s = make_qkv_tensor_maps(fwd, bwd::kBlockM, bwd::kBlockN, kName, &maps);
+  Status s = make_qkv_tensor_maps(fwd, block_m, bwd::kBlockN, kName, &maps);
   CUtensorMap dout_map;
   if (s.ok())
     s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                             fwd.head_dim, problem.dout_strides, bwd::kBlockM, 64);  // packed rows when varlen, like q
+                             fwd.head_dim, problem.dout_strides, block_m, 64);  // packed rows when varlen, like q
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
   return run_backward(
       problem, stream, kName,
@@ -54,9 +56,11 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
           return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
         } else {
           static_assert(bwd::smem_bytes<T, D, true>() <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-          CUtensorMap dq_map;  // over run_backward's fp32 dQ sum, which exists only from here on
+          // Over run_backward's fp32 dQ sum, which exists only from here on: 64-row boxes (a
+          // warpgroup's share of a block).
+          CUtensorMap dq_map;
           Status st = make_fp32_bshd_tensor_map(&dq_map, p.dq_accum, fwd.tensor_batch(), fwd.tensor_rows_q(),
-                                                fwd.heads_q, D, bwd::kBlockM);
+                                                fwd.heads_q, D, 64);
           if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
           // 64-row boxes (a warpgroup's keys) over dK and dV where the kernel writes them (a packed
           // batch's over its rows), else over run_backward's fp32 sums of them.

@@ -1,5 +1,6 @@
 // The production backward's shape (namespace hattn::bwd): a CTA per 128 keys of one query head,
-// a producer warpgroup and two consumer warpgroups of 64 keys each, 64 queries a step.
+// a producer warpgroup and two consumer warpgroups of 64 keys each, 64 queries a step (128 at
+// D = 64).
 #pragma once
 
 namespace hattn::bwd {
@@ -8,7 +9,12 @@ constexpr int kWarpgroups = 2;                     // consumer warpgroups
 constexpr int kThreads = 128 * (1 + kWarpgroups);  // and a producer warpgroup
 constexpr int kConsumerThreads = 128 * kWarpgroups;
 constexpr int kBlockN = 64 * kWarpgroups;  // keys per CTA: 64 per consumer warpgroup
-constexpr int kBlockM = 64;                // query rows per step
+// Query rows per step. At D = 64 a 64-row step's products are too short to hide its fixed
+// costs (the stats, the barriers, dQ's reduction), so its blocks have 128 rows, and dQ is split
+// between the warpgroups by rows instead of by columns (consumer.cuh).
+constexpr int block_m(int head_dim) { return head_dim == 64 ? 128 : 64; }
+template <int D>
+constexpr int kBlockM = block_m(D);
 constexpr int kStages = 2;                 // Q/dO blocks in flight
 constexpr int kSwizzleBytes = 128;         // one row of a 64-column block
 constexpr int kAtomBytes = 1024;           // 8 rows x 128 bytes: the swizzle pattern's period

@@ -1,8 +1,9 @@
-// The consumers: two warpgroups of 64 keys each. Per query block (a step): S^T = K Q^T and
-// dP^T = V dO^T, P^T and dS^T (scores.cuh), dV += P^T dO and dK += dS^T Q, dS^T into shared
-// memory, and the block's dQ = dS K over both warpgroups' keys, issued at the top of the next
-// step and added into the fp32 dQ sum by TMA reductions while that step's S^T runs. After the
-// last block, dK and dV leave (epilogue.cuh).
+// The consumers: two warpgroups of 64 keys each. Per query block (a step, kBlockM queries):
+// S^T = K Q^T and dP^T = V dO^T, P^T and dS^T (scores.cuh), dV += P^T dO and dK += dS^T Q,
+// dS^T into shared memory, and the block's dQ = dS K over both warpgroups' keys (each
+// warpgroup half of D's columns, or with 128-query blocks half of the rows), issued at the top
+// of the next step and added into the fp32 dQ sum by TMA reductions while that step's S^T
+// runs. After the last block, dK and dV leave (epilogue.cuh).
 //
 // Barriers (who arrives -> who waits):
 //   kv_full          the producer's expect_tx + TMA bytes -> the consumers, once
@@ -22,7 +23,9 @@
 //   named 2 + wg     the warpgroup's 128 threads: its dQ tile written (and fenced), and the
 //                    reduction of two blocks before has read the tile it writes next (its
 //                    issuing thread waited for that first), before the issuing thread starts
-//                    the reduction; at the end, the warpgroup's dK and dV rows written (and
+//                    the reduction; with one dQ tile (128-query blocks) also before the
+//                    tile's stores: the block before's reduction has read it (the issuing
+//                    thread waited); at the end, the warpgroup's dK and dV rows written (and
 //                    fenced) before its issuing thread stores them by TMA
 // Bulk-group waits (cp.async.bulk.wait_group.read, the issuing thread of each warpgroup):
 //   read 0           before the dQ tile barrier: every older reduction has read its tile; and
@@ -56,10 +59,12 @@ namespace hattn::bwd {
 template <typename T, int D, bool kVarlen>
 __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap& dq_map,
                                         const CUtensorMap& dk_map, const CUtensorMap& dv_map, const BackwardParams& p,
-                                        const Sequence& seq, const QueryBlocks& blocks, int warpgroup, int n0, int head,
-                                        int head_kv, int batch) {
-  constexpr int kDTiles = D / 8;        // n8 column tiles of dK, dV and dQ
-  constexpr int kQTiles = kBlockM / 8;  // n8 column tiles of S^T and dP^T
+                                        const Sequence& seq, const QueryBlocks<kBlockM<D>>& blocks, int warpgroup,
+                                        int n0, int head, int head_kv, int batch) {
+  using Storage = SharedStorage<T, D, kVarlen>;
+  constexpr int kRows = Storage::kRows;  // query rows of a block: 64, or 128 at D = 64
+  constexpr int kDTiles = D / 8;         // n8 column tiles of dK and dV
+  constexpr int kQTiles = kRows / 8;     // n8 column tiles of S^T and dP^T
   const FeatureParams& f = p.fwd;
   const int consumer_thread = int(threadIdx.x) - 128;  // 0-255 in the consumer warpgroups
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
@@ -75,30 +80,33 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   // 16 of each a thread made ptxas spill at D = 128 (B08).
   const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
   const int seqlen_q = seqlen_q_of<kVarlen>(f, seq);
-  // Consumer threads 0-63 fetch LSE, 64-127 delta (0 past Sq), and store it in the block's
-  // stage (B08's split of the loads into a fetch and a store).
+  // Consumer threads 0 .. kRows - 1 fetch LSE, the next kRows delta (0 past Sq), and store it
+  // in the block's stage (B08's split of the loads into a fetch and a store).
   auto fetch_row_stat = [&](int m0) -> float {
-    const int t = consumer_thread % kBlockM, i = m0 + t;
-    if (consumer_thread < kBlockM) return i < seqlen_q ? f.lse[row_base + i] * kLog2e : 0.f;
-    if (consumer_thread < 2 * kBlockM) return i < seqlen_q ? p.delta[row_base + i] : 0.f;
+    const int t = consumer_thread % kRows, i = m0 + t;
+    if (consumer_thread < kRows) return i < seqlen_q ? f.lse[row_base + i] * kLog2e : 0.f;
+    if (consumer_thread < 2 * kRows) return i < seqlen_q ? p.delta[row_base + i] : 0.f;
     return 0.f;
   };
-  // Varlen: consumer threads 0-63 also store the query's visible keys (none past the sequence).
+  // Varlen at D = 128: consumer threads 0-63 also store the query's visible keys (none past the
+  // sequence).
   auto store_row_stat = [&](int stage, int m0, float value) {
-    const int t = consumer_thread % kBlockM;
-    if (consumer_thread < kBlockM) {
+    const int t = consumer_thread % kRows;
+    if (consumer_thread < kRows) {
       smem.lse_log2[stage][t] = value;
-      if constexpr (kVarlen) {
+      if constexpr (kVarlen && !Storage::kViewerMasks) {
         int first = 0, last = 0;
         if (m0 + t < seq.seqlen_q) visible_keys(f, seq, m0 + t, &first, &last);
         smem.keys.first[stage][t] = int16_t(min(max(first - n0, 0), kBlockN));
         smem.keys.last[stage][t] = int16_t(min(max(last - n0, 0), kBlockN));
       }
-    } else if (consumer_thread < 2 * kBlockM) {
+    } else if (consumer_thread < 2 * kRows) {
       smem.delta[stage][t] = value;
     }
   };
   store_row_stat(0, block_row(0), fetch_row_stat(block_row(0)));
+  // With 128-query blocks: the queries that see this thread's keys (scores.cuh).
+  const KeyViewers viewers = Storage::kViewerMasks ? viewers_of<kVarlen>(f, seq, key0) : KeyViewers{};
   if constexpr (kVarlen) {
     if (n0 + kBlockN > seq.seqlen_k) {  // CTA-uniform: K's box ran into the next sequence's keys
       ptx::mbarrier_wait(&smem.kv_full, 0);
@@ -111,32 +119,40 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   ptx::bar_sync(kDsBarrier, kConsumerThreads);
 
   float dk[kDTiles * 4] = {}, dv[kDTiles * 4] = {};
-  constexpr int kCols = D / 2;
-  const int c0 = warpgroup * kCols;
-  // dQ[:, c0 : c0 + D/2] of a block: its wgmma is issued at the top of the next step, and it
-  // leaves during that step.
+  // This warpgroup's share of a block's dQ: rows r0 .. r0 + 63, columns c0 .. c0 + kCols - 1 (by
+  // columns: D / 2 of all 64 rows; by rows: all of D). Its wgmma is issued at the top of the
+  // next step, and it leaves during that step.
+  constexpr bool kDqByRows = Storage::kDqByRows;
+  constexpr int kCols = Storage::kDqCols;
+  const int c0 = kDqByRows ? 0 : warpgroup * kCols, r0 = kDqByRows ? 64 * warpgroup : 0;
   float dq[kCols / 2];
-  // The scaled half into its block's parity's tile, and the reduction (after waiting for the
-  // wgmma). Accumulator rows are 16 warp + g (+ 8), columns 8 nt + 2 t of the half: box nt / 4,
+  // The scaled share into its block's tile, and the reduction (after waiting for the wgmma).
+  // Accumulator rows are 16 warp + g (+ 8), columns 8 nt + 2 t of the share: box nt / 4,
   // 16-byte chunk 2 (nt % 4) + t / 2 of the 128-byte row, stored at chunk ^ (row % 8) =
   // chunk ^ g (the box's swizzle): the lane's nt = 0 float offset XOR 8 (nt % 4).
   const int dq_lane = (16 * warp_in_wg + group) * 32 + ((tig / 2 ^ group) << 2) + 2 * (tig % 2);
   auto store_dq = [&](int step) {
 #pragma unroll
     for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
-    float* tiles = smem.dq[step % 2][warpgroup][0];
+    float* tiles = smem.dq[step % Storage::kDqBuffers][warpgroup][0];
+    if constexpr (Storage::kDqBuffers == 1) {
+      // WAR on the one tile: the block before's reduction has read it (issued a step ago, it
+      // usually has).
+      if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
+      ptx::bar_sync(kDqTileBarrier + warpgroup, 128);
+    }
     // Re-read each step, so that the compiler does not keep the four offsets it makes from it
     // live across the loop (at D = 128 it spilled them).
     uint32_t lane_offset = dq_lane;
     ptx::fence_operand(lane_offset);
     // Varlen: the box's rows past the sequence are the next sequence's; they get exact zeros,
     // not 0 x K, which is NaN where this sequence's keys hold NaN. Dense: rows_left stays
-    // kBlockM (its boxes end at the tensor's edge), so the select folds to the plain store.
-    int rows_left = kBlockM;
-    if constexpr (kVarlen) rows_left = seq.seqlen_q - block_row(step) - 16 * warp_in_wg - group;
+    // 64 (its boxes end at the tensor's edge), so the select folds to the plain store.
+    int rows_left = 64;
+    if constexpr (kVarlen) rows_left = seq.seqlen_q - block_row(step) - r0 - 16 * warp_in_wg - group;
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
-      float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
+      float* at = tiles + nt / 4 * 64 * 32 + (lane_offset ^ (nt % 4) << 3);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         *reinterpret_cast<float2*>(at + 8 * r * 32) =
@@ -160,26 +176,27 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   // the fence's and the barrier's waits do not hold them back.
   auto reduce_dq = [&](int step) {
     const int m0 = block_row(step);
-    float* tiles = smem.dq[step % 2][warpgroup][0];
+    float* tiles = smem.dq[step % Storage::kDqBuffers][warpgroup][0];
     ptx::fence_proxy_async_shared_cta();  // the stores above, before the reduction (async proxy) reads them
     // WAR for the next block's stores into the other parity's tile: the reduction of the block
     // before (the only one outstanding) has read it. A step after its issue it usually has.
-    if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
-    ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the whole half is in the tile; the other tile is free
+    // (With one tile, store_dq waited for that before its stores.)
+    if (Storage::kDqBuffers == 2 && threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
+    ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the whole share is in the tile; the other tile is free
     if (threadIdx.x % 128 == 0) {
       // A block past the promised longest sequence (max_seqlen_q understated, the checking mode
       // off) has no counter: it adds out of turn rather than wait on another block's.
-      if (p.dq_turns != nullptr && m0 / kBlockM < p.q_blocks) {
+      if (p.dq_turns != nullptr && m0 / kRows < p.q_blocks) {
         int first_key, last_key;  // the keys the block's last query sees
-        visible_keys<kVarlen>(f, seq, min(m0 + kBlockM, seqlen_q_of<kVarlen>(f, seq)) - 1, &first_key, &last_key);
-        dq_turn_held = p.dq_turns + ((int64_t(batch) * f.heads_q + head) * p.q_blocks + m0 / kBlockM) * kWarpgroups +
+        visible_keys<kVarlen>(f, seq, min(m0 + kRows, seqlen_q_of<kVarlen>(f, seq)) - 1, &first_key, &last_key);
+        dq_turn_held = p.dq_turns + ((int64_t(batch) * f.heads_q + head) * p.q_blocks + m0 / kRows) * kWarpgroups +
                        warpgroup;
         ptx::wait_turn(dq_turn_held, dq_turn(n0, last_key));
       }
 #pragma unroll
       for (int box = 0; box < kCols / 32; ++box)
-        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, seq.q_start + m0, head, seq.batch_coord,
-                                                tiles + box * kBlockM * 32);
+        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, seq.q_start + m0 + r0, head, seq.batch_coord,
+                                                tiles + box * 64 * 32);
       ptx::cp_async_bulk_commit_group();
     }
   };
@@ -191,26 +208,28 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   // (advance_smem_desc). Built per step from their addresses, the S^T and dP^T operands'
   // descriptors were kept in registers across the loop, and at D = 128 they spilled.
   constexpr uint32_t kKBlockBytes = kBlockN * 64 * sizeof(T);  // one 64-column block of K or V
-  constexpr uint32_t kQBlockBytes = kBlockM * 64 * sizeof(T);  // one of Q or dO
+  constexpr uint32_t kQBlockBytes = kRows * 64 * sizeof(T);  // one of Q or dO
   constexpr uint32_t kQStageBytes = D / 64 * kQBlockBytes;
-  constexpr uint32_t kDsBytes = 64 * kBlockM * sizeof(T);  // one warpgroup's dS^T tile
+  constexpr uint32_t kDsBytes = 64 * kRows * sizeof(T);  // one warpgroup's dS^T tile
   // K-major (S^T = K Q^T, dP^T = V dO^T): this warpgroup's 64 keys of K and V; Q and dO of stage 0.
   const uint64_t k_desc = ptx::make_smem_desc_sw128(smem.k[0] + warpgroup * 64 * 64, 16, kAtomBytes);
   const uint64_t v_desc = ptx::make_smem_desc_sw128(smem.v[0] + warpgroup * 64 * 64, 16, kAtomBytes);
   const uint64_t q_desc = ptx::make_smem_desc_sw128(smem.q[0][0], 16, kAtomBytes);
   const uint64_t do_desc = ptx::make_smem_desc_sw128(smem.dout[0][0], 16, kAtomBytes);
-  // N-major B operands (dK += dS^T Q, dV += P^T dO): column blocks kBlockM * 128 bytes apart.
-  const uint64_t q_n_desc = ptx::make_smem_desc_sw128(smem.q[0][0], kBlockM * kSwizzleBytes, kAtomBytes);
-  const uint64_t do_n_desc = ptx::make_smem_desc_sw128(smem.dout[0][0], kBlockM * kSwizzleBytes, kAtomBytes);
-  // dQ = dS K: dS^T read M-major (parity 0), and K's columns c0 .. c0 + D/2 read N-major.
-  const uint64_t ds_desc = ptx::make_smem_desc_sw128(smem.ds[0][0], 64 * kSwizzleBytes, kAtomBytes);
+  // N-major B operands (dK += dS^T Q, dV += P^T dO): column blocks kRows * 128 bytes apart.
+  const uint64_t q_n_desc = ptx::make_smem_desc_sw128(smem.q[0][0], kRows * kSwizzleBytes, kAtomBytes);
+  const uint64_t do_n_desc = ptx::make_smem_desc_sw128(smem.dout[0][0], kRows * kSwizzleBytes, kAtomBytes);
+  // dQ = dS K: dS^T read M-major (parity 0; by rows, this warpgroup's 64 queries), and K's
+  // columns c0 .. c0 + kCols - 1 read N-major.
+  const uint64_t ds_desc = ptx::make_smem_desc_sw128(smem.ds[0][0] + r0 * 64, 64 * kSwizzleBytes, kAtomBytes);
   const uint64_t k_dq_desc = ptx::make_smem_desc_sw128(smem.k[c0 / 64] + c0 % 64, kBlockN * kSwizzleBytes, kAtomBytes);
 
-  // dQ[:, c0 : c0 + D/2] = dS K[:, c0 : c0 + D/2] of block `step` over all 128 keys, 16 at a
-  // time: A is the dS^T tile of the warpgroup that owns those keys, read M-major (16 keys = 2048
-  // bytes down); B is K read N-major, D/2 columns from column c0 (at D = 64, from the middle of
-  // the 128-byte swizzled rows: 64 bytes in, the same swizzle). Issued at the top of the next
-  // step (or after the loop), where both warpgroups' dS^T tiles of the block are written.
+  // dQ[r0 : r0 + 64, c0 : c0 + kCols] = dS K[:, c0 : c0 + kCols] of block `step` over all 128
+  // keys, 16 at a time: A is the dS^T tile of the warpgroup that owns those keys, read M-major
+  // (16 keys = 2048 bytes down; by rows, from query block r0 / 64 of it); B is K read N-major,
+  // kCols columns from column c0 (by columns at D = 64: from the middle of the 128-byte swizzled
+  // rows, 64 bytes in, the same swizzle). Issued at the top of the next step (or after the
+  // loop), where both warpgroups' dS^T tiles of the block are written.
   auto issue_dq = [&](int step) {
 #pragma unroll
     for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
@@ -245,9 +264,9 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     float s[kQTiles * 4], dp[kQTiles * 4];
     ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);  // this block's Q and dO have landed
     if constexpr (kVarlen) {
-      if (m0 + kBlockM > seq.seqlen_q) {  // CTA-uniform: the boxes ran into the next sequence's rows
-        zero_tile_rows<T, D, kBlockM, kConsumerThreads>(smem.q[stage][0], seq.seqlen_q - m0, consumer_thread);
-        zero_tile_rows<T, D, kBlockM, kConsumerThreads>(smem.dout[stage][0], seq.seqlen_q - m0, consumer_thread);
+      if (m0 + kRows > seq.seqlen_q) {  // CTA-uniform: the boxes ran into the next sequence's rows
+        zero_tile_rows<T, D, kRows, kConsumerThreads>(smem.q[stage][0], seq.seqlen_q - m0, consumer_thread);
+        zero_tile_rows<T, D, kRows, kConsumerThreads>(smem.dout[stage][0], seq.seqlen_q - m0, consumer_thread);
         ptx::fence_proxy_async_shared_cta();          // the zeros, before the wgmmas (async proxy) read the tiles
         ptx::bar_sync(kDsBarrier, kConsumerThreads);  // every consumer's zeros, before either warpgroup's wgmmas
       }
@@ -264,13 +283,13 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     for (int kk = 0; kk < D / 16; ++kk) {
       // 16 columns of D: column block kk / 4, 32 bytes along its rows.
       const uint32_t kv_bytes = kk / 4 * kKBlockBytes + kk % 4 * 32, q_bytes = kk / 4 * kQBlockBytes + kk % 4 * 32;
-      ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(s, ptx::advance_smem_desc(k_step_desc, kv_bytes),
+      ptx::WgmmaM64K16<T, kRows>::template ss<0>(s, ptx::advance_smem_desc(k_step_desc, kv_bytes),
                                                    ptx::advance_smem_desc(q_desc, stage_bytes + q_bytes), kk > 0);
     }
     // At D = 128, S^T alone goes behind the last block's dQ: with dP^T in flight too, dQ's
-    // accumulators, dK, dV, S^T and dP^T would be 224 registers a thread. At D = 64 (144) both
-    // go, and dQ is sent out while both run.
-    constexpr bool kDpBehindDq = D == 64;
+    // accumulators, dK, dV, S^T and dP^T would be 224 registers a thread (and at D = 64 with
+    // 128-query blocks). At D = 64 with 64 (144) both go, and dQ is sent out while both run.
+    constexpr bool kDpBehindDq = D == 64 && kRows == 64;
     if constexpr (kHasLast && !kDpBehindDq) {
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T may still run
@@ -280,7 +299,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t kv_bytes = kk / 4 * kKBlockBytes + kk % 4 * 32, do_bytes = kk / 4 * kQBlockBytes + kk % 4 * 32;
-      ptx::WgmmaM64K16<T, kBlockM>::template ss<0>(dp, ptx::advance_smem_desc(v_step_desc, kv_bytes),
+      ptx::WgmmaM64K16<T, kRows>::template ss<0>(dp, ptx::advance_smem_desc(v_step_desc, kv_bytes),
                                                    ptx::advance_smem_desc(do_desc, stage_bytes + do_bytes), kk > 0);
     }
     ptx::wgmma_commit_group();
@@ -293,44 +312,46 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
 
-    probabilities_and_score_grads(s, dp, smem, stage, f, seq, m0, n0, n_wg, key0, tig, scale_log2);
+    probabilities_and_score_grads(s, dp, smem, stage, f, seq, m0, n0, n_wg, key0, viewers, tig, scale_log2);
 
     // P^T and dS^T as wgmma A fragments, one per 16 queries (n8 tiles 2kk and 2kk + 1).
-    uint32_t p_frag[kBlockM / 16][4], ds_frag[kBlockM / 16][4];
+    uint32_t p_frag[kRows / 16][4], ds_frag[kRows / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
+    for (int kk = 0; kk < kRows / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         p_frag[kk][r] = frag::pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
         ds_frag[kk][r] = frag::pack2<T>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
       }
 
-    // dS^T into shared memory: row = key (64 rows of 128 bytes), column = query, in TMA's
-    // 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)). Per 16 queries one
-    // stmatrix of the packed fragment's four 8x8 matrices (register i: keys g + 8 (i % 2),
-    // queries 8 (2 kk + i / 2) + 2 t); lane l gives row l % 8 of matrix l / 8. The tile starts
-    // on a 1024-byte boundary, so the swizzled chunk (2 kk + l / 16) ^ (l % 8) is the lane's
-    // kk = 0 address XOR 32 kk bytes: one address a lane (16 store addresses spilled at D = 128).
+    // dS^T into shared memory: per 64 queries a block of 64 rows of 128 bytes, row = key,
+    // column = query, in TMA's 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)).
+    // Per 16 queries one stmatrix of the packed fragment's four 8x8 matrices (register i: keys
+    // g + 8 (i % 2), queries 8 (2 kk + i / 2) + 2 t); lane l gives row l % 8 of matrix l / 8.
+    // The blocks start on 1024-byte boundaries, so the swizzled chunk (2 (kk % 4) + l / 16) ^
+    // (l % 8) is the lane's kk = 0 address XOR 32 (kk % 4) bytes, plus kk / 4 blocks: one address
+    // a lane (16 store addresses spilled at D = 128).
     // Before the wgmmas below are issued: the PTX ISA allows no access to the A registers of a
     // wgmma in flight.
     const int ds_row = 16 * warp_in_wg + lane % 8 + 8 * (lane / 8 % 2);
     const uint32_t ds_lane =
         ptx::cvta_to_shared_u32(smem.ds[step % 2][warpgroup]) + ds_row * kSwizzleBytes + ((lane / 16 ^ lane % 8) << 4);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) ptx::stmatrix_x4(ds_lane ^ (kk << 5), ds_frag[kk]);
+    for (int kk = 0; kk < kRows / 16; ++kk)
+      ptx::stmatrix_x4((ds_lane ^ (kk % 4 << 5)) + kk / 4 * 64 * kSwizzleBytes, ds_frag[kk]);
     ptx::fence_proxy_async_shared_cta();  // the writes above, before the dQ wgmma (async proxy) reads them
 
     // dV += P^T dO and dK += dS^T Q: per 16 queries one wgmma with N = D; dO and Q are read
-    // N-major (16 queries = 2048 bytes down the tile; column blocks kBlockM * 128 bytes apart).
+    // N-major (16 queries = 2048 bytes down the tile; column blocks kRows * 128 bytes apart).
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]);
     ptx::wgmma_fence();  // the packed fragments are written before the wgmmas read them
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
+    for (int kk = 0; kk < kRows / 16; ++kk)
       ptx::WgmmaM64K16<T, D>::template rs<1>(
           dv, p_frag[kk], ptx::advance_smem_desc(do_n_desc, stage_bytes + kk * 16 * kSwizzleBytes), 1);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
+    for (int kk = 0; kk < kRows / 16; ++kk)
       ptx::WgmmaM64K16<T, D>::template rs<1>(
           dk, ds_frag[kk], ptx::advance_smem_desc(q_n_desc, stage_bytes + kk * 16 * kSwizzleBytes), 1);
     ptx::wgmma_commit_group();
@@ -346,7 +367,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
 #pragma unroll
     for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dk[i]), ptx::fence_operand(dv[i]);
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk)
+    for (int kk = 0; kk < kRows / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) ptx::fence_operand(p_frag[kk][r]), ptx::fence_operand(ds_frag[kk][r]);
     // This warp's last reads of the stage (S^T, dP^T, dV and dK) have completed: the producer

@@ -44,7 +44,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n0 = key_block * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
-  const QueryBlocks blocks = query_blocks<kVarlen>(f, seq, n0, /*in_order=*/p.dq_turns != nullptr);
+  // Varlen at D = 64: the consumers read the sequence from shared memory (SharedStorage's
+  // kViewerMasks).
+  constexpr bool kSeqInSmem = kVarlen && SharedStorage<T, D, kVarlen>::kViewerMasks;
+  const QueryBlocks<kBlockM<D>> blocks =
+      query_blocks<kBlockM<D>, kVarlen>(f, seq, n0, /*in_order=*/p.dq_turns != nullptr);
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);
@@ -58,6 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbarrier_init(&smem.consumed[s], kWarpgroups * 4);  // one arrival per consumer warp
     }
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+    if constexpr (kSeqInSmem) smem.seq.value = seq;  // read after the __syncthreads below
   }
   if (threadIdx.x == 128) ptx::prefetch_tensormap(&dq_map);  // the reductions' issuing thread of warpgroup 0
   __syncthreads();                                           // no thread waits on a barrier before it is initialized
@@ -77,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   ptx::setmaxnreg_inc<kConsumerRegisters>();
-  consume(smem, dq_map, dk_map, dv_map, p, seq, blocks, warpgroup, n0, head, head_kv, batch);
+  consume(smem, dq_map, dk_map, dv_map, p, smem.seq.read(seq), blocks, warpgroup, n0, head, head_kv, batch);
 }
 
 }  // namespace hattn::bwd

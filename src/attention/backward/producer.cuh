@@ -19,7 +19,7 @@ namespace hattn::bwd {
 template <typename T, int D, bool kVarlen>
 __device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap* q_map,
                                              const CUtensorMap* dout_map, int stage, int m0, int head, int batch) {
-  ptx::mbarrier_arrive_expect_tx(&smem.qdo_full[stage], 2 * kBlockM * D * sizeof(T));
+  ptx::mbarrier_arrive_expect_tx(&smem.qdo_full[stage], 2 * kBlockM<D> * D * sizeof(T));
 #pragma unroll
   for (int cb = 0; cb < D / 64; ++cb) {
     ptx::cp_async_bulk_tensor_4d_g2s(smem.q[stage][cb], q_map, cb * 64, m0, head, batch, &smem.qdo_full[stage]);
@@ -31,7 +31,8 @@ __device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem,
 template <typename T, int D, bool kVarlen>
 __device__ __forceinline__ void produce(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap& q_map,
                                         const CUtensorMap& k_map, const CUtensorMap& v_map, const CUtensorMap& dout_map,
-                                        const Sequence& seq, const QueryBlocks& blocks, int n0, int head, int head_kv) {
+                                        const Sequence& seq, const QueryBlocks<kBlockM<D>>& blocks, int n0, int head,
+                                        int head_kv) {
   ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * kBlockN * D * sizeof(T));
 #pragma unroll
   for (int cb = 0; cb < D / 64; ++cb) {

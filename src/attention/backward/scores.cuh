@@ -10,21 +10,57 @@
 
 namespace hattn::bwd {
 
+// The queries [first, last) of the sequence that see each of a thread's two keys (key0 and
+// key0 + 8; none for a key past the sequence): the masks are monotone, so each key's viewers
+// are one run of queries, and a masked element's test is two compares. Found once per CTA
+// (kViewerMasks: D = 64).
+struct KeyViewers {
+  int first[2], last[2];
+};
+template <bool kVarlen>
+__device__ __forceinline__ KeyViewers viewers_of(const FeatureParams& f, const Sequence& seq, int key0) {
+  KeyViewers v;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = key0 + 8 * r;
+    v.first[r] = v.last[r] = 0;
+    if (j < seqlen_k_of<kVarlen>(f, seq)) queries_seeing<kVarlen>(f, seq, j, j + 1, &v.first[r], &v.last[r]);
+  }
+  return v;
+}
+
 // s (S^T) becomes P^T and dp (dP^T) becomes dS^T = P^T (dP^T - delta), for the accumulators of
-// a thread of the warpgroup whose keys start at n_wg: element e of n8 tile nt is key
-// key0 + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2. The block's LSE (log2 units), delta and
-// (varlen) visible keys per query are in `stage` of shared memory.
+// a thread of the warpgroup whose keys start at n_wg (the CTA's at n0): element e of n8 tile nt
+// is key key0 + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2 (of the sequence). The block's LSE
+// (log2 units) and delta per query are in `stage` of shared memory (varlen at D = 128: its
+// queries' visible keys too); with kViewerMasks, `viewers` are the queries that see the
+// thread's keys.
 template <typename T, int D, bool kVarlen, int N>
 __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], float (&dp)[N],
                                                               const SharedStorage<T, D, kVarlen>& smem, int stage,
                                                               const FeatureParams& f, const Sequence& seq, int m0,
-                                                              int n0, int n_wg, int key0, int tig, float scale_log2) {
+                                                              int n0, int n_wg, int key0, const KeyViewers& viewers,
+                                                              int tig, float scale_log2) {
+  using Storage = SharedStorage<T, D, kVarlen>;
   constexpr int kQTiles = N / 4;  // n8 column tiles of S^T and dP^T
+  constexpr int kRows = Storage::kRows;
   // Columns 8 nt + 2 t and + 1 of the block: their LSE and delta as one 8-byte load each.
   auto column_stats = [&](int nt, float2* lse, float2* delta) {
     *lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * nt + 2 * tig]);
     *delta = *reinterpret_cast<const float2*>(&smem.delta[stage][8 * nt + 2 * tig]);
   };
+  // P^T and dS^T. Masked where the tile is not wholly visible: a tail past Sq or Sk (varlen:
+  // the sequence's), the causal diagonal or a window edge (visible_keys is monotone in the
+  // query, so the block's first and last rows decide). With viewer masks decided before the
+  // softcap, else after it: the other order spilled (D = 64 dense, D = 128 varlen).
+  bool need_mask;
+  if constexpr (Storage::kViewerMasks) {
+    int first_lo, last_lo, first_hi, last_hi;
+    visible_keys<kVarlen>(f, seq, m0, &first_lo, &last_lo);
+    visible_keys<kVarlen>(f, seq, m0 + kRows - 1, &first_hi, &last_hi);
+    need_mask = m0 + kRows > seqlen_q_of<kVarlen>(f, seq) || n_wg + 64 > seqlen_k_of<kVarlen>(f, seq) ||
+                last_lo < n_wg + 64 || first_hi > n_wg;
+  }
   // Softcapping, before the shared loops below: s -> t and dP for the capped dS (softcap_score_and_dp).
   if (f.softcap_scale > 0.f) {
 #pragma unroll
@@ -37,22 +73,19 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
     }
   }
 
-  // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
-  // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
-  // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query). Varlen:
-  // of the sequence, from the key ranges in shared memory (counted from n0); a row past the
-  // sequence sees no key, so rows 0 and 63 decide.
-  bool need_mask;
-  if constexpr (kVarlen) {
+  // Per query at D = 128. Varlen: from the key ranges in shared memory (counted from n0); a row
+  // past the sequence sees no key, so rows 0 and 63 decide.
+  if constexpr (!Storage::kViewerMasks && kVarlen) {
     const int wg_key = n_wg - n0;
-    need_mask = smem.keys.first[stage][kBlockM - 1] > wg_key || smem.keys.last[stage][0] < wg_key + 64 ||
-                smem.keys.last[stage][kBlockM - 1] < wg_key + 64;
-  } else {
+    need_mask = smem.keys.first[stage][kRows - 1] > wg_key || smem.keys.last[stage][0] < wg_key + 64 ||
+                smem.keys.last[stage][kRows - 1] < wg_key + 64;
+  } else if constexpr (!Storage::kViewerMasks) {
     int first_lo, last_lo, first_hi, last_hi;
     visible_keys(f, m0, &first_lo, &last_lo);
-    visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
-    need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 || first_hi > n_wg;
+    visible_keys(f, m0 + kRows - 1, &first_hi, &last_hi);
+    need_mask = m0 + kRows > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 || first_hi > n_wg;
   }
+
   if (need_mask) {
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
@@ -62,7 +95,9 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
       for (int e = 0; e < 4; ++e) {
         const int i = m0 + 8 * nt + 2 * tig + e % 2, j = key0 + 8 * (e / 2);
         bool visible;
-        if constexpr (kVarlen) {
+        if constexpr (Storage::kViewerMasks) {
+          visible = i >= viewers.first[e / 2] && i < viewers.last[e / 2];
+        } else if constexpr (kVarlen) {
           visible = j - n0 >= smem.keys.first[stage][i - m0] && j - n0 < smem.keys.last[stage][i - m0];
         } else {
           int first = 0, last = 0;

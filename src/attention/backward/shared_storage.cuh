@@ -4,40 +4,71 @@
 
 #include <cstdint>
 
+#include "../../common/sequence.cuh"
 #include "config.h"
 
 namespace hattn::bwd {
 
-// Varlen only: each block's visible keys per query, [first, last) (from visible_keys), counted
-// from the CTA's first key and clamped to [0, kBlockN]: 16 bits each.
-template <bool kVarlen>
+// Varlen at D = 128 only (scores.cuh's per-query masks): each block's visible keys per query,
+// [first, last) (from visible_keys), counted from the CTA's first key and clamped to
+// [0, kBlockN]: 16 bits each.
+template <bool kStored>
 struct KeyRanges {
-  int16_t first[kStages][kBlockM];
-  int16_t last[kStages][kBlockM];
+  int16_t first[kStages][64];
+  int16_t last[kStages][64];
 };
 template <>
 struct KeyRanges<false> {};
+
+// Varlen at D = 64 only: the CTA's Sequence. read() gives it, or where it is not stored the
+// caller's copy in registers.
+template <bool kStored>
+struct SequenceSlot {
+  Sequence value;
+  __device__ const Sequence& read(const Sequence&) const { return value; }
+};
+template <>
+struct SequenceSlot<false> {
+  __device__ const Sequence& read(const Sequence& in_registers) const { return in_registers; }
+};
 
 // Every tile is [D / 64][rows][64]: TMA writes one 64-column box per block, 128B-swizzled.
 template <typename T, int D, bool kVarlen>
 struct SharedStorage {
   static constexpr int kColBlocks = D / 64;
+  static constexpr int kRows = kBlockM<D>;  // query rows of a block
+  // dQ's split between the warpgroups: by rows (each 64 rows, all D columns) where a block has
+  // 128 rows, else by columns (each D / 2). Either way a warpgroup's share is 64 x 32 fp32
+  // boxes, kDqBoxes of them, single-buffered with 128 rows (two buffers would not fit at D = 64).
+  static constexpr bool kDqByRows = kRows == 128;
+  static constexpr int kDqCols = kDqByRows ? D : D / 2;
+  static constexpr int kDqBoxes = kDqCols / 32;
+  static constexpr int kDqBuffers = kDqByRows ? 1 : 2;
+  // How the masks find a query's visible keys. With 128-query blocks (D = 64), from each key's
+  // viewers, found once per CTA (scores.cuh's KeyViewers), and varlen consumers read the
+  // CTA's Sequence here: held in registers beside those blocks' accumulators, it spilled. At
+  // D = 128, per query (varlen: from `keys` below): the viewers' four registers made the
+  // whole backward 4-10% slower there (results/evidence/trials_3f3e20f/).
+  static constexpr bool kViewerMasks = kRows == 128;
   alignas(kAtomBytes) T k[kColBlocks][kBlockN * 64];
   alignas(kAtomBytes) T v[kColBlocks][kBlockN * 64];
-  alignas(kAtomBytes) T q[kStages][kColBlocks][kBlockM * 64];
-  alignas(kAtomBytes) T dout[kStages][kColBlocks][kBlockM * 64];
-  // dS^T of each warpgroup: [key][query], swizzled; by block parity (a block's dQ wgmma reads
-  // both warpgroups' while the next block's are written).
-  alignas(kAtomBytes) T ds[2][kWarpgroups][64 * kBlockM];
-  // Each warpgroup's half of a block's dQ (D / 2 columns), per block parity, as 64 x 32 fp32
-  // boxes (128-byte rows, swizzled like the TMA box).
-  alignas(kAtomBytes) float dq[2][kWarpgroups][D / 64][kBlockM * 32];
-  float lse_log2[kStages][kBlockM];  // each block's LSE (log2 units) and delta, per query
-  float delta[kStages][kBlockM];
+  alignas(kAtomBytes) T q[kStages][kColBlocks][kRows * 64];
+  alignas(kAtomBytes) T dout[kStages][kColBlocks][kRows * 64];
+  // dS^T of each warpgroup: [query block of 64][key][query], swizzled; by block parity (a
+  // block's dQ wgmma reads both warpgroups' while the next block's are written).
+  alignas(kAtomBytes) T ds[2][kWarpgroups][64 * kRows];
+  // Each warpgroup's share of a block's dQ, per block parity (with two buffers), as 64 x 32
+  // fp32 boxes (128-byte rows, swizzled like the TMA box).
+  alignas(kAtomBytes) float dq[kDqBuffers][kWarpgroups][kDqBoxes][64 * 32];
+  float lse_log2[kStages][kRows];  // each block's LSE (log2 units) and delta, per query
+  float delta[kStages][kRows];
   uint64_t kv_full;
   uint64_t qdo_full[kStages];
   uint64_t consumed[kStages];
-  [[no_unique_address]] KeyRanges<kVarlen> keys;  // last, and empty when dense
+  // Last, and empty unless used: varlen with kViewerMasks, the CTA's sequence, which the
+  // consumers read here; varlen without, the key ranges.
+  [[no_unique_address]] SequenceSlot<kVarlen && kViewerMasks> seq;
+  [[no_unique_address]] KeyRanges<kVarlen && !kViewerMasks> keys;
 };
 
 template <typename T, int D, bool kVarlen>

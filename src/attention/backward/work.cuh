@@ -6,11 +6,12 @@
 
 namespace hattn::bwd {
 
-// The blocks of kBlockM queries from m_begin that see keys [n0, n0 + kBlockN), `steps` of them,
+// The blocks of kRows queries (kBlockM) from m_begin that see keys [n0, n0 + kBlockN), `steps` of them,
 // visited with a stagger: step s is block (s + rotation) % steps, rotation = blockIdx.x % steps,
 // so that the CTAs of a head (one range when not causal) add into different dQ blocks at once.
 // The deterministic backward visits them in order (rotation 0): there the CTAs add into a
 // block in turn (work.cuh's dq_turn), and in order each CTA's turns come one after another.
+template <int kRows>
 struct QueryBlocks {
   int m_begin;
   int steps;  // 0 when no query sees the keys (varlen: or they start past the sequence's)
@@ -19,28 +20,28 @@ struct QueryBlocks {
   // The first query row of step `step`'s block.
   __device__ __forceinline__ int row(int step) const {
     const int s = step + rotation;
-    return m_begin + (s >= steps ? s - steps : s) * kBlockM;
+    return m_begin + (s >= steps ? s - steps : s) * kRows;
   }
 };
 
 // The blocks that hold the queries [q_first, q_last) seeing a CTA's keys (none when those keys
 // lie past their sequence), in order. Host too: tests/test_backward_turns.cu checks the
 // deterministic backward's turns with it.
-__host__ __device__ __forceinline__ QueryBlocks blocks_holding(int q_first, int q_last, bool keys_in_sequence) {
-  QueryBlocks blocks;
-  blocks.m_begin = q_first / kBlockM * kBlockM;
-  blocks.steps =
-      keys_in_sequence && q_last > blocks.m_begin ? (q_last - blocks.m_begin + kBlockM - 1) / kBlockM : 0;
+template <int kRows>
+__host__ __device__ __forceinline__ QueryBlocks<kRows> blocks_holding(int q_first, int q_last, bool keys_in_sequence) {
+  QueryBlocks<kRows> blocks;
+  blocks.m_begin = q_first / kRows * kRows;
+  blocks.steps = keys_in_sequence && q_last > blocks.m_begin ? (q_last - blocks.m_begin + kRows - 1) / kRows : 0;
   blocks.rotation = 0;
   return blocks;
 }
 
-template <bool kVarlen>
-__device__ __forceinline__ QueryBlocks query_blocks(const FeatureParams& f, const Sequence& seq, int n0,
+template <int kRows, bool kVarlen>
+__device__ __forceinline__ QueryBlocks<kRows> query_blocks(const FeatureParams& f, const Sequence& seq, int n0,
                                                     bool in_order) {
   int q_first, q_last;
   queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
-  QueryBlocks blocks = blocks_holding(q_first, q_last, !kVarlen || n0 < seq.seqlen_k);
+  QueryBlocks<kRows> blocks = blocks_holding<kRows>(q_first, q_last, !kVarlen || n0 < seq.seqlen_k);
   if (blocks.steps > 0 && !in_order) blocks.rotation = int(blockIdx.x) % blocks.steps;
   return blocks;
 }
