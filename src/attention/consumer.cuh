@@ -114,7 +114,9 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   constexpr bool kOTile = kFp8 && !Cfg::kPvIntoO;
   float o_tile[kOTile ? kDTiles * 4 : 1];
   float s[kNTiles * 4];              // S / P of the current tile
-  OnlineSoftmax<kNTiles, Cfg::kFmaExp2Tiles, kFp8> softmax;  // the rows' max and sum, O's rescale
+  // The rows' max and sum, O's rescale. Each item resets it before issue_pv reads it; the {}
+  // only tells nvcc so (warning 549-D), and leaves the PTX unchanged.
+  OnlineSoftmax<kNTiles, Cfg::kFmaExp2Tiles, kFp8> softmax{};
   uint32_t p_frag[kPSteps][4];       // P of the previous tile, as wgmma A fragments
   int kv = 0;                        // K/V tiles consumed so far: the ring position
   int uses = 0;                      // items with keys so far: Q's phase
