@@ -87,8 +87,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
                                       bwd::smem_bytes<T, D, false>(), p.fwd, stream, kName, maps.q, maps.k, maps.v,
                                       dout_map, dq_map, dk_map, dv_map, p);
         }
-        // dK and dV written by the kernel without GQA (on trial also for a packed batch, whose
-        // rows that no sequence owns run_backward zeroes).
+        // dK and dV written by the kernel without GQA (a packed batch's too, whose rows that no
+        // sequence owns run_backward zeroes).
       },
       /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/false,
       deterministic_turns(fwd));

@@ -1,6 +1,6 @@
 // The consumers' last act: dK and dV out of registers. Without GQA a CTA owns its keys'
-// gradients and stores them by TMA through shared memory (over K and V); on trial, a packed
-// batch's too, the rows of a box past its sequence's end excepted (the next sequence's): that
+// gradients and stores them by TMA through shared memory (over K and V); a packed batch's too,
+// except a box that runs past its sequence's end (into the next sequence's rows): that
 // warpgroup stores its rows from registers. With GQA the CTAs add fp32 rows into the sums that
 // run_backward zeroed and converts afterwards, by TMA reductions. And the zeros of a CTA whose
 // keys no query sees.
