@@ -177,6 +177,17 @@ double fp8_score_error(const HostProblem& p) {
          max_norm(p.k, p.k_strides, p.seqlen_k, p.heads_kv);
 }
 
+double fp8_pv_sum_error(const HostProblem& p) {
+  double largest = 0;  // max |v|
+  for (int b = 0; b < p.batch; ++b)
+    for (int j = 0; j < p.seqlen_k; ++j)
+      for (int h = 0; h < p.heads_kv; ++h) {
+        const float* x = row_ptr(p.v, p.v_strides, b, j, h);
+        for (int d = 0; d < p.head_dim; ++d) largest = std::max(largest, std::abs(double(x[d])));
+      }
+  return 0x1p-14 * ((p.seqlen_k + 31) / 32) * largest;
+}
+
 void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<double>* lse) {
   const int D = p.head_dim;
   out->assign(size_t(p.batch) * p.seqlen_q * p.heads_q * D, 0.0);

@@ -400,7 +400,9 @@ TEST_P(Fp8Test, MatchesFp64Reference) {
   // The emulation sums the scores in fp32, the FP8 wgmma with about 14 bits: that term goes into
   // the LSE's budget (the output's budget already covers it: P's rounding to e4m3 dominates).
   const double fp8_score_error = ref::fp8_score_error(host);
-  const double budget = 2 * lowp_err + 1e-3, lse_budget = 2 * lowp_lse_err + 2e-4 + fp8_score_error;
+  // At D = 256 P V adds into O inside the tensor cores (Config::kPvIntoO).
+  const double pv_sum_error = c.head_dim == 256 ? ref::fp8_pv_sum_error(host) : 0.0;
+  const double budget = 2 * lowp_err + 1e-3 + pv_sum_error, lse_budget = 2 * lowp_lse_err + 2e-4 + fp8_score_error;
   EXPECT_EQ(nan_out, 0) << describe(c);
   EXPECT_EQ(lse_mismatch, 0) << describe(c);
   EXPECT_EQ(touched_padding, 0) << describe(c);

@@ -229,6 +229,14 @@ TEST(Reference, Fp8ScoreErrorTakesTheLargestRowNorms) {
   EXPECT_DOUBLE_EQ(fp8_score_error(t.problem(0.5f, false)), 0x1p-13 * 0.5 * 5 * 2);
 }
 
+// 2^-14 per k32 step of the keys (ceil(Sk / 32)) times the largest |v| over the whole tensor.
+TEST(Reference, Fp8PvSumErrorCountsTheStepsAndTheLargestValue) {
+  Tensors t(2, 3, 40, 2, 1);
+  t.v_row(1, 33, 0)[7] = -6.f;
+  t.v_row(0, 2, 0)[1] = 4.f;
+  EXPECT_DOUBLE_EQ(fp8_pv_sum_error(t.problem(0.5f, false)), 0x1p-14 * 2 * 6);
+}
+
 TEST(Reference, BackwardMatchesFiniteDifferences) {
   Tensors t(1, 6, 4, 4, 2);
   std::mt19937 rng(3);

@@ -111,8 +111,10 @@ struct Workload {
   DeviceBuffer codes;                   // e4m3 inputs: dense k and v (dtype e4m3: q too), at inputs' element offsets
   DeviceBuffer descales;                // e4m3 inputs: k_descale, v_descale (and q_descale), fp32 [batch, heads_kv]
   // dtype e4m3: how far Hopper's FP8 wgmma may move a score (ref::fp8_score_error), added to
-  // the LSE's budget.
+  // the LSE's budget; at D = 256, where the forward adds P V into O inside the tensor cores,
+  // how far that may move an output (ref::fp8_pv_sum_error), added to the output's.
   double fp8_score_error = 0;
+  double fp8_pv_sum_error = 0;
   std::vector<int> cu_q, cu_k;          // varlen: the same offsets on the host
 };
 

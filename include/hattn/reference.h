@@ -50,6 +50,13 @@ void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, 
 // tests of the FP8 forward add this to the LSE's budget.
 double fp8_score_error(const HostProblem& p);
 
+// How far the same adder may move an output where P V adds into O inside the tensor cores
+// (the FP8 forward at D = 256, and FlashAttention-3's FP8 at every D): each add of a k32 step
+// keeps about 14 bits of O's running sum, which in O's units is at most max |v|; the losses
+// of a sweep's ceil(Sk / 32) steps add up (truncation keeps one sign). attention_row_lowp sums
+// in fp32, so tests of that forward add this to the output's budget.
+double fp8_pv_sum_error(const HostProblem& p);
+
 // Whole problem in fp64: out [B, Sq, Hq, D] and lse [B, Hq, Sq], both contiguous.
 void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<double>* lse);
 

@@ -281,7 +281,10 @@ def run_and_check(batch, seqlen_q, seqlen_k, heads_q, heads_kv, causal, with_des
     lowp_out, lowp_lse = attention_lowp_fp8(qf, kf, vf, causal)
     err = (out.double() - ref_out).abs().max().item()
     lowp_err = (lowp_out.double() - ref_out).abs().max().item()
-    bound = 2 * lowp_err + 1e-3
+    # At D = 256 P V adds into O inside the tensor cores, whose adds keep about 14 bits of O's sum:
+    # up to 2^-14 max |v| a k32 step of the keys (ref::fp8_pv_sum_error, the C++ test's allowance).
+    pv_sum_error = 2.0**-14 * -(-seqlen_k // 32) * vf.abs().max().item() if head_dim == 256 else 0.0
+    bound = 2 * lowp_err + 1e-3 + pv_sum_error
     label = f"B={batch} Sq={seqlen_q} Sk={seqlen_k} Hq={heads_q} Hkv={heads_kv} causal={causal}"
     assert err <= bound, f"{label}: out max error {err:.3e} > bound {bound:.3e} (e4m3-P reference's {lowp_err:.3e})"
 
