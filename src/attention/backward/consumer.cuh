@@ -94,7 +94,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     const int t = consumer_thread % kRows;
     if (consumer_thread < kRows) {
       smem.lse_log2[stage][t] = value;
-      if constexpr (kVarlen && !Storage::kViewerMasks) {
+      if constexpr (Storage::kStoresKeyRanges) {
         int first = 0, last = 0;
         if (m0 + t < seq.seqlen_q) visible_keys(f, seq, m0 + t, &first, &last);
         smem.keys.first[stage][t] = int16_t(min(max(first - n0, 0), kBlockN));

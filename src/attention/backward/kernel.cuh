@@ -44,9 +44,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n0 = key_block * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
-  // Varlen at D = 64: the consumers read the sequence from shared memory (SharedStorage's
-  // kViewerMasks).
-  constexpr bool kSeqInSmem = kVarlen && SharedStorage<T, D, kVarlen>::kViewerMasks;
   const QueryBlocks<kBlockM<D>> blocks =
       query_blocks<kBlockM<D>, kVarlen>(f, seq, n0, /*in_order=*/p.dq_turns != nullptr);
 
@@ -62,7 +59,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbarrier_init(&smem.consumed[s], kWarpgroups * 4);  // one arrival per consumer warp
     }
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
-    if constexpr (kSeqInSmem) smem.seq.value = seq;  // read after the __syncthreads below
+    // Varlen at D = 64: the consumers read the sequence from shared memory, after the
+    // __syncthreads below.
+    if constexpr (SharedStorage<T, D, kVarlen>::kStoresSequence) smem.seq.value = seq;
   }
   if (threadIdx.x == 128) ptx::prefetch_tensormap(&dq_map);  // the reductions' issuing thread of warpgroup 0
   __syncthreads();                                           // no thread waits on a barrier before it is initialized

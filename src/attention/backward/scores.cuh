@@ -75,7 +75,7 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
 
   // Per query at D = 128. Varlen: from the key ranges in shared memory (counted from n0); a row
   // past the sequence sees no key, so rows 0 and 63 decide.
-  if constexpr (!Storage::kViewerMasks && kVarlen) {
+  if constexpr (Storage::kStoresKeyRanges) {
     const int wg_key = n_wg - n0;
     need_mask = smem.keys.first[stage][kRows - 1] > wg_key || smem.keys.last[stage][0] < wg_key + 64 ||
                 smem.keys.last[stage][kRows - 1] < wg_key + 64;
@@ -97,7 +97,7 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
         bool visible;
         if constexpr (Storage::kViewerMasks) {
           visible = i >= viewers.first[e / 2] && i < viewers.last[e / 2];
-        } else if constexpr (kVarlen) {
+        } else if constexpr (Storage::kStoresKeyRanges) {
           visible = j - n0 >= smem.keys.first[stage][i - m0] && j - n0 < smem.keys.last[stage][i - m0];
         } else {
           int first = 0, last = 0;

@@ -50,6 +50,8 @@ struct SharedStorage {
   // D = 128, per query (varlen: from `keys` below): the viewers' four registers made the
   // whole backward 4-10% slower there (results/evidence/trials_3f3e20f/).
   static constexpr bool kViewerMasks = kRows == 128;
+  static constexpr bool kStoresSequence = kVarlen && kViewerMasks;    // `seq` below
+  static constexpr bool kStoresKeyRanges = kVarlen && !kViewerMasks;  // `keys` below
   alignas(kAtomBytes) T k[kColBlocks][kBlockN * 64];
   alignas(kAtomBytes) T v[kColBlocks][kBlockN * 64];
   alignas(kAtomBytes) T q[kStages][kColBlocks][kRows * 64];
@@ -67,8 +69,8 @@ struct SharedStorage {
   uint64_t consumed[kStages];
   // Last, and empty unless used: varlen with kViewerMasks, the CTA's sequence, which the
   // consumers read here; varlen without, the key ranges.
-  [[no_unique_address]] SequenceSlot<kVarlen && kViewerMasks> seq;
-  [[no_unique_address]] KeyRanges<kVarlen && !kViewerMasks> keys;
+  [[no_unique_address]] SequenceSlot<kStoresSequence> seq;
+  [[no_unique_address]] KeyRanges<kStoresKeyRanges> keys;
 };
 
 template <typename T, int D, bool kVarlen>
