@@ -160,32 +160,39 @@ void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, 
   *lse = m + std::log(sum);
 }
 
+namespace {
+
+// The largest of `of_row(row)` over every batch entry, row and head of a [B, rows, heads, D]
+// tensor.
+template <typename F>
+double largest_over_rows(const HostProblem& p, const float* base, const Strides& st, int rows, int heads, F of_row) {
+  double largest = 0;
+  for (int b = 0; b < p.batch; ++b)
+    for (int i = 0; i < rows; ++i)
+      for (int h = 0; h < heads; ++h) largest = std::max(largest, of_row(row_ptr(base, st, b, i, h)));
+  return largest;
+}
+
+}  // namespace
+
 double fp8_score_error(const HostProblem& p) {
-  auto max_norm = [&](const float* base, const Strides& st, int rows, int heads) {
-    double largest = 0;  // of the squared norms
-    for (int b = 0; b < p.batch; ++b)
-      for (int i = 0; i < rows; ++i)
-        for (int h = 0; h < heads; ++h) {
-          const float* x = row_ptr(base, st, b, i, h);
-          double sum = 0;
-          for (int d = 0; d < p.head_dim; ++d) sum += double(x[d]) * x[d];
-          largest = std::max(largest, sum);
-        }
-    return std::sqrt(largest);
+  auto squared_norm = [&](const float* x) {
+    double sum = 0;
+    for (int d = 0; d < p.head_dim; ++d) sum += double(x[d]) * x[d];
+    return sum;
   };
-  return 0x1p-13 * p.scale * max_norm(p.q, p.q_strides, p.seqlen_q, p.heads_q) *
-         max_norm(p.k, p.k_strides, p.seqlen_k, p.heads_kv);
+  return 0x1p-13 * p.scale * std::sqrt(largest_over_rows(p, p.q, p.q_strides, p.seqlen_q, p.heads_q, squared_norm)) *
+         std::sqrt(largest_over_rows(p, p.k, p.k_strides, p.seqlen_k, p.heads_kv, squared_norm));
 }
 
 double fp8_pv_sum_error(const HostProblem& p) {
-  double largest = 0;  // max |v|
-  for (int b = 0; b < p.batch; ++b)
-    for (int j = 0; j < p.seqlen_k; ++j)
-      for (int h = 0; h < p.heads_kv; ++h) {
-        const float* x = row_ptr(p.v, p.v_strides, b, j, h);
-        for (int d = 0; d < p.head_dim; ++d) largest = std::max(largest, std::abs(double(x[d])));
-      }
-  return 0x1p-14 * ((p.seqlen_k + 31) / 32) * largest;
+  auto largest_magnitude = [&](const float* x) {
+    double largest = 0;
+    for (int d = 0; d < p.head_dim; ++d) largest = std::max(largest, std::abs(double(x[d])));
+    return largest;
+  };
+  return 0x1p-14 * ((p.seqlen_k + 31) / 32) *
+         largest_over_rows(p, p.v, p.v_strides, p.seqlen_k, p.heads_kv, largest_magnitude);
 }
 
 void attention_fp64(const HostProblem& p, std::vector<double>* out, std::vector<double>* lse) {
