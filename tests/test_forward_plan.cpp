@@ -192,6 +192,33 @@ TEST(ForwardPlan, VarlenAndPagedTakeRunTimeBoundsAndKeepNarrowPagedTiles) {
   EXPECT_GT(pg.split.splits, 1);
 }
 
+// A varlen batch whose items fill more than one round of the SMs sorts its work list by cost
+// (work_order.cuh): one int an item of workspace. Not with three consumers (D = 64, whose
+// kernels do not read the order), split-KV, or a single round.
+TEST(ForwardPlan, VarlenSortsItsWorkListBeyondOneRound) {
+  auto varlen = [](int b, int s, int h, int d, bool causal) {
+    AttentionProblem p = dense(b, s, s, h, h, d, causal);
+    p.cu_seqlens_q = static_cast<const int32_t*>(fake_ptr(5));
+    p.cu_seqlens_k = static_cast<const int32_t*>(fake_ptr(6));
+    p.total_q = p.total_k = b * s / 2;
+    return p;
+  };
+  const ForwardPlan sorted = plan_of(varlen(8, 4096, 16, 128, true));
+  EXPECT_TRUE(sorted.sorted_order);
+  EXPECT_EQ(sorted.consumers, 2);
+  EXPECT_EQ(sorted.workspace_bytes, size_t(8) * 16 * (4096 / sorted.block_m) * sizeof(int));
+  EXPECT_TRUE(plan_of(varlen(32, 512, 8, 256, false)).sorted_order);
+  const ForwardPlan three = plan_of(varlen(8, 4096, 32, 64, false));
+  EXPECT_EQ(three.consumers, 3);
+  EXPECT_FALSE(three.sorted_order);
+  EXPECT_EQ(three.workspace_bytes, 0u);
+  EXPECT_FALSE(plan_of(varlen(2, 1024, 8, 128, false)).sorted_order);  // 2 x 8 x 8 items: one round
+  AttentionProblem split = varlen(8, 4096, 16, 128, true);
+  split.num_splits = 2;
+  EXPECT_FALSE(plan_of(split).sorted_order);
+  EXPECT_FALSE(plan_of(dense(8, 4096, 4096, 16, 16, 128, true)).sorted_order);  // dense: the snake's order
+}
+
 TEST(ForwardPlan, OwnSweepsOnShortCausalSweepsWithThreeConsumers) {
   EXPECT_TRUE(plan_of(grid_point(64, 2048, true)).own_sweeps);
   EXPECT_TRUE(plan_of(grid_point(64, 4096, true)).own_sweeps);

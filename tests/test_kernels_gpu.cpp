@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "../src/attention/plan.h"
+#include "../src/attention/work_order.h"
+#include "../src/common/tile_scheduler.cuh"
 #include "../tools/harness.h"
 #include "counting_scratch.h"
 #include "gpu_env.h"
@@ -444,6 +447,73 @@ TEST(Varlen, BrokenOffsetsStayInsideTheTensors) {
       }
       EXPECT_EQ(touched, 0) << "elements written outside out or lse";
     }
+}
+
+// A variable-length batch of more items than SMs runs its work list sorted by cost
+// (work_order.cuh), written into the caller's workspace: a stable sort of the items by their
+// class, highest first, the empty ones last. Checked against the same sort on the host, and
+// the outputs against the reference.
+TEST(Varlen, WorkOrderIsAStableSortByCost) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  std::mt19937 lengths(11);
+  std::vector<int> lens_q, lens_k;
+  for (int b = 0; b < 12; ++b) {
+    lens_q.push_back(std::uniform_int_distribution<int>(1, 2000)(lengths));
+    lens_k.push_back(b % 3 == 0 ? lens_q.back() : std::uniform_int_distribution<int>(1, 2500)(lengths));
+  }
+  struct Case {
+    int d, heads_kv;
+    bool causal;
+    int window_left;
+  };
+  for (const Case& c : {Case{128, 4, false, -1}, Case{128, 2, true, -1}, Case{256, 4, true, -1},
+                        Case{128, 4, false, 300}}) {
+    SCOPED_TRACE("D=" + std::to_string(c.d) + " Hkv=" + std::to_string(c.heads_kv) + (c.causal ? " causal" : "") +
+                 (c.window_left >= 0 ? " window" : ""));
+    Shape shape = make(1, 1, 1, 4, c.heads_kv, c.d, c.causal, DType::bf16, Layout::contiguous);
+    shape.window_left = c.window_left;
+    harness::set_varlen(&shape, lens_q, lens_k);
+    harness::Workload w;
+    ASSERT_TRUE(harness::make_workload(shape, 3, &w).ok());
+    fwd::ForwardPlan plan;
+    ASSERT_TRUE(fwd::make_plan(w.problem, sm_count(), &plan).ok());
+    ASSERT_TRUE(plan.sorted_order) << "this batch should sort its work list";
+    const int heads = plan.params.pack_shift > 0 ? shape.heads_kv : shape.heads_q;
+    const int positions = plan.block_m >> plan.params.pack_shift;
+    const int m_blocks = (shape.seqlen_q + positions - 1) / positions;
+    const fwd::OrderPlan o{m_blocks * shape.batch * heads, m_blocks, heads, plan.block_m, plan.params.pack_shift,
+                           plan.block_n, shape.causal, plan.window, plan.params.window_left, plan.params.window_right};
+    std::vector<int> expected(o.total), cls(o.total);
+    for (int i = 0; i < o.total; ++i) {
+      const int b = i / m_blocks / heads;
+      cls[i] = fwd::order_class(o, i % m_blocks, lens_q[b], lens_k[b]);
+      expected[i] = i;
+    }
+    std::stable_sort(expected.begin(), expected.end(), [&](int a, int b) { return cls[a] > cls[b]; });
+
+    size_t bytes = 0;
+    ASSERT_TRUE(workspace_size(w.problem, &bytes).ok());
+    ASSERT_EQ(bytes, size_t(o.total) * sizeof(int));
+    harness::DeviceBuffer workspace;
+    ASSERT_TRUE(workspace.allocate(bytes).ok());
+    ASSERT_EQ(cudaMemset(workspace.get(), 0xFF, bytes), cudaSuccess);
+    w.problem.workspace = workspace.get();
+    w.problem.workspace_bytes = bytes;
+    ASSERT_TRUE(harness::poison_outputs(&w).ok());
+    const Status s = forward(w.problem);
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int> order(o.total);
+    ASSERT_EQ(cudaMemcpy(order.data(), workspace.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    int mismatches = 0, first = -1;
+    for (int i = 0; i < o.total; ++i)
+      if (order[i] != expected[i] && mismatches++ == 0) first = i;
+    EXPECT_EQ(mismatches, 0) << "first at position " << first << ": " << order[first] << ", expected "
+                             << expected[first] << " (class " << cls[expected[first]] << ")";
+    const harness::CheckResult r = harness::check_outputs(w, harness::sample_rows(shape, 2000, 5));
+    EXPECT_TRUE(r.passed) << r.summary();
+  }
 }
 
 // Runs `w` in a caller's workspace of workspace_size() bytes, filled with 0xFF first (and,

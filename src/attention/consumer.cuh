@@ -59,6 +59,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   // over the tile's keys for PV (P's A fragments).
   constexpr int kSSteps = D * int(sizeof(T)) / 32, kPSteps = kBlockN * int(sizeof(T)) / 32;
   constexpr bool kFastDivide = !kWindow;
+  constexpr bool kOrdered = ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>::kOrdered;
   // Own sweeps: under the causal mask a consumer's 64 rows end before its block's last row.
   // With three consumers on 192-row blocks and 128-key tiles, one or two of them see none of
   // the last tile's keys on most items (a tenth of the work at S = 2k); each then computes
@@ -196,7 +197,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   };
 
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
-    const PartItem item = sched.item<kFastDivide>(w);
+    const PartItem item = sched.item<kFastDivide, kOrdered>(w);
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = items.block_of(item) * kBlockM;

@@ -18,6 +18,7 @@
 #include "kernel.cuh"
 #include "negated_q.cuh"
 #include "plan.h"
+#include "work_order.cuh"
 
 namespace hattn::fwd {
 namespace {
@@ -128,9 +129,38 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
       grid_plan.ctas = int(std::min<int64_t>(int64_t(grid_plan.sched.total()), sms));
     }
   }
+  // A variable-length batch: the list sorted by cost, written by one CTA before the attention
+  // kernel (work_order.cuh), in the caller's workspace or in scratch.
+  int* order = nullptr;
+  void* order_scratch = nullptr;  // taken here, given back here
+  if (fp.sorted_order) {
+    if (problem.workspace != nullptr) {  // forward() checked its size
+      order = static_cast<int*>(problem.workspace);
+    } else {
+      s = take_scratch(allocator, fp.workspace_bytes, stream, std::string(kName) + ": work order", &order_scratch);
+      if (!s.ok()) return s;
+      order = static_cast<int*>(order_scratch);
+    }
+    const OrderPlan o{grid_plan.sched.total(), grid_plan.sched.m_blocks, grid_plan.sched.heads_q, Cfg::kBlockM,
+                      params.pack_shift, Cfg::kBlockN, problem.causal, kWindow, params.window_left,
+                      params.window_right};
+    s = cuda_status(cudaFuncSetAttribute(order_items_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kOrderSmemBytes),
+                    std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the work order");
+    if (s.ok()) {
+      order_items_kernel<<<1, kOrderThreads, kOrderSmemBytes, stream>>>(kernel_params, o, order);
+      s = launch_status(kName);
+    }
+    if (!s.ok()) {
+      give_back_scratch(allocator, order_scratch, fp.workspace_bytes, stream, kName, "work order");
+      return s;
+    }
+    grid_plan.sched.by_rank = false;  // order[] holds positions of the order by pair
+  }
   WorkList list(grid_plan.sched, tail ? split.tail_start : 0, tail ? split.tail_parts : 1, kernel_params.splits,
                 kernel_params.heads_per_kv);
   list.own_sweeps = fp.own_sweeps;
+  list.order = order;
   const dim3 grid(unsigned(grid_plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, list);
   s = launch_status(kName);
@@ -147,8 +177,11 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   }
   const Status split_back = give_back_scratch(allocator, split_scratch, split.bytes, stream, kName, "split-KV workspace");
   const Status vt_back = give_back_scratch(allocator, vt_scratch, vt_bytes, stream, kName, "V^T");
+  const Status order_back =
+      give_back_scratch(allocator, order_scratch, fp.sorted_order ? fp.workspace_bytes : 0, stream, kName, "work order");
   if (s.ok()) s = split_back;
-  return s.ok() ? vt_back : s;
+  if (s.ok()) s = vt_back;
+  return s.ok() ? order_back : s;
 }
 
 static_assert(kPageMultiple % Config<64, false, 3>::kBlockN == 0 && kPageMultiple % Config<128, false, 2>::kBlockN == 0 &&

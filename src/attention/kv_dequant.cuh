@@ -185,11 +185,12 @@ __device__ __forceinline__ void dequantize(Fp8KvStorage<T, Cfg>& smem, const Fea
   static_assert(kRuntimeBounds, "an FP8 KV cache runs in the run-time bounds kernels (their tiles find their keys)");
   static_assert(std::is_same_v<ComputeType<T, Cfg>, __half>, "the widening writes fp16 tiles");
   constexpr bool kFastDivide = !kWindow;
+  constexpr bool kOrdered = ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>::kOrdered;
   constexpr int kAlone = kDequantWarps * 32, kHelped = (kDequantWarps + kHelperWarps) * 32;
   const int pack_shift = items.mask.shift();
   int kv = 0;  // K/V tiles so far: the ring position
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
-    const PartItem item = sched.item<kFastDivide>(w);
+    const PartItem item = sched.item<kFastDivide, kOrdered>(w);
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const KvTileRange range = items.tiles(item, seq);
     const bool helped = consumer_helps(items.block_of(item) * Cfg::kBlockM, seq.seqlen_q << pack_shift);

@@ -142,6 +142,13 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   // the cache through the staging ring; Config::kFp8Cache).
   if (c.fp8_cache) c.dense = false;
   c.workspace_bytes = c.split.bytes;
+  const int64_t items = work_items(problem.batch, c.params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
+                                   problem.seqlen_q, c.block_m >> c.params.pack_shift);
+  // Two consumers only (ItemSweep::kOrdered). Varlen never takes the tail split.
+  if (problem.is_varlen() && c.consumers == 2 && c.split.splits < 2 && items > sms) {
+    c.sorted_order = true;
+    c.workspace_bytes = size_t(items) * sizeof(int);
+  }
   c.own_sweeps = c.consumers == 3 && !c.window && problem.causal &&
                  mean_keys_per_block(c.block_m >> c.params.pack_shift, problem.seqlen_q, problem.seqlen_k, true) <
                      kOwnSweepMaxKeys;

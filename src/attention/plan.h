@@ -70,7 +70,10 @@ struct ForwardPlan {
   int block_m = 128, block_n = 128;
   SplitPlan split;
   bool own_sweeps = false;   // three consumers on short causal sweeps sweep their own keys
-  size_t workspace_bytes = 0;  // split partials, or FP8's V^T
+  // A variable-length batch of more than one round of items, unsplit: the work list sorted
+  // by cost (work_order.cuh), one int a item in the workspace.
+  bool sorted_order = false;
+  size_t workspace_bytes = 0;  // split partials, FP8's V^T, or the sorted order
 };
 
 // log2 of the query heads per K/V head when a work item takes all of them as rows (GQA

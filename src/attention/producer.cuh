@@ -82,6 +82,7 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
                                         const ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>& items) {
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
   constexpr bool kFastDivide = !kWindow;
+  constexpr bool kOrdered = ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>::kOrdered;
   // The producer prefetches the next item's Q into L2 in the kernel with D = 128's 128-key
   // tiles (short sweeps): there it gained 1-3% on the H200, and up to 0.8% was lost with the
   // wide tiles and at D = 64 (results/evidence/q_prefetch_6b0b0f9/). The run-time bounds
@@ -92,7 +93,7 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
   int uses = 0;    // items loaded so far: Q's phase
   int landed = 0;  // V tiles whose tail was zeroed so far: v_landed's phase
   for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
-    const PartItem item = sched.item<kFastDivide>(w);
+    const PartItem item = sched.item<kFastDivide, kOrdered>(w);
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const KvTileRange range = items.tiles(item, seq);
     const int n_tiles = range.last - range.first;
@@ -146,7 +147,7 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
         // PV and epilogue do.
         const int next = tile + 1 == n_tiles ? sched.position(round + 1) : sched.total();
         if (next < sched.total()) {
-          const PartItem after = sched.item<kFastDivide>(next);
+          const PartItem after = sched.item<kFastDivide, kOrdered>(next);
 #pragma unroll
           for (int c = 0; c < Cfg::kConsumers; ++c)
 #pragma unroll

@@ -27,16 +27,19 @@ struct WorkList {
   // The divisions an item's coordinates take, as FastDivisor: the producer works out its first
   // item before its first load, and with the GPU's division that took 1.0-1.5 us of a decoding
   // call's ~15 us kernel (results/evidence/decode_timeline/).
-  FastItemOrder order;  // sched's order
+  FastItemOrder item_order;  // sched's order
   FastDivisor tail;     // tail_parts
   FastDivisor splits;   // split-KV's parts per query block (FeatureParams::splits)
   FastDivisor group;    // query heads per K/V head (FeatureParams::heads_per_kv)
   // Each consumer sweeps only the tiles its own rows see (Consumer::kOwnSweeps).
   bool own_sweeps = false;
+  // A variable-length batch's list sorted by cost (work_order.cuh): position w takes item
+  // order[w] of the order by pair. Null: the list's own order. Never with the tail split.
+  const int* order = nullptr;
 
   WorkList() = default;
   WorkList(const TileScheduler& s, int first_tail_item, int parts, int kv_splits, int heads_per_kv)
-      : sched(s), tail_start(first_tail_item), tail_parts(parts), order(s), tail(parts), splits(kv_splits),
+      : sched(s), tail_start(first_tail_item), tail_parts(parts), item_order(s), tail(parts), splits(kv_splits),
         group(heads_per_kv) {}
 
   // The items from tail_start on, each cut into tail_parts parts (or run whole when it is 1).
@@ -45,18 +48,22 @@ struct WorkList {
 #ifdef __CUDACC__
   __device__ int position(int round) const { return sched.position(round); }
 #endif
-  // kFast: the FastDivisors' divisions, else the GPU's (the same item).
-  template <bool kFast = true>
+  // kFast: the FastDivisors' divisions, else the GPU's (the same item). kOrdered: a kernel
+  // that reads `order` when set (ItemSweep::kOrdered).
+  template <bool kFast = true, bool kOrdered = false>
   __host__ __device__ PartItem item(int w) const {
     PartItem it;
     if (tail_parts == 1 || w < tail_start) {
-      static_cast<WorkItem&>(it) = kFast ? order.item(w) : sched.item(w);
+#ifdef __CUDA_ARCH__
+      if (kOrdered && order != nullptr) w = __ldg(order + w);
+#endif
+      static_cast<WorkItem&>(it) = kFast ? item_order.item(w) : sched.item(w);
       return it;
     }
     it.tail = kFast ? tail.div(w - tail_start) : (w - tail_start) / tail_parts;
     it.part = w - tail_start - it.tail * tail_parts;
     it.parts = tail_parts;
-    static_cast<WorkItem&>(it) = kFast ? order.item(tail_start + it.tail) : sched.item(tail_start + it.tail);
+    static_cast<WorkItem&>(it) = kFast ? item_order.item(tail_start + it.tail) : sched.item(tail_start + it.tail);
     return it;
   }
 };
@@ -75,6 +82,10 @@ struct WorkList {
 template <int kBlockM, int kBlockN, bool kRuntimeBounds, bool kWindow>
 struct ItemSweep {
   static constexpr bool kFastDivide = !kWindow;
+  // The kernels that read WorkList::order: the run-time bounds kernels with two consumers
+  // (plan.cpp's sorted_order). The read cost the others registers: with three consumers (D =
+  // 64) ptxas spilled 32 bytes, in the dense D = 64 and FP8 kernels 20-28.
+  static constexpr bool kOrdered = kRuntimeBounds && kBlockM == 128;
   const FeatureParams& p;
   const WorkList& list;
   Mask<kBlockM, kBlockN, kRuntimeBounds, kWindow> mask;
