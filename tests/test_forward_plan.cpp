@@ -193,8 +193,8 @@ TEST(ForwardPlan, VarlenAndPagedTakeRunTimeBoundsAndKeepNarrowPagedTiles) {
 }
 
 // A varlen batch whose items fill more than one round of the SMs sorts its work list by cost
-// (work_order.cuh): one int an item of workspace. Not with three consumers (D = 64, whose
-// kernels do not read the order), split-KV, or a single round.
+// (work_order.cuh): one int an item of workspace. Not with a mask (causal, a window), three
+// consumers (D = 64, whose kernels do not read the order), split-KV, or a single round.
 TEST(ForwardPlan, VarlenSortsItsWorkListBeyondOneRound) {
   auto varlen = [](int b, int s, int h, int d, bool causal) {
     AttentionProblem p = dense(b, s, s, h, h, d, causal);
@@ -203,7 +203,7 @@ TEST(ForwardPlan, VarlenSortsItsWorkListBeyondOneRound) {
     p.total_q = p.total_k = b * s / 2;
     return p;
   };
-  const ForwardPlan sorted = plan_of(varlen(8, 4096, 16, 128, true));
+  const ForwardPlan sorted = plan_of(varlen(8, 4096, 16, 128, false));
   EXPECT_TRUE(sorted.sorted_order);
   EXPECT_EQ(sorted.consumers, 2);
   EXPECT_EQ(sorted.workspace_bytes, size_t(8) * 16 * (4096 / sorted.block_m) * sizeof(int));
@@ -213,7 +213,11 @@ TEST(ForwardPlan, VarlenSortsItsWorkListBeyondOneRound) {
   EXPECT_FALSE(three.sorted_order);
   EXPECT_EQ(three.workspace_bytes, 0u);
   EXPECT_FALSE(plan_of(varlen(2, 1024, 8, 128, false)).sorted_order);  // 2 x 8 x 8 items: one round
-  AttentionProblem split = varlen(8, 4096, 16, 128, true);
+  EXPECT_FALSE(plan_of(varlen(8, 4096, 16, 128, true)).sorted_order);   // causal
+  AttentionProblem window = varlen(8, 4096, 16, 128, false);
+  window.window_left = 512;
+  EXPECT_FALSE(plan_of(window).sorted_order);
+  AttentionProblem split = varlen(8, 4096, 16, 128, false);
   split.num_splits = 2;
   EXPECT_FALSE(plan_of(split).sorted_order);
   EXPECT_FALSE(plan_of(dense(8, 4096, 4096, 16, 16, 128, true)).sorted_order);  // dense: the snake's order

@@ -142,8 +142,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
       order = static_cast<int*>(order_scratch);
     }
     const OrderPlan o{grid_plan.sched.total(), grid_plan.sched.m_blocks, grid_plan.sched.heads_q, Cfg::kBlockM,
-                      params.pack_shift, Cfg::kBlockN, problem.causal, kWindow, params.window_left,
-                      params.window_right};
+                      params.pack_shift, Cfg::kBlockN};
     s = cuda_status(cudaFuncSetAttribute(order_items_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          kOrderSmemBytes),
                     std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the work order");

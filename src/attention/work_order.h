@@ -4,23 +4,18 @@
 
 #include <cstdint>
 
-#include "../common/tile_scheduler.cuh"
-
 namespace hattn::fwd {
 
 // What the ordering kernel needs of the plan: the list as launched (order by pair) and the
-// tiles' shape.
+// tiles' shape. Without a mask (plan.cpp sorts no other list), so every query block of a
+// sequence sweeps all its keys.
 struct OrderPlan {
-  int total;        // items: m_blocks x batch x heads
-  int m_blocks;     // query blocks per (batch, head) of the longest sequence
-  int heads;        // per batch entry: query heads, or K/V heads where GQA packs
-  int block_m;      // query rows of a block (packed rows where GQA packs)
-  int pack_shift;   // log2 of the query heads a packed block holds
-  int block_n;      // keys per K/V tile
-  bool causal;
-  bool window;      // the window's kernels: the edges below bound the sweeps
-  int window_left;  // FeatureParams' normalized edges
-  int window_right;
+  int total;       // items: m_blocks x batch x heads
+  int m_blocks;    // query blocks per (batch, head) of the longest sequence
+  int heads;       // per batch entry: query heads, or K/V heads where GQA packs
+  int block_m;     // query rows of a block (packed rows where GQA packs)
+  int pack_shift;  // log2 of the query heads a packed block holds
+  int block_n;     // keys per K/V tile
 };
 
 // Cost classes: an item's K/V tiles plus one (its fixed cost), 0 for an item past its
@@ -32,19 +27,10 @@ constexpr int kOrderWarps = kOrderThreads / 32;
 constexpr int kOrderSmemBytes = kOrderWarps * kOrderBins * int(sizeof(int));  // the warps' counts per class
 static_assert(kOrderThreads == kOrderBins, "the scan over the classes takes one a thread");
 
-// The class of query block m_block of a sequence: as Mask::kv_tiles sizes its sweep.
+// The class of query block m_block of a sequence: its sweep's K/V tiles, all of the sequence's.
 __host__ __device__ inline int order_class(const OrderPlan& o, int m_block, int seqlen_q, int seqlen_k) {
   if (int64_t(m_block) * o.block_m >= int64_t(seqlen_q) << o.pack_shift) return 0;
-  const int positions = o.block_m >> o.pack_shift;  // query positions per block
-  int tiles;
-  if (o.window) {
-    const KvTileRange r =
-        masked_kv_tiles(m_block, positions, o.block_n, seqlen_q, seqlen_k, o.window_left, o.window_right);
-    tiles = r.last - r.first;
-  } else {
-    tiles = o.causal ? causal_kv_tiles(m_block, positions, o.block_n, seqlen_q, seqlen_k)
-                     : (seqlen_k + o.block_n - 1) / o.block_n;
-  }
+  const int tiles = (seqlen_k + o.block_n - 1) / o.block_n;
   return tiles + 1 < kOrderBins ? tiles + 1 : kOrderBins - 1;
 }
 
