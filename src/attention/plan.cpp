@@ -145,9 +145,8 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   const int64_t items = work_items(problem.batch, c.params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
                                    problem.seqlen_q, c.block_m >> c.params.pack_shift);
   // Two consumers only (ItemSweep::kOrdered). Varlen never takes the tail split. Without a
-  // mask: with causal the sorted order was up to 1.39x slower on short sequences (a
-  // sequence's blocks cost differently, so the sort scatters them and, likely, their shared
-  // K/V in L2), without it 0.84-1.00 of the dense order (results/evidence/trials_0bf69c9/).
+  // mask: there the sorted order took 0.84-1.00 of the dense order's time, under the causal
+  // mask up to 1.39x (short sequences; not yet understood: results/evidence/trials_0bf69c9/).
   if (problem.is_varlen() && !problem.causal && !c.window && c.consumers == 2 && c.split.splits < 2 &&
       items > sms) {
     c.sorted_order = true;
