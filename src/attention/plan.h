@@ -70,8 +70,8 @@ struct ForwardPlan {
   int block_m = 128, block_n = 128;
   SplitPlan split;
   bool own_sweeps = false;   // three consumers on short causal sweeps sweep their own keys
-  // A variable-length batch of more than one round of items, unsplit: the work list sorted
-  // by cost (work_order.cuh), one int a item in the workspace.
+  // A variable-length batch without a mask, of more than one round of items, unsplit: the
+  // work list sorted by cost (work_order.cuh), one int an item in the workspace.
   bool sorted_order = false;
   size_t workspace_bytes = 0;  // split partials, FP8's V^T, or the sorted order
 };
