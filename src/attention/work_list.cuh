@@ -83,8 +83,9 @@ template <int kBlockM, int kBlockN, bool kRuntimeBounds, bool kWindow>
 struct ItemSweep {
   static constexpr bool kFastDivide = !kWindow;
   // The kernels that read WorkList::order: the run-time bounds kernels with two consumers
-  // (plan.cpp's sorted_order sets it only without a mask). The read cost the others registers: with three consumers (D =
-  // 64) ptxas spilled 32 bytes, in the dense D = 64 and FP8 kernels 20-28.
+  // (plan.cpp's sorted_order sets it only without a mask). The read cost the others
+  // registers: with three consumers (D = 64) ptxas spilled 32 bytes, in the dense D = 64 and
+  // FP8 kernels 20-28.
   static constexpr bool kOrdered = kRuntimeBounds && kBlockM == 128;
   const FeatureParams& p;
   const WorkList& list;
