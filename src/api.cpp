@@ -665,9 +665,7 @@ const std::vector<const BackwardKernel*>& backward_kernels() {
                                                       &backward_producer(), &backward_tma_dkdv(),
                                                       &backward_tma_sums(), &backward_sm90()};
 #else
-  // D = 256 still runs B10 (variable-length batches) and B12 (dense).
-  static const std::vector<const BackwardKernel*> all{&backward_dq_pass(), &backward_dkdv_pipeline(),
-                                                      &backward_sm90()};
+  static const std::vector<const BackwardKernel*> all{&backward_sm90()};
 #endif
   return all;
 }
@@ -692,24 +690,21 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
     return {StatusCode::not_supported,
             "backward: no seqlens_k, paged KV cache (block_table), kv_batch_idx or leftpad_k yet; dense and "
             "variable-length (cu_seqlens) batches only"};
-  // "auto", as for the forward (resolve_entry): the newest kernel that supports the problem (up
-  // to D = 128 the production backward bwd_sm90, dense or variable-length; at D = 256 bwd_12 for
-  // a dense batch, bwd_10 for a variable-length one).
+  // "auto", as for the forward (resolve_entry): the newest kernel that supports the problem (the
+  // production backward bwd_sm90, dense or variable-length, at every head dim).
   // Softcapping: only the kernels that say so (each kernel's supports() does not ask).
   auto supports = [&](const BackwardKernel& k) -> Status {
     if (p.softcap > 0.f && !k.features.softcap)
       return {StatusCode::not_supported, std::string(k.name) +
-                                             ": no softcap (bwd_sm90 has it at D <= 128; at D = 256 "
-                                             "bwd_12_dkdv_pipeline on dense batches, bwd_10_dq_pass on variable-length "
-                                             "ones)"};
+                                             ": no softcap (bwd_sm90 has it)"};
     if (problem.deterministic) {
       using D = Features::Deterministic;
       const D d = k.features.deterministic;
       if (d == D::no || (d == D::without_gqa && p.heads_q != p.heads_kv))
         return {StatusCode::not_supported,
                 std::string(k.name) + ": deterministic=true" + (d == D::no ? "" : " with GQA") +
-                    " is not supported (its fp32 sums add in no fixed order; bwd_sm90 has it at D <= 128, "
-                    "bwd_12_dkdv_pipeline and bwd_10_dq_pass at D = 256 without GQA)"};
+                    " is not supported (its fp32 sums add in no fixed order; bwd_sm90 has it, at D = 256 "
+                    "without GQA)"};
     }
     return k.supports(problem);
   };

@@ -124,10 +124,10 @@ TEST(BackwardValidation, KernelsSayWhatTheyRefuse) {
   p.k_strides = p.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
   ASSERT_TRUE(validate_backward_arguments(b).ok());
   Options options;
-  // Refused here; "auto" is bwd_12_dkdv_pipeline (D = 256 only).
+  // Refused here; "auto" is bwd_sm90 (its two passes at D = 256).
   for (const char* name :
        {"bwd_03_wgmma", "bwd_04_dq_per_cta", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct",
-        "bwd_08_dq_overlap", "bwd_13_producer", "bwd_14_tma_dkdv", "bwd_15_tma_sums", "bwd_sm90"}) {
+        "bwd_08_dq_overlap", "bwd_13_producer", "bwd_14_tma_dkdv", "bwd_15_tma_sums"}) {
     options.kernel = name;
     const Status refused = backward(b, options);  // refused before any GPU is needed
     EXPECT_EQ(refused.code(), StatusCode::not_supported) << name << ": " << refused.to_string();
@@ -250,8 +250,8 @@ TEST(BackwardValidation, VarlenRefusals) {
   Status s = backward(b);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
-  // Softcapping: bwd_sm90 and bwd_15 (D <= 128), bwd_12 and bwd_10 (D = 256: dense and
-  // variable-length batches); every other kernel is refused it by name.
+  // Softcapping: bwd_sm90 (every head dim), and in the lineage bwd_15 (D <= 128), bwd_12 and
+  // bwd_10 (D = 256: dense and variable-length batches); every other kernel is refused it by name.
   b = valid_backward();
   b.forward.softcap = 30.f;
   std::string resolved;
@@ -272,8 +272,10 @@ TEST(BackwardValidation, VarlenRefusals) {
   ASSERT_TRUE(validate_backward_arguments(b).ok()) << validate_backward_arguments(b).to_string();
   s = resolve_backward_kernel(b, "auto", &resolved);
   EXPECT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(resolved, "bwd_12_dkdv_pipeline");
-  s = resolve_backward_kernel(b, "bwd_10_dq_pass", &resolved);  // D = 256's variable-length kernel
+  EXPECT_EQ(resolved, "bwd_sm90");
+  s = resolve_backward_kernel(b, "bwd_12_dkdv_pipeline", &resolved);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  s = resolve_backward_kernel(b, "bwd_10_dq_pass", &resolved);
   EXPECT_TRUE(s.ok()) << s.to_string();
   s = resolve_backward_kernel(b, "bwd_11_dq_pipeline", &resolved);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
@@ -312,10 +314,9 @@ TEST(BackwardValidation, VarlenRefusals) {
   }
 }
 
-// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): B08
-// for a dense or a variable-length batch up to D = 128 (B07-B05 and B03 refuse the latter); at
-// D = 256 B12 for a dense batch and B10 for a variable-length one (B09, B11 and B12 refuse
-// the latter). A kernel named for what it refuses says why.
+// Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): the
+// production backward for dense and variable-length batches at every head dim. A kernel named
+// for what it refuses says why.
 TEST(BackwardValidation, AutoRouting) {
   auto with_head_dim = [](BackwardProblem b, int d) {
     AttentionProblem& p = b.forward;
@@ -330,9 +331,8 @@ TEST(BackwardValidation, AutoRouting) {
     int head_dim;
     const char* kernel;
   };
-  for (const Want& w : {Want{false, 64, "bwd_sm90"}, Want{false, 128, "bwd_sm90"},
-                        Want{false, 256, "bwd_12_dkdv_pipeline"}, Want{true, 64, "bwd_sm90"},
-                        Want{true, 128, "bwd_sm90"}, Want{true, 256, "bwd_10_dq_pass"}}) {
+  for (const Want& w : {Want{false, 64, "bwd_sm90"}, Want{false, 128, "bwd_sm90"}, Want{false, 256, "bwd_sm90"},
+                        Want{true, 64, "bwd_sm90"}, Want{true, 128, "bwd_sm90"}, Want{true, 256, "bwd_sm90"}}) {
     const BackwardProblem b = with_head_dim(w.varlen ? valid_varlen_backward() : valid_backward(), w.head_dim);
     std::string resolved;
     const Status s = resolve_backward_kernel(b, "auto", &resolved);
@@ -590,7 +590,7 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
 
 // BackwardProblem::deterministic: 20 repeats bitwise equal, with another backward on a second
 // stream, at each head dim: causal GQA and a window through bwd_sm90, D = 256 without GQA
-// through bwd_12; more CTAs than SMs (512: CTAs wait on CTAs of earlier waves), and rows that
+// through its two passes; more CTAs than SMs (512: CTAs wait on CTAs of earlier waves), and rows that
 // see no key (causal, Sq > Sk).
 TEST(BackwardDeterministic, RepeatsAreBitwiseEqual) {
   const std::string skip = testing::gpu_skip_reason();
@@ -604,8 +604,8 @@ TEST(BackwardDeterministic, RepeatsAreBitwiseEqual) {
     check_backward_case("auto", c, nullptr, /*deterministic_repeats=*/20);
 }
 
-// Who runs BackwardProblem::deterministic: bwd_sm90 at D <= 128, and at D = 256 the kernels
-// "auto" runs, without GQA; GQA at D = 256 and the other kernels are refused with the reason.
+// Who runs BackwardProblem::deterministic: bwd_sm90, at D = 256 without GQA; GQA at D = 256
+// and the other kernels are refused with the reason.
 TEST(BackwardValidation, DeterministicRouting) {
   auto with_head_dim = [](BackwardProblem b, int d, int heads_kv) {
     AttentionProblem& p = b.forward;
@@ -622,7 +622,7 @@ TEST(BackwardValidation, DeterministicRouting) {
     EXPECT_EQ(resolved, "bwd_sm90");
   }
   ASSERT_TRUE(resolve_backward_kernel(with_head_dim(valid_backward(), 256, 4), "auto", &resolved).ok());
-  EXPECT_EQ(resolved, "bwd_12_dkdv_pipeline");
+  EXPECT_EQ(resolved, "bwd_sm90");
   Status s = resolve_backward_kernel(with_head_dim(valid_backward(), 256, 2), "auto", &resolved);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("deterministic=true with GQA"), std::string::npos) << s.message();
@@ -639,6 +639,7 @@ TEST(BackwardScratch, ComesFromTheProblemsAllocator) {
   const std::pair<const char*, Case> cases[] = {
       {"bwd_sm90", Case{2, 37, 53, 4, 2, 64, false, -1, DType::bf16, false}},
       {"bwd_sm90", Case{1, 200, 300, 4, 2, 128, true, -1, DType::fp16, true}},
+      {"bwd_sm90", Case{2, 300, 260, 4, 2, 256, true, -1, DType::bf16, true}},
       {"bwd_12_dkdv_pipeline", Case{2, 300, 260, 4, 2, 256, true, -1, DType::bf16, true}},
       {"bwd_10_dq_pass", Case{1, 150, 90, 2, 2, 256, false, -1, DType::bf16, false}}};
   for (const auto& [kernel, c] : cases) {
@@ -699,8 +700,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 64, 256, 4, 4, 128, false, 20, fp, false},    // the same at D = 128, whole blocks
                       Case{2, 300, 260, 4, 2, 256, true, -1, bf, true},     // D = 256: causal, GQA, tails
                       Case{1, 640, 512, 2, 2, 256, false, -1, fp, false},   // D = 256: 10 query blocks
-                      // Softcapping (bwd_15; at D = 256 bwd_12 and bwd_10; caps near the
-                      // scores' size, where tanh bends)
+                      // Softcapping (bwd_sm90, bwd_15; at D = 256 bwd_12 and bwd_10; caps
+                      // near the scores' size, where tanh bends)
                       Case{2, 37, 53, 4, 2, 64, false, -1, bf, false, 2.f},   // tails, GQA
                       Case{1, 200, 300, 4, 2, 128, true, -1, fp, true, 1.5f},  // causal, padded gradients
                       Case{1, 192, 256, 2, 1, 64, false, 70, bf, false, 3.f},  // a window, MQA
@@ -720,7 +721,7 @@ INSTANTIATE_TEST_SUITE_P(
 // NaN (its gradients are NaN, and not checked): the others' must stay exact, although a box of
 // its rows runs into theirs (0 x NaN is NaN on the tensor cores). With unowned_k > 0, k and v
 // have that many NaN rows before the first sequence and after the last, which no sequence owns:
-// their dk and dv rows must be 0.
+// their dk and dv rows must be 0; unowned_q does the same for q and dout, and their dq rows.
 struct VarlenCase {
   std::vector<int> lens_q, lens_k;
   int heads_q, heads_kv, head_dim;
@@ -731,6 +732,7 @@ struct VarlenCase {
   int nan_sequence = -1;
   float softcap = 0.f;
   int unowned_k = 0;
+  int unowned_q = 0;
 };
 
 std::string describe(const VarlenCase& c) {
@@ -743,7 +745,8 @@ std::string describe(const VarlenCase& c) {
          (c.dtype == DType::bf16 ? " bf16" : " fp16") + (c.padded ? " padded" : "") +
          (c.nan_sequence >= 0 ? " NaN in sequence " + std::to_string(c.nan_sequence) : "") +
          (c.softcap > 0.f ? " softcap=" + std::to_string(c.softcap) : "") +
-         (c.unowned_k > 0 ? " unowned_k=" + std::to_string(c.unowned_k) : "");
+         (c.unowned_k > 0 ? " unowned_k=" + std::to_string(c.unowned_k) : "") +
+         (c.unowned_q > 0 ? " unowned_q=" + std::to_string(c.unowned_q) : "");
 }
 
 class BackwardVarlenTest : public ::testing::TestWithParam<std::tuple<std::string, VarlenCase>> {};
@@ -754,12 +757,12 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   const auto& [kernel, c] = GetParam();
   SCOPED_TRACE(kernel + ": " + describe(c));
   const int D = c.head_dim, Hq = c.heads_q, Hkv = c.heads_kv, batch = int(c.lens_q.size());
-  std::vector<int> cu_q{0}, cu_k{c.unowned_k};
+  std::vector<int> cu_q{c.unowned_q}, cu_k{c.unowned_k};
   for (int b = 0; b < batch; ++b) {
     cu_q.push_back(cu_q.back() + c.lens_q[b]);
     cu_k.push_back(cu_k.back() + c.lens_k[b]);
   }
-  const int total_q = cu_q.back(), total_k = cu_k.back() + c.unowned_k;
+  const int total_q = cu_q.back() + c.unowned_q, total_k = cu_k.back() + c.unowned_k;
   const size_t q_elems = size_t(total_q) * Hq * D, k_elems = size_t(total_k) * Hkv * D;
   std::mt19937 rng(uint32_t(total_q * 7919 + total_k * 31 + D));
   using harness::random_normal;
@@ -773,6 +776,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
     }
   };
   for (int row0 : {0, cu_k.back()}) poison(&k, row0, c.unowned_k, Hkv), poison(&v, row0, c.unowned_k, Hkv);
+  for (int row0 : {0, cu_q.back()}) poison(&q, row0, c.unowned_q, Hq), poison(&dout, row0, c.unowned_q, Hq);
   for (int b = 0; b < batch; ++b) {
     if (c.lens_k[b] == 0) poison(&q, cu_q[b], c.lens_q[b], Hq), poison(&dout, cu_q[b], c.lens_q[b], Hq);
     if (c.lens_q[b] == 0) poison(&k, cu_k[b], c.lens_k[b], Hkv), poison(&v, cu_k[b], c.lens_k[b], Hkv);
@@ -886,7 +890,7 @@ INSTANTIATE_TEST_SUITE_P(
             // Causal; a sequence without queries (NaN keys and values after the first one's
             // last key block, which ends at key 300 mid-box); Sq < Sk; padded gradients.
             VarlenCase{{300, 0, 77, 130}, {300, 5, 77, 200}, 2, 1, 64, true, -1, fp, true},
-            // D = 256 (bwd_01, bwd_02 and bwd_10), causal, a one-row sequence.
+            // D = 256 (bwd_sm90; bwd_01, bwd_02 and bwd_10), causal, a one-row sequence.
             VarlenCase{{190, 64, 1}, {190, 64, 1}, 2, 2, 256, true, -1, bf, false},
             // A sequence without keys (NaN queries and dO right after the first one's 60
             // rows, inside its query box), causal, GQA 2.
@@ -899,7 +903,7 @@ INSTANTIATE_TEST_SUITE_P(
             VarlenCase{{33, 700}, {40, 650}, 2, 2, 64, false, -1, bf, true},
             // D = 256, Sq much shorter than Sk, partial blocks, padded.
             VarlenCase{{150, 40}, {1100, 300}, 2, 2, 256, false, -1, fp, true},
-            // D = 256 (bwd_10's boxes): causal, GQA 2, padded; a sequence without queries (NaN
+            // D = 256 (64-row boxes): causal, GQA 2, padded; a sequence without queries (NaN
             // keys and values inside the first one's last key box) and one without keys (NaN
             // queries and dO inside its last query box).
             VarlenCase{{70, 0, 50}, {130, 40, 0}, 4, 2, 256, true, -1, bf, true},
@@ -910,7 +914,7 @@ INSTANTIATE_TEST_SUITE_P(
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 64, false, -1, bf, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 4, 2, 128, true, -1, fp, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 256, false, -1, bf, false, 0},
-            // Softcapping (bwd_15; bwd_10 at D = 256): causal with a sequence without keys; a
+            // Softcapping (bwd_sm90, bwd_15; bwd_10 at D = 256): causal with a sequence without keys; a
             // window; D = 256 causal, GQA 2, padded, sequences without queries or keys.
             VarlenCase{{60, 50, 40}, {60, 0, 45}, 4, 2, 64, true, -1, bf, false, -1, 2.f},
             VarlenCase{{130, 8, 500}, {200, 700, 9}, 2, 1, 128, false, 40, fp, true, -1, 1.5f},
@@ -919,7 +923,11 @@ INSTANTIATE_TEST_SUITE_P(
             // last (whose last key box runs into them); their dk and dv rows must be 0. Without
             // GQA (the production backward may write dK and dV itself) and with GQA 2.
             VarlenCase{{100, 1, 60}, {90, 130, 5}, 4, 4, 64, true, -1, bf, true, -1, 0.f, 7},
-            VarlenCase{{100, 60}, {90, 130}, 4, 2, 128, false, -1, fp, false, -1, 0.f, 7})),
+            VarlenCase{{100, 60}, {90, 130}, 4, 2, 128, false, -1, fp, false, -1, 0.f, 7},
+            // The same at D = 256, with 5 unowned query rows too (whose dq rows must be 0):
+            // causal without GQA, padded; a window with GQA 2.
+            VarlenCase{{100, 1, 60}, {90, 130, 5}, 2, 2, 256, true, -1, bf, true, -1, 0.f, 7, 5},
+            VarlenCase{{100, 60}, {90, 130}, 4, 2, 256, false, 40, fp, false, -1, 0.f, 7, 5})),
     [](const ::testing::TestParamInfo<std::tuple<std::string, VarlenCase>>& info) {
       return std::get<0>(info.param) + "_" + std::to_string(info.index);
     });

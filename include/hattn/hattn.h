@@ -110,7 +110,8 @@ struct AttentionProblem {
   // Softcapping (FlashAttention's softcap, as in Gemma 2): with softcap > 0 each score
   // scale * q.k becomes softcap * tanh(scale * q.k / softcap) before the mask and the softmax,
   // which bounds it to (-softcap, softcap); 0 turns it off. Only the production forward; the backward
-  // in bwd_15_tma_sums (head_dim <= 128), bwd_12_dkdv_pipeline and bwd_10_dq_pass (head_dim 256).
+  // in bwd_sm90, and in the lineage bwd_15_tma_sums (head_dim <= 128), bwd_12_dkdv_pipeline and
+  // bwd_10_dq_pass (head_dim 256).
   float softcap = 0.f;
   // Causal mask aligned to the bottom-right corner: query i sees key j iff
   // j <= i + (seqlen_k - seqlen_q). Rows that see no key get output 0 and LSE -inf.
@@ -134,7 +135,8 @@ struct AttentionProblem {
   // them without a synchronization, so they are the caller's promise. The kernel clamps them
   // to [0, total] so that it never touches memory outside the tensors.
   // Only the production forward supports a variable-length batch in the forward; the others refuse it.
-  // In the backward, bwd_01, bwd_02, bwd_04, bwd_08 and bwd_10 support it (see backward()).
+  // In the backward, bwd_sm90 supports it, and in the lineage bwd_01, bwd_02, bwd_04, bwd_08, bwd_10
+  // and bwd_13 to bwd_15 (see backward()).
   const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
   const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]
   int total_q = 0;  // rows of q and out
@@ -378,17 +380,16 @@ struct BackwardProblem {
   Strides dv_strides;
   // Gradients bitwise the same from run to run: the kernel adds into its fp32 sums in a fixed
   // order (key blocks in turn for dQ, a group's query heads in turn for GQA's dK and dV), at
-  // some cost in speed. bwd_sm90 (D <= 128) has it; at D = 256 bwd_12 and bwd_10 are
-  // deterministic without GQA and refuse it with GQA; the other kernels refuse it.
+  // some cost in speed. bwd_sm90 has it, at D = 256 only without GQA (its two passes write each
+  // row once; with GQA they refuse it), as B12 and B10 there; the other kernels refuse it.
   bool deterministic = false;
 };
 
 // Validates `problem` and launches the backward on `options.stream`. options.kernel is "auto"
-// (the newest kernel that supports the problem: up to D = 128 the production backward bwd_sm90,
-// dense or variable-length; at D = 256 bwd_12_dkdv_pipeline for a dense batch and bwd_10_dq_pass for a
-// variable-length one) or one of backward_kernel_names(); a kernel that cannot run the problem
-// returns not_supported and says why (bwd_03_wgmma to bwd_08_dq_overlap, bwd_13 to bwd_15 and
-// bwd_sm90: D <= 128;
+// (the newest kernel that supports the problem: the production backward bwd_sm90, dense or
+// variable-length, D = 64, 128 and 256) or one of backward_kernel_names(); a kernel that cannot
+// run the problem returns not_supported and says why (bwd_03_wgmma to bwd_08_dq_overlap and
+// bwd_13 to bwd_15: D <= 128;
 // bwd_09 to bwd_12: D = 256; bwd_03_wgmma, bwd_05_tma_dq to bwd_07_dkdv_direct, bwd_09, bwd_11
 // and bwd_12: no variable-length batch).
 // Takes fp32 scratch memory from forward.allocator (default: the stream's pool). Asynchronous,

@@ -3,46 +3,49 @@ fp32 with the bf16/fp16 roundings exactly where the kernels convert, so that a p
 can tell a miss that belongs to the dtype and the algorithm (the emulation misses too) from one
 that belongs to the kernel (it does not).
 
-The backward emulated is what "auto" runs: `bwd_sm90` at D = 64 and 128
-(src/attention/backward/), B12 `bwd_12_dkdv_pipeline` at D = 256 (dense batches) and B10
-`bwd_10_dq_pass` at D = 256 (variable-length ones). The three round at the same points; they
+The backward emulated is what "auto" runs: `bwd_sm90` (src/attention/backward/), one pass at
+D = 64 and 128 and two at D = 256 (two_pass/, B12's). Both round at the same points; they
 differ only in the order of fp32 sums. Given the forward's out (in the input dtype T) and lse
 (fp32, natural log), per query head h, query i, key j:
 
   1. delta_i = rowsum(dO_i * O_i) in fp32 from O and dO in T, the O the forward wrote (rounded
-     to T): delta_kernel, src/common/backward_common.cuh:264 (`sum = fmaf(a.x, b.x, ...)` over
+     to T): delta_kernel in src/common/backward_common.cuh (`sum = fmaf(a.x, b.x, ...)` over
      unpack2<T> of both). The products are exact in fp32; only the order of the sum differs.
-  2. The LSE in log2 units, fp32(lse * kLog2e): consumer.cuh:81 (B12: bwd_12_dkdv_pipeline.cu:288).
+  2. The LSE in log2 units, fp32(lse * kLog2e): consumer.cuh's fetch_row_stat (D = 256: the
+     passes' lse_log2 loads).
   3. S = Q K^T and dP = dO V^T with fp32 accumulation of T products (the wgmmas of
      consumer.cuh, S^T = K Q^T and dP^T = V dO^T): exact products, fp32 sums.
-  4. Softcapping (backward_common.cuh:51-53, softcap_score_and_dp): t = tanh(fp32(s *
+  4. Softcapping (backward_common.cuh's softcap_score_and_dp): t = tanh(fp32(s *
      softcap_scale)), then dP' = fmaf(dP - delta, fmaf(-t, t, 1), delta), so that the step below
      computes dS = P (dP' - delta) = P (dP - delta) (1 - t^2) with the fp32 roundings of dP' at
-     delta's magnitude. softcap_scale = fp32(scale / softcap) (src/common/params.h:96), the
-     exponent's scale is then the softcap (params.h:95). The kernels' tanh is tanh.approx.f32
-     (MUFU.TANH; src/ptx/ex2.cuh), which this module cannot reproduce bit for bit: tanh="exact"
-     (the default) uses torch's fp32 tanh; tanh="profile" adds a seeded random error of the size
-     measured on the H200 per band of |x| (results/evidence/softcap/tanh_approx/tanh_profile.txt:
-     up to 7.9e-6 absolute at 1 <= |x| < 2), a stress model of its size, not its values.
+     delta's magnitude. softcap_scale = fp32(scale / softcap) (make_feature_params in
+     src/common/params.h), the exponent's scale is then the softcap (the same function). The
+     kernels' tanh is tanh.approx.f32 (MUFU.TANH; src/ptx/ex2.cuh), which this module cannot
+     reproduce bit for bit: tanh="exact" (the default) uses torch's fp32 tanh; tanh="profile"
+     adds a seeded random error of the size measured on the H200 per band of |x|
+     (results/evidence/softcap/tanh_approx/tanh_profile.txt: up to 7.9e-6 absolute at
+     1 <= |x| < 2), a stress model of its size, not its values.
   5. P = ex2.approx.ftz(fmaf(s, scale_log2, -lse_log2)), scale_log2 = fp32(scale * kLog2e)
-     (consumer.cuh:68; scores.cuh:74 and 91): the fma emulated exactly (fp64 product and sum,
-     rounded to fp32), 2^x exact then rounded to fp32 (ex2.approx errs by about 2 fp32 ulps,
-     not emulated), results below 2^-126 flushed to 0 (.ftz). Keys a query does not see (the
-     causal mask, a window, past Sk), and every key of a query that sees none, get P = 0.
-  6. dS = P (dP - delta) in fp32, from the fp32 P (not the rounded one): scores.cuh:80 and 93.
+     (consume's scale_log2; scores.cuh's two loops, and the passes' at D = 256): the fma
+     emulated exactly (fp64 product and sum, rounded to fp32), 2^x exact then rounded to fp32
+     (ex2.approx errs by about 2 fp32 ulps, not emulated), results below 2^-126 flushed to 0
+     (.ftz). Keys a query does not see (the causal mask, a window, past Sk), and every key of a
+     query that sees none, get P = 0.
+  6. dS = P (dP - delta) in fp32, from the fp32 P (not the rounded one): the same loops.
   7. P^T and dS^T rounded to T, round to nearest even (frag::pack2<T>: __floats2bfloat162_rn,
-     __floats2half2_rn; fp16 keeps its subnormals): consumer.cuh:283-284 (B12:
-     bwd_12_dkdv_pipeline.cu:351-352, its dq_kernel 597-600; B10: bwd_10_dq_pass.cu:349-350, 609).
+     __floats2half2_rn; fp16 keeps its subnormals): consumer.cuh's p_frag and ds_frag
+     (D = 256: two_pass/dkdv_pass.cuh's p_frag and ds_frag, two_pass/dq_pass.cuh's ds_frag).
      round_p and round_ds switch each off (kept fp32): P^T feeds only dV, dS^T only dK and dQ.
      flush_subnormals=True flushes the rounded P^T and dS^T below the dtype's smallest normal
      (fp16: 6.1e-5) to 0, an ablation for the case that the tensor cores did so (not known).
   8. dV = P^T dO, dK = dS^T Q and dQ = dS K with fp32 accumulation of T products; dK and dQ
      times grad_scale in fp32, grad_scale = fp32(softcap_scale * softcap) with softcapping, else
-     the softmax scale (score_grad_scale, backward_common.cuh:58-59): consumer.cuh:142 (dQ),
-     epilogue.cuh:63, 108, 114 (dK). With GQA each query head's fp32 dK and dV are summed in
-     fp32 (the TMA reductions into run_backward's sums).
-  9. dQ, dK and dV rounded to T once (convert_kernel, backward_common.cuh:292, or the kernels'
-     own pack2 stores: epilogue.cuh:63-64): round_grads.
+     the softmax scale (score_grad_scale in backward_common.cuh): consume's store_dq (dQ),
+     epilogue.cuh's store_dk_dv and add_dk_dv (dK); at D = 256 the passes' stores. With GQA
+     each query head's fp32 dK and dV are summed in fp32 (the TMA reductions into
+     run_backward's sums; at D = 256 atomics).
+  9. dQ, dK and dV rounded to T once (convert_kernel in backward_common.cuh, or the kernels'
+     own pack2 stores: epilogue.cuh, the passes' stores at D = 256): round_grads.
 
 Not emulated (fp32-level, far below T's rounding): the order of every fp32 sum (the wgmmas'
 k order, bwd_sm90's dQ summed over 128-key blocks each scaled by grad_scale before the sum, the
@@ -55,9 +58,9 @@ emulation is the exact algorithm, equal to the fp64 reference up to fp64 roundin
 
 emulate_forward does the same for the production forward (fwd_sm90, one split): the online
 softmax over key tiles of block_n keys, P rounded to T relative to the running max before PV
-(src/attention/consumer.cuh:291-298), O * (1 / sum) rounded to T (src/attention/epilogue.cuh:76,
-149, 209), lse = max * scale + ln(sum) (src/attention/softmax.cuh). The precision test feeds the
-backward emulation hattn's own out and lse, so that only the backward is compared.
+(src/attention/consumer.cuh), O * (1 / sum) rounded to T (src/attention/epilogue.cuh), lse =
+max * scale + ln(sum) (src/attention/softmax.cuh). The precision test feeds the backward
+emulation hattn's own out and lse, so that only the backward is compared.
 """
 
 from __future__ import annotations
@@ -90,8 +93,8 @@ def exact_fp32_matmuls():
 
 
 class _Constants:
-    """The kernels' scalars as they compute them: fp32 (params.h:95-96, api.cpp's scale(),
-    consumer.cuh:68, backward_common.cuh:58), or exact with compute = float64."""
+    """The kernels' scalars as they compute them: fp32 (make_feature_params in params.h, api.cpp's
+    scale(), consume's scale_log2, score_grad_scale), or exact with compute = float64."""
 
     def __init__(self, head_dim: int, softmax_scale: Optional[float], softcap: float, compute: torch.dtype):
         capped = softcap > 0

@@ -69,7 +69,7 @@ def test_varlen_gradients_reach_the_op():
         ([60, 50, 40], [60, 0, 45], (4, 2), 64, True, (-1, -1)),  # a sequence without keys
         ([300, 0, 77], [300, 5, 130], (2, 1), 64, True, (-1, -1)),  # a sequence without queries, MQA
         ([130, 8, 300], [200, 500, 9], (2, 1), 128, False, (40, -1)),  # a window; Sq > Sk and Sq < Sk
-        ([190, 64, 1], [190, 64, 1], (2, 2), 256, True, (-1, -1)),  # D = 256 (bwd_10)
+        ([190, 64, 1], [190, 64, 1], (2, 2), 256, True, (-1, -1)),  # D = 256 (two passes)
     ],
 )
 def test_varlen_backward_matches_reference(lens_q, lens_k, heads, head_dim, causal, window, dtype):
@@ -131,12 +131,12 @@ def test_backward_matches_reference(shape, causal, window, dtype):
         ((2, 37, 53, 4, 2, 64), False, (-1, -1), 2.0),  # a cap inside the scores' range: tanh bends
         ((1, 200, 300, 4, 2, 128), True, (-1, -1), 1.5),
         ((1, 192, 256, 2, 1, 64), False, (70, -1), 30.0),  # a loose cap, a window
-        ((2, 150, 200, 4, 2, 256), True, (-1, -1), 5.0),  # D = 256 (bwd_12): causal, GQA
+        ((2, 150, 200, 4, 2, 256), True, (-1, -1), 5.0),  # D = 256 (two passes): causal, GQA
     ],
 )
 def test_softcap_backward_matches_reference(shape, causal, window, softcap, dtype):
-    """dq, dk, dv through hattn.attention with softcap (bwd_15 up to D = 128; at 256 bwd_12,
-    and bwd_10 for the variable-length batch) against the capped fp64 reference's autograd
+    """dq, dk, dv through hattn.attention with softcap (bwd_sm90: one pass up to D = 128, two at
+    256) against the capped fp64 reference's autograd
     gradients; the same sequences as a variable-length batch too."""
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
     gen = torch.Generator(device="cuda").manual_seed(seqlen_q * 37 + head_dim)

@@ -54,8 +54,9 @@ const BackwardKernel& backward_tma_dkdv();
 // by TMA reductions, and the stagger on every path.
 const BackwardKernel& backward_tma_sums();
 
-// src/attention/backward/: the production backward ("bwd_sm90"), B15's kernel split by role
-// (D = 64 and 128, dense and variable-length batches, GQA, causal, windows, softcap).
+// src/attention/backward/: the production backward ("bwd_sm90"), B15's kernel split by role at
+// D = 64 and 128 and B12's two passes at D = 256 (dense and variable-length batches, GQA,
+// causal, windows, softcap).
 const BackwardKernel& backward_sm90();
 
 }  // namespace hattn

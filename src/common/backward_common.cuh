@@ -376,7 +376,8 @@ Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem,
 // kernel's main pass and returns its Status; then the conversions; then the free.
 // With dkdv_written_by_kernel, dK and dV get no sums (params.dk_accum and dv_accum are null)
 // and no conversion: the kernel writes params.dk and dv. dq_written_by_kernel does the same for
-// dQ (params.dq_accum null; the kernel writes every row of params.dq, zeros included).
+// dQ (params.dq_accum null; the kernel writes every row of params.dq, zeros included, but a
+// packed batch's rows that no sequence owns, which get zeros here).
 // With problem.deterministic, `turns` counters are taken from the same scratch and zeroed.
 template <typename LaunchMain>
 Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main,
@@ -447,6 +448,12 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
                                                                  fwd.total_k, fwd.heads_kv, strides.seq, strides.head);
           if (!(st = launch_status(name)).ok()) return st;
         }
+      }
+      if (dq_written_by_kernel && fwd.is_varlen()) {  // the same for dQ
+        zero_unowned_rows_kernel<T, D><<<64, 256, 0, stream>>>(static_cast<T*>(problem.dq), fwd.cu_seqlens_q,
+                                                               fwd.batch, fwd.total_q, fwd.heads_q,
+                                                               problem.dq_strides.seq, problem.dq_strides.head);
+        if (!(st = launch_status(name)).ok()) return st;
       }
       if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;
       auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {

@@ -1,8 +1,8 @@
-// The production backward ("bwd_sm90", what "auto" runs at D = 64 and 128), host side:
-// supports() says what it runs; launch() builds the TMA descriptors and launches backward_kernel
-// (kernel.cuh) inside run_backward's steps (fp32 sums, delta, the conversion:
-// common/backward_common.cuh). The kernel is backward step B15's (src/lineage/bwd_15_tma_sums.cu),
-// split by role.
+// The production backward ("bwd_sm90", what "auto" runs), host side: supports() says what it
+// runs; launch() builds the TMA descriptors and launches the kernels inside run_backward's steps
+// (fp32 sums, delta, the conversion: common/backward_common.cuh). At D = 64 and 128 one kernel,
+// backward step B15's (src/lineage/bwd_15_tma_sums.cu) split by role (kernel.cuh); at D = 256
+// two passes, B12's (two_pass/).
 #include <cuda.h>
 
 #include <string>
@@ -11,6 +11,8 @@
 #include "../../common/backward_common.cuh"
 #include "../../tensor_map.h"
 #include "kernel.cuh"
+#include "two_pass/dkdv_pass.cuh"
+#include "two_pass/dq_pass.cuh"
 
 namespace hattn {
 namespace {
@@ -20,17 +22,23 @@ constexpr const char* kName = "bwd_sm90";
 // Refuses what the kernel cannot run, so that "auto" passes it on to an older kernel.
 Status supports(const BackwardProblem& problem) {
   const AttentionProblem& p = problem.forward;
-  if (p.head_dim != 64 && p.head_dim != 128)
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != bwd::two_pass::kD)
     return {StatusCode::not_supported,
-            std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
-                " is not supported (64 and 128 only; at D = 256 \"auto\" runs bwd_12_dkdv_pipeline or bwd_10_dq_pass)"};
+            std::string(kName) + ": head_dim " + std::to_string(p.head_dim) + " is not supported (64, 128, 256)"};
+  // The two passes at D = 256 add a GQA group's dK and dV into fp32 sums in no fixed order
+  // (they have no turns).
+  if (problem.deterministic && p.head_dim == bwd::two_pass::kD && p.heads_q != p.heads_kv)
+    return {StatusCode::not_supported,
+            std::string(kName) + ": deterministic=true with GQA (heads_q != heads_kv) is not supported at D = 256"};
   return refuse_kv_cache(problem, kName);
 }
 
 // The deterministic mode's turn counters (BackwardParams::dq_turns, dkdv_turns): per query block
-// and head, and with GQA per key block and K/V head, one for each consumer warpgroup.
+// and head, and with GQA per key block and K/V head, one for each consumer warpgroup. The two
+// passes at D = 256 need none (each writes its rows once).
 TurnCounts deterministic_turns(const AttentionProblem& fwd) {
   TurnCounts turns;
+  if (fwd.head_dim == bwd::two_pass::kD) return turns;
   const int block_m = bwd::block_m(fwd.head_dim);
   turns.q_blocks = (fwd.seqlen_q + block_m - 1) / block_m;
   turns.k_blocks = (fwd.seqlen_k + bwd::kBlockN - 1) / bwd::kBlockN;
@@ -39,8 +47,44 @@ TurnCounts deterministic_turns(const AttentionProblem& fwd) {
   return turns;
 }
 
+// D = 256: the dK/dV pass, then the dQ pass (two_pass/). The first writes dK and dV without
+// GQA (else adds them into the fp32 sums), the second writes every row of dQ.
+Status launch_two_passes(const BackwardProblem& problem, cudaStream_t stream) {
+  namespace tp = bwd::two_pass;
+  const AttentionProblem& fwd = problem.forward;
+  QkvTensorMaps maps;  // boxes of 64 rows: the dK/dV pass's query blocks, the dQ pass's key blocks
+  Status s = make_qkv_tensor_maps(fwd, tp::kDkdvQueries, tp::kDqKeys, kName, &maps);
+  CUtensorMap dout_map;
+  if (s.ok())
+    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
+                             fwd.head_dim, problem.dout_strides, tp::kDkdvQueries, 64);  // packed rows when varlen, like q
+  if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
+  return run_backward(
+      problem, stream, kName,
+      [&]<typename T, int D>(const BackwardParams& p) -> Status {
+        if constexpr (D != tp::kD) {
+          return {StatusCode::not_supported, std::string(kName) + ": two passes at D = 256 only"};  // not called
+        } else {
+          constexpr int kDkdvSmem = tp::storage_bytes<tp::DkdvStorage<T>>();
+          constexpr int kDqSmem = tp::storage_bytes<tp::DqStorage<T>>();
+          static_assert(kDkdvSmem <= 227 * 1024 && kDqSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
+          auto both = [&](auto dkdv_kernel, auto dq_kernel) -> Status {
+            Status st = launch_per_key_block(dkdv_kernel, tp::kDkdvKeys, bwd::kThreads, kDkdvSmem, p.fwd, stream, kName,
+                                             maps.q, maps.k, maps.v, dout_map, p);
+            if (!st.ok()) return st;
+            return launch_per_query_block(dq_kernel, tp::kDqQueries, bwd::kThreads, kDqSmem, p.fwd, stream, kName,
+                                          maps.q, maps.k, maps.v, dout_map, p);
+          };
+          if (fwd.is_varlen()) return both(tp::dkdv_kernel<T, true>, tp::dq_kernel<T, true>);
+          return both(tp::dkdv_kernel<T, false>, tp::dq_kernel<T, false>);
+        }
+      },
+      /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/true);
+}
+
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   const AttentionProblem& fwd = problem.forward;
+  if (fwd.head_dim == bwd::two_pass::kD) return launch_two_passes(problem, stream);
   const int block_m = bwd::block_m(fwd.head_dim);  // query rows of a step
   QkvTensorMaps maps;
   Status s = make_qkv_tensor_maps(fwd, block_m, bwd::kBlockN, kName, &maps);
@@ -53,7 +97,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
       problem, stream, kName,
       [&]<typename T, int D>(const BackwardParams& p) -> Status {
         if constexpr (D > 128) {
-          return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
+          return {StatusCode::not_supported, std::string(kName) + ": one pass at D <= 128 only"};  // not called (two passes)
         } else {
           static_assert(bwd::smem_bytes<T, D, true>() <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
           // Over run_backward's fp32 dQ sum, which exists only from here on: 64-row boxes (a
@@ -98,7 +142,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 
 const BackwardKernel& backward_sm90() {
   static const BackwardKernel kernel{
-      kName, "the production backward: B15's kernel split by role (src/attention/backward/)",
+      kName, "the production backward: B15's kernel split by role, B12's two passes at D = 256 (src/attention/backward/)",
       supports, launch, Features{.softcap = true, .deterministic = Features::Deterministic::yes}};
   return kernel;
 }
