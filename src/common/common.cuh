@@ -50,21 +50,34 @@ inline Status cuda_status(cudaError_t err, const std::string& what) {
 
 // Launches `kernel` as a programmatic dependent of the kernel ahead of it on `stream`: that one
 // lets it start while it still runs (griddepcontrol.launch_dependents), and `kernel` waits for
-// it (griddepcontrol.wait) before it reads what that one writes. `what` names the launch in errors.
+// it (griddepcontrol.wait) before it reads what that one writes. `what` names the launch in
+// errors. With `smem` bytes of dynamic shared memory (launch_dependent_with_smem), the kernel's
+// limit is raised to that first.
 template <typename... Params, typename... Args>
-Status launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                        const std::string& what, Args&&... args) {
+Status launch_dependent_with_smem(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
+                                  const std::string& what, Args&&... args) {
+  if (smem > 0) {
+    Status st = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                            what + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    if (!st.ok()) return st;
+  }
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = size_t(smem);
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = 1;
   // cudaLaunchKernelEx returns the launch's own error (cuda_status then clears it).
   return cuda_status(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
+template <typename... Params, typename... Args>
+Status launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                        const std::string& what, Args&&... args) {
+  return launch_dependent_with_smem(kernel, grid, block, 0, stream, what, std::forward<Args>(args)...);
 }
 
 // Calls f.template operator()<T, D>() with the element type and head dim of `problem`:

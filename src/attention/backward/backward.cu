@@ -72,8 +72,13 @@ Status launch_two_passes(const BackwardProblem& problem, cudaStream_t stream) {
             Status st = launch_per_key_block(dkdv_kernel, tp::kDkdvKeys, bwd::kThreads, kDkdvSmem, p.fwd, stream, kName,
                                              maps.q, maps.k, maps.v, dout_map, p);
             if (!st.ok()) return st;
-            return launch_per_query_block(dq_kernel, tp::kDqQueries, bwd::kThreads, kDqSmem, p.fwd, stream, kName,
-                                          maps.q, maps.k, maps.v, dout_map, p);
+            // The dQ pass as a programmatic dependent of the dK/dV pass: it reads nothing that
+            // pass writes, so its CTAs take SMs as the dK/dV pass's last wave frees them
+            // (dq_pass.cuh says how its end waits for that pass).
+            const dim3 grid(unsigned((p.fwd.seqlen_q + tp::kDqQueries - 1) / tp::kDqQueries), unsigned(p.fwd.heads_q),
+                            unsigned(p.fwd.batch));
+            return launch_dependent_with_smem(dq_kernel, grid, dim3(bwd::kThreads), kDqSmem, stream,
+                                              std::string(kName) + ": the dQ pass", maps.q, maps.k, maps.v, dout_map, p);
           };
           if (fwd.is_varlen()) return both(tp::dkdv_kernel<T, true>, tp::dq_kernel<T, true>);
           return both(tp::dkdv_kernel<T, false>, tp::dq_kernel<T, false>);

@@ -27,6 +27,7 @@
 #include "../../../common/backward_common.cuh"
 #include "../../../common/fragment.cuh"
 #include "../../../ptx/ex2.cuh"
+#include "../../../ptx/griddepcontrol.cuh"
 #include "../../../ptx/mbarrier.cuh"
 #include "../../../ptx/named_barrier.cuh"
 #include "../../../ptx/setmaxnreg.cuh"
@@ -77,49 +78,104 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
   }
 }
 
-// The producer thread: K and V of the keys from n0 once, then each step's Q and dO (tensor rows
-// from m_begin: a packed batch's sequence start included) into the ring.
+// Issues the TMA copies of a step's Q and dO (tensor row m0: a packed batch's sequence start
+// included) into `stage` (one producer thread).
 template <typename T>
-__device__ __forceinline__ void produce_dkdv(DkdvStorage<T>& smem, const CUtensorMap& q_map, const CUtensorMap& k_map,
-                                             const CUtensorMap& v_map, const CUtensorMap& dout_map,
-                                             const Sequence& seq, int n0, int m_begin, int steps, int head,
-                                             int head_kv) {
-  ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * kDkdvKeys * kD * sizeof(T));
+__device__ __forceinline__ void load_queries(DkdvStorage<T>& smem, const CUtensorMap* q_map,
+                                             const CUtensorMap* dout_map, int stage, int m0, int head, int batch) {
+  ptx::mbarrier_arrive_expect_tx(&smem.qdo_full[stage], 2 * kDkdvQueries * kD * sizeof(T));
 #pragma unroll
   for (int cb = 0; cb < kColBlocks; ++cb) {
-    ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
-                                     &smem.kv_full);
-    ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
-                                     &smem.kv_full);
-  }
-  for (int step = 0; step < steps; ++step) {
-    const int stage = step % kQdoStages, m0 = seq.q_start + m_begin + step * kDkdvQueries;
-    // WAR: both consumer warpgroups' dV and dK of the block kQdoStages steps back (the last
-    // readers of the stage) have completed.
-    if (step >= kQdoStages) ptx::mbarrier_wait(&smem.consumed[stage], (step / kQdoStages - 1) % 2);
-    ptx::mbarrier_arrive_expect_tx(&smem.qdo_full[stage], 2 * kDkdvQueries * kD * sizeof(T));
-#pragma unroll
-    for (int cb = 0; cb < kColBlocks; ++cb) {
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.q[stage][cb], &q_map, cb * 64, m0, head, seq.batch_coord,
-                                       &smem.qdo_full[stage]);
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.dout[stage][cb], &dout_map, cb * 64, m0, head, seq.batch_coord,
-                                       &smem.qdo_full[stage]);
-    }
+    ptx::cp_async_bulk_tensor_4d_g2s(smem.q[stage][cb], q_map, cb * 64, m0, head, batch, &smem.qdo_full[stage]);
+    ptx::cp_async_bulk_tensor_4d_g2s(smem.dout[stage][cb], dout_map, cb * 64, m0, head, batch, &smem.qdo_full[stage]);
   }
 }
 
-// A consumer thread of warpgroup `warpgroup` (0 or 1): dK and dV of its columns over the steps.
+// The dK/dV pass's kernel: a CTA per 64 keys of one query head (blockIdx.x: the key block, y:
+// the head, z: the batch entry or sequence). One thread of the producer warpgroup loads K and V
+// once and each step's Q and dO into the ring; the consumers run the loop described at the top.
 template <typename T, bool kVarlen>
-__device__ __forceinline__ void consume_dkdv(DkdvStorage<T>& smem, const BackwardParams& p, const Sequence& seq,
-                                             int warpgroup, int n0, int m_begin, int steps, int head, int head_kv) {
+__global__ void __launch_bounds__(kThreads, 1)
+    dkdv_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
+                const BackwardParams p) {
   constexpr int kQTiles = kHalfQueries / 8;  // n8 column tiles of this warpgroup's S^T and dP^T
   constexpr int kDTiles = kHalfD / 8;        // n8 column tiles of its dK and dV
+  extern __shared__ unsigned char smem_raw[];
+  // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
+  // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
+  auto& smem = *reinterpret_cast<DkdvStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
   const FeatureParams& f = p.fwd;
+  // The dQ pass reads nothing this pass writes: it may take SMs as this grid's last CTAs free
+  // them (a no-op unless it is launched as a programmatic dependent).
+  ptx::griddepcontrol_launch_dependents();
+  // Through a shuffle, so that the compiler knows it is warp-uniform.
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
+  const int n0 = int(blockIdx.x) * kDkdvKeys, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const int head_kv = head / f.heads_per_kv;
+  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int key0 = n0 + 16 * warp_in_wg + group;  // this thread's keys (rows of S^T, dK, dV): key0, key0 + 8
   const int q_col0 = kHalfQueries * warpgroup;    // this warpgroup's query columns of S^T
   const int c0 = kHalfD * warpgroup;              // its columns of dK and dV
+
+  int q_first, q_last;
+  queries_seeing<kVarlen>(f, seq, n0, n0 + kDkdvKeys, &q_first, &q_last);
+  const int m_begin = q_first / kDkdvQueries * kDkdvQueries;
+  // None when no query sees the keys, or (varlen) they start past the sequence's.
+  const int steps = (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin
+                        ? (q_last - m_begin + kDkdvQueries - 1) / kDkdvQueries
+                        : 0;
+  if (steps == 0) {  // CTA-uniform: dK and dV are 0
+    if (warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
+      const float zeros[kDTiles * 4] = {};
+      store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
+    }
+    return;
+  }
+
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&q_map);
+    ptx::prefetch_tensormap(&k_map);
+    ptx::prefetch_tensormap(&v_map);
+    ptx::prefetch_tensormap(&dout_map);
+    ptx::mbarrier_init(&smem.kv_full, 1);
+#pragma unroll
+    for (int s = 0; s < kQdoStages; ++s) {
+      ptx::mbarrier_init(&smem.qdo_full[s], 1);
+      ptx::mbarrier_init(&smem.consumed[s], kWarpgroups * 4);  // one arrival per consumer warp
+    }
+    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+  }
+  __syncthreads();  // no thread waits on a barrier before it is initialized
+
+  if (warpgroup < 0) {
+    // The producer. Every warp of the warpgroup must execute setmaxnreg; one thread then loads.
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * kDkdvKeys * kD * sizeof(T));
+#pragma unroll
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
+                                         &smem.kv_full);
+        ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
+                                         &smem.kv_full);
+      }
+      for (int step = 0; step < steps; ++step) {
+        const int stage = step % kQdoStages;
+        // WAR: both consumer warpgroups' dV and dK of the block kQdoStages steps back (the last
+        // readers of the stage) have completed.
+        if (step >= kQdoStages) ptx::mbarrier_wait(&smem.consumed[stage], (step / kQdoStages - 1) % 2);
+        load_queries<T>(smem, &q_map, &dout_map, stage, seq.q_start + m_begin + step * kDkdvQueries, head,
+                        seq.batch_coord);
+      }
+    }
+    return;
+  }
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+
+  // The consumers.
   const int seqlen_q = seqlen_q_of<kVarlen>(f, seq), seqlen_k = seqlen_k_of<kVarlen>(f, seq);
   const float scale_log2 = f.scale * kLog2e;
   const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
@@ -287,66 +343,6 @@ __device__ __forceinline__ void consume_dkdv(DkdvStorage<T>& smem, const Backwar
 
   // This warpgroup's columns of dK and dV: written once, or into the sums of its K/V head.
   store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, c0, tig, dk, dv);
-}
-
-// The dK/dV pass's kernel: a CTA per 64 keys of one query head (blockIdx.x: the key block, y:
-// the head, z: the batch entry or sequence).
-template <typename T, bool kVarlen>
-__global__ void __launch_bounds__(kThreads, 1)
-    dkdv_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
-                const BackwardParams p) {
-  extern __shared__ unsigned char smem_raw[];
-  // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
-  // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
-  auto& smem = *reinterpret_cast<DkdvStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const FeatureParams& f = p.fwd;
-  // Through a shuffle, so that the compiler knows it is warp-uniform.
-  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
-  const int n0 = int(blockIdx.x) * kDkdvKeys, head = int(blockIdx.y), batch = int(blockIdx.z);
-  const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
-
-  int q_first, q_last;
-  queries_seeing<kVarlen>(f, seq, n0, n0 + kDkdvKeys, &q_first, &q_last);
-  const int m_begin = q_first / kDkdvQueries * kDkdvQueries;
-  // None when no query sees the keys, or (varlen) they start past the sequence's.
-  const int steps = (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin
-                        ? (q_last - m_begin + kDkdvQueries - 1) / kDkdvQueries
-                        : 0;
-  if (steps == 0) {  // CTA-uniform: dK and dV are 0
-    if (warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
-      const int lane = int(threadIdx.x) % 32;
-      const int key0 = n0 + 16 * (int(threadIdx.x) % 128 / 32) + lane / 4;
-      const float zeros[kHalfD / 8 * 4] = {};
-      store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, kHalfD * warpgroup, lane % 4, zeros, zeros);
-    }
-    return;
-  }
-
-  if (threadIdx.x == 0) {
-    ptx::prefetch_tensormap(&q_map);
-    ptx::prefetch_tensormap(&k_map);
-    ptx::prefetch_tensormap(&v_map);
-    ptx::prefetch_tensormap(&dout_map);
-    ptx::mbarrier_init(&smem.kv_full, 1);
-#pragma unroll
-    for (int s = 0; s < kQdoStages; ++s) {
-      ptx::mbarrier_init(&smem.qdo_full[s], 1);
-      ptx::mbarrier_init(&smem.consumed[s], kWarpgroups * 4);  // one arrival per consumer warp
-    }
-    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
-  }
-  __syncthreads();  // no thread waits on a barrier before it is initialized
-
-  if (warpgroup < 0) {
-    // Every warp of the producer warpgroup must execute setmaxnreg; one thread then loads.
-    ptx::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0) produce_dkdv(smem, q_map, k_map, v_map, dout_map, seq, n0, m_begin, steps, head, head_kv);
-    return;
-  }
-  ptx::setmaxnreg_inc<kConsumerRegisters>();
-  consume_dkdv<T, kVarlen>(smem, p, seq, warpgroup, n0, m_begin, steps, head, head_kv);
 }
 
 }  // namespace hattn::bwd::two_pass

@@ -5,7 +5,10 @@
 //   dQ_w += dS K                  (m64n256, 4 k16 steps, K read N-major)
 // so no tile goes through shared memory and the warpgroups never wait for each other. A
 // producer thread loads Q and dO once and streams K and V; dQ(t) runs on the tensor cores while
-// step t + 1 issues its S and dP. Each query row is this CTA's alone: dQ is written once.
+// step t + 1 issues its S and dP. Each query row is this CTA's alone: dQ is written once. The
+// pass reads nothing the dK/dV pass writes, so it is launched as that pass's programmatic
+// dependent (backward.cu): its CTAs take SMs as the dK/dV pass's last wave frees them (1-5%
+// of the backward's time on an H100 at 512-2k tokens, results/evidence/two_pass_d256/).
 //
 // A variable-length batch: a K/V box that runs past its sequence loads the next sequence's
 // rows, which the consumers zero before dQ += dS K and dP = dO V^T would meet them as 0 * x
@@ -30,6 +33,7 @@
 #include "../../../common/backward_common.cuh"
 #include "../../../common/fragment.cuh"
 #include "../../../ptx/ex2.cuh"
+#include "../../../ptx/griddepcontrol.cuh"
 #include "../../../ptx/mbarrier.cuh"
 #include "../../../ptx/named_barrier.cuh"
 #include "../../../ptx/setmaxnreg.cuh"
@@ -45,14 +49,12 @@ namespace hattn::bwd::two_pass {
 // 16-byte aligned, validate_backward_arguments).
 template <typename T, bool kVarlen>
 __device__ __forceinline__ void store_dq(const BackwardParams& p, const Sequence& seq, int head, int query0, int tig,
-                                         const float* dq) {
+                                         float grad_scale, const float* dq) {
   constexpr int kDTiles = kD / 8;
-  const FeatureParams& f = p.fwd;
-  const float grad_scale = score_grad_scale(f);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = query0 + 8 * r;
-    if (i >= seqlen_q_of<kVarlen>(f, seq)) continue;
+    if (i >= seqlen_q_of<kVarlen>(p.fwd, seq)) continue;
     const int64_t row = int64_t(seq.q_start) + i;  // a packed batch's row; a dense batch's q_start is 0
     T* out = static_cast<T*>(p.dq) + seq.batch_coord * p.dq_batch_stride + row * p.dq_seq_stride +
              head * p.dq_head_stride;
@@ -63,56 +65,110 @@ __device__ __forceinline__ void store_dq(const BackwardParams& p, const Sequence
   }
 }
 
-// The producer thread: the CTA's Q and dO once (from tensor row m0: a packed batch's sequence
-// start included), then K and V of each step's keys.
-template <typename T>
-__device__ __forceinline__ void produce_dq(DqStorage<T>& smem, const CUtensorMap& q_map, const CUtensorMap& k_map,
-                                           const CUtensorMap& v_map, const CUtensorMap& dout_map, const Sequence& seq,
-                                           int m0, int n_begin, int steps, int head, int head_kv) {
-  constexpr uint32_t kKBlockBytes = kDqKeys * kD * sizeof(T);  // one block of K (or V)
-  ptx::mbarrier_arrive_expect_tx(&smem.qdo_full, 2 * kDqQueries * kD * sizeof(T));
-#pragma unroll
-  for (int half = 0; half < 2; ++half)  // the maps' boxes are 64 rows
-#pragma unroll
-    for (int cb = 0; cb < kColBlocks; ++cb) {
-      const int row = seq.q_start + m0 + 64 * half;
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + half * 64 * 64, &q_map, cb * 64, row, head, seq.batch_coord,
-                                       &smem.qdo_full);
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.dout[cb] + half * 64 * 64, &dout_map, cb * 64, row, head,
-                                       seq.batch_coord, &smem.qdo_full);
-    }
-  for (int step = 0; step < steps; ++step) {
-    const int n0 = seq.k_start + n_begin + step * kDqKeys, stage = step % kKStages;
-    // WAR: both warpgroups' dQ over the block kKStages steps back has finished reading K.
-    if (step >= kKStages) ptx::mbarrier_wait(&smem.k_empty[stage], (step / kKStages - 1) % 2);
-    ptx::mbarrier_arrive_expect_tx(&smem.k_full[stage], kKBlockBytes);
-#pragma unroll
-    for (int cb = 0; cb < kColBlocks; ++cb)
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.k[stage][cb], &k_map, cb * 64, n0, head_kv, seq.batch_coord,
-                                       &smem.k_full[stage]);
-    // WAR: both warpgroups' dP over the block before has finished reading V.
-    if (step >= 1) ptx::mbarrier_wait(&smem.v_empty, (step - 1) % 2);
-    ptx::mbarrier_arrive_expect_tx(&smem.v_full, kKBlockBytes);
-#pragma unroll
-    for (int cb = 0; cb < kColBlocks; ++cb)
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, n0, head_kv, seq.batch_coord, &smem.v_full);
-  }
-}
-
-// A consumer thread of warpgroup `warpgroup` (0 or 1): dQ of its 64 queries over the steps.
+// The dQ pass's kernel: a CTA per 128 queries of one query head (blockIdx.x: the query block,
+// y: the head, z: the batch entry or sequence). One thread of the producer warpgroup loads Q and
+// dO once and streams K and V; the consumers run the loop described at the top.
 template <typename T, bool kVarlen>
-__device__ __forceinline__ void consume_dq(DqStorage<T>& smem, const BackwardParams& p, const Sequence& seq,
-                                           int warpgroup, int m0, int n_begin, int steps, int head) {
+__global__ void __launch_bounds__(kThreads, 1)
+    dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
+              const BackwardParams p) {
   constexpr int kKTiles = kDqKeys / 8;   // n8 column tiles of S and dP
   constexpr int kDTiles = kD / 8;        // n8 column tiles of dQ
   constexpr int kKSteps = kDqKeys / 16;  // k16 steps of dQ += dS K
+  extern __shared__ unsigned char smem_raw[];
+  auto& smem = *reinterpret_cast<DqStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
   const FeatureParams& f = p.fwd;
+  // Launched as a programmatic dependent of the dK/dV pass, this grid may run beside it. One
+  // thread of the last CTA launched waits for that pass, so that this grid completes after it
+  // and the kernels behind this one in the stream (the conversions of the dK and dV sums) see
+  // its writes. A no-op otherwise.
+  if (threadIdx.x == 0 && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 && blockIdx.z == gridDim.z - 1)
+    ptx::griddepcontrol_wait();
+  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
-  const int query0 = m0 + 64 * warpgroup + 16 * warp_in_wg + group;  // this thread's queries: query0, query0 + 8
+  const int m0 = int(blockIdx.x) * kDqQueries, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const int head_kv = head / f.heads_per_kv;
+  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
+  if (kVarlen && m0 >= seq.seqlen_q) return;  // past the sequence's queries (the grid is planned by the longest)
   const int seqlen_q = seqlen_q_of<kVarlen>(f, seq);
 
-  // This thread's two queries: LSE (log2 units), delta and the keys they see (none past the sequence).
+  // The keys the block's queries see (both ends are monotone in the query): the same sweep for
+  // both warpgroups; a key a query does not see gets dS = 0.
+  int key_first, key_last, unused;
+  visible_keys<kVarlen>(f, seq, m0, &key_first, &unused);
+  visible_keys<kVarlen>(f, seq, min(m0 + kDqQueries, seqlen_q) - 1, &unused, &key_last);
+  const int n_begin = key_first / kDqKeys * kDqKeys;
+  const int steps = key_last > n_begin ? (key_last - n_begin + kDqKeys - 1) / kDqKeys : 0;
+
+  const int query0 = m0 + 64 * warpgroup + 16 * warp_in_wg + group;  // this thread's queries: query0, query0 + 8
+  const float grad_scale = score_grad_scale(f);
+  if (steps == 0) {  // no key seen (CTA-uniform): dQ is 0
+    if (warpgroup >= 0) {
+      const float zeros[kDTiles * 4] = {};
+      store_dq<T, kVarlen>(p, seq, head, query0, tig, grad_scale, zeros);
+    }
+    return;
+  }
+
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&q_map);
+    ptx::prefetch_tensormap(&k_map);
+    ptx::prefetch_tensormap(&v_map);
+    ptx::prefetch_tensormap(&dout_map);
+    ptx::mbarrier_init(&smem.qdo_full, 1);
+#pragma unroll
+    for (int s = 0; s < kKStages; ++s) {
+      ptx::mbarrier_init(&smem.k_full[s], 1);
+      ptx::mbarrier_init(&smem.k_empty[s], kWarpgroups * 4);  // one arrival per consumer warp
+    }
+    ptx::mbarrier_init(&smem.v_full, 1);
+    ptx::mbarrier_init(&smem.v_empty, kWarpgroups * 4);
+    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
+  }
+  __syncthreads();  // no thread waits on a barrier before it is initialized
+
+  constexpr uint32_t kKBlockBytes = kDqKeys * kD * sizeof(T);  // one block of K (or V)
+  if (warpgroup < 0) {
+    // The producer. Every warp of the warpgroup must execute setmaxnreg; one thread then loads
+    // Q and dO once (tensor rows from the sequence's start) and K and V of each step's keys.
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      ptx::mbarrier_arrive_expect_tx(&smem.qdo_full, 2 * kDqQueries * kD * sizeof(T));
+#pragma unroll
+      for (int half = 0; half < 2; ++half)  // the maps' boxes are 64 rows
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb) {
+          const int row = seq.q_start + m0 + 64 * half;
+          ptx::cp_async_bulk_tensor_4d_g2s(smem.q[cb] + half * 64 * 64, &q_map, cb * 64, row, head, seq.batch_coord,
+                                           &smem.qdo_full);
+          ptx::cp_async_bulk_tensor_4d_g2s(smem.dout[cb] + half * 64 * 64, &dout_map, cb * 64, row, head,
+                                           seq.batch_coord, &smem.qdo_full);
+        }
+      for (int step = 0; step < steps; ++step) {
+        const int n0 = seq.k_start + n_begin + step * kDqKeys, stage = step % kKStages;
+        // WAR: both warpgroups' dQ over the block kKStages steps back has finished reading K.
+        if (step >= kKStages) ptx::mbarrier_wait(&smem.k_empty[stage], (step / kKStages - 1) % 2);
+        ptx::mbarrier_arrive_expect_tx(&smem.k_full[stage], kKBlockBytes);
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb)
+          ptx::cp_async_bulk_tensor_4d_g2s(smem.k[stage][cb], &k_map, cb * 64, n0, head_kv, seq.batch_coord,
+                                           &smem.k_full[stage]);
+        // WAR: both warpgroups' dP over the block before has finished reading V.
+        if (step >= 1) ptx::mbarrier_wait(&smem.v_empty, (step - 1) % 2);
+        ptx::mbarrier_arrive_expect_tx(&smem.v_full, kKBlockBytes);
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb)
+          ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, n0, head_kv, seq.batch_coord, &smem.v_full);
+      }
+    }
+    return;
+  }
+  ptx::setmaxnreg_inc<kConsumerRegisters>();
+
+  // A consumer thread: its two queries' LSE (log2 units), delta and the keys they see (none
+  // past the sequence).
   const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
   const float scale_log2 = f.scale * kLog2e;
   float lse_log2[2], delta[2];
@@ -142,7 +198,6 @@ __device__ __forceinline__ void consume_dq(DqStorage<T>& smem, const BackwardPar
   float s[kKTiles * 4], dp[kKTiles * 4];
   uint32_t ds_frag[kKSteps][4];  // dS as wgmma A fragments, one per 16 keys
   ptx::mbarrier_wait(&smem.qdo_full, 0);  // Q and dO have landed
-
   for (int step = 0; step < steps; ++step) {
     const int n0 = n_begin + step * kDqKeys, stage = step % kKStages;
     const uint32_t stage_bytes = stage * kKStageBytes;
@@ -230,68 +285,7 @@ __device__ __forceinline__ void consume_dq(DqStorage<T>& smem, const BackwardPar
   ptx::wgmma_wait_group<0>();  // the last block's dQ
 #pragma unroll
   for (int i = 0; i < kDTiles * 4; ++i) ptx::fence_operand(dq[i]);
-  store_dq<T, kVarlen>(p, seq, head, query0, tig, dq);
-}
-
-// The dQ pass's kernel: a CTA per 128 queries of one query head (blockIdx.x: the query block,
-// y: the head, z: the batch entry or sequence).
-template <typename T, bool kVarlen>
-__global__ void __launch_bounds__(kThreads, 1)
-    dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-              const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
-              const BackwardParams p) {
-  extern __shared__ unsigned char smem_raw[];
-  auto& smem = *reinterpret_cast<DqStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const FeatureParams& f = p.fwd;
-  const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
-  const int m0 = int(blockIdx.x) * kDqQueries, head = int(blockIdx.y), batch = int(blockIdx.z);
-  const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
-  if (kVarlen && m0 >= seq.seqlen_q) return;  // past the sequence's queries (the grid is planned by the longest)
-  const int seqlen_q = seqlen_q_of<kVarlen>(f, seq);
-
-  // The keys the block's queries see (both ends are monotone in the query): the same sweep for
-  // both warpgroups; a key a query does not see gets dS = 0.
-  int key_first, key_last, unused;
-  visible_keys<kVarlen>(f, seq, m0, &key_first, &unused);
-  visible_keys<kVarlen>(f, seq, min(m0 + kDqQueries, seqlen_q) - 1, &unused, &key_last);
-  const int n_begin = key_first / kDqKeys * kDqKeys;
-  const int steps = key_last > n_begin ? (key_last - n_begin + kDqKeys - 1) / kDqKeys : 0;
-  if (steps == 0) {  // no key seen (CTA-uniform): dQ is 0
-    if (warpgroup >= 0) {
-      const int lane = int(threadIdx.x) % 32;
-      const float zeros[kD / 8 * 4] = {};
-      store_dq<T, kVarlen>(p, seq, head, m0 + 64 * warpgroup + 16 * (int(threadIdx.x) % 128 / 32) + lane / 4,
-                           lane % 4, zeros);
-    }
-    return;
-  }
-
-  if (threadIdx.x == 0) {
-    ptx::prefetch_tensormap(&q_map);
-    ptx::prefetch_tensormap(&k_map);
-    ptx::prefetch_tensormap(&v_map);
-    ptx::prefetch_tensormap(&dout_map);
-    ptx::mbarrier_init(&smem.qdo_full, 1);
-#pragma unroll
-    for (int s = 0; s < kKStages; ++s) {
-      ptx::mbarrier_init(&smem.k_full[s], 1);
-      ptx::mbarrier_init(&smem.k_empty[s], kWarpgroups * 4);  // one arrival per consumer warp
-    }
-    ptx::mbarrier_init(&smem.v_full, 1);
-    ptx::mbarrier_init(&smem.v_empty, kWarpgroups * 4);
-    ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
-  }
-  __syncthreads();  // no thread waits on a barrier before it is initialized
-
-  if (warpgroup < 0) {
-    // Every warp of the producer warpgroup must execute setmaxnreg; one thread then loads.
-    ptx::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0) produce_dq(smem, q_map, k_map, v_map, dout_map, seq, m0, n_begin, steps, head, head_kv);
-    return;
-  }
-  ptx::setmaxnreg_inc<kConsumerRegisters>();
-  consume_dq<T, kVarlen>(smem, p, seq, warpgroup, m0, n_begin, steps, head);
+  store_dq<T, kVarlen>(p, seq, head, query0, tig, grad_scale, dq);
 }
 
 }  // namespace hattn::bwd::two_pass
