@@ -251,7 +251,7 @@ TEST(BackwardValidation, VarlenRefusals) {
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
   // Softcapping: bwd_sm90 (every head dim), and in the lineage bwd_15 (D <= 128), bwd_12 and
-  // bwd_10 (D = 256: dense and variable-length batches); every other kernel is refused it by name.
+  // bwd_10 (D = 256); every other kernel is refused it by name.
   b = valid_backward();
   b.forward.softcap = 30.f;
   std::string resolved;
@@ -866,7 +866,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
-  // Refused: bwd_03, bwd_05-07, bwd_09, bwd_11 and bwd_12 (no varlen); the others at head dims they do not run.
+  // Refused: bwd_03, bwd_05-07 and bwd_09-12 (no varlen); the others at head dims they do not run.
   if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
@@ -890,7 +890,7 @@ INSTANTIATE_TEST_SUITE_P(
             // Causal; a sequence without queries (NaN keys and values after the first one's
             // last key block, which ends at key 300 mid-box); Sq < Sk; padded gradients.
             VarlenCase{{300, 0, 77, 130}, {300, 5, 77, 200}, 2, 1, 64, true, -1, fp, true},
-            // D = 256 (bwd_sm90; bwd_01, bwd_02 and bwd_10), causal, a one-row sequence.
+            // D = 256 (bwd_sm90; bwd_01 and bwd_02), causal, a one-row sequence.
             VarlenCase{{190, 64, 1}, {190, 64, 1}, 2, 2, 256, true, -1, bf, false},
             // A sequence without keys (NaN queries and dO right after the first one's 60
             // rows, inside its query box), causal, GQA 2.
@@ -914,7 +914,7 @@ INSTANTIATE_TEST_SUITE_P(
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 64, false, -1, bf, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 4, 2, 128, true, -1, fp, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 256, false, -1, bf, false, 0},
-            // Softcapping (bwd_sm90, bwd_15; bwd_10 at D = 256): causal with a sequence without keys; a
+            // Softcapping (bwd_sm90, bwd_15): causal with a sequence without keys; a
             // window; D = 256 causal, GQA 2, padded, sequences without queries or keys.
             VarlenCase{{60, 50, 40}, {60, 0, 45}, 4, 2, 64, true, -1, bf, false, -1, 2.f},
             VarlenCase{{130, 8, 500}, {200, 700, 9}, 2, 1, 128, false, 40, fp, true, -1, 1.5f},

@@ -380,7 +380,7 @@ Status supports(const BackwardProblem& problem) {
   if (p.is_varlen())
     return {StatusCode::not_supported,
             std::string(kName) +
-                ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); bwd_10_dq_pass (D = 256), bwd_08_dq_overlap, "
+                ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); bwd_sm90 (every head dim), bwd_08_dq_overlap, "
                 "bwd_04_dq_per_cta and bwd_02_mma_sync run those"};
   if (p.seqlens_k != nullptr || p.is_paged())
     return {StatusCode::not_supported,

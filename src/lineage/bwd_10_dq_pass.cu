@@ -11,14 +11,7 @@
 // for 32 of the block's 64 keys with all of D, writes its columns of dS to shared memory, and
 // both read all 64 as the A operand of dQ[:, cols w] += dS K[:, cols w]. The price is S and dP
 // computed twice: 7 GEMMs where B09 has 5.
-//
-// A variable-length batch (cu_seqlens) runs in a second instantiation of each kernel,
-// kVarlen = true, as in B08: the tensor maps are over the packed rows, so a box that runs past
-// its sequence loads the next sequence's rows, which are zeroed in shared memory once they
-// land where a product would meet them as 0 * x (Q and dO in dkdv_kernel, K and V in
-// dq_kernel). dK, dV and dQ then go through the fp32 sums (written with plain stores where a
-// CTA alone computes the rows): a packed batch may have rows that no sequence covers, which
-// only the conversion of zeroed sums writes.
+// Dense batches only (the production backward runs variable-length ones at D = 256).
 //
 // dkdv_kernel's barriers (who arrives -> who waits):
 //   kv_full          thread 0's expect_tx + TMA bytes -> all threads, once
@@ -103,7 +96,7 @@ __device__ __forceinline__ void load_queries(SharedStorage<T>& smem, const CUten
 // This thread's dK and dV rows (keys key0 and key0 + 8 of the sequence; columns c0 + 8 dt +
 // 2 t, + 1), scaled dK: into the fp32 sums of the K/V head with atomics, or, when run_backward
 // made none (a dense batch without GQA: this CTA alone computes these rows), written once in T.
-template <typename T, bool kVarlen>
+template <typename T>
 __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int key0, int c0,
                                             int tig, const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
@@ -113,8 +106,8 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= seqlen_k_of<kVarlen>(f, seq)) continue;
-    if (!kVarlen && p.dk_accum == nullptr) {
+    if (key >= seqlen_k_of<false>(f, seq)) continue;
+    if (p.dk_accum == nullptr) {
       // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
       T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
       T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_seq_stride + head_kv * p.dv_head_stride;
@@ -126,7 +119,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
             frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
     } else {
-      const int64_t at = (key_row<kVarlen>(f, seq, key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
+      const int64_t at = (key_row<false>(f, seq, key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
@@ -137,7 +130,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
   }
 }
 
-template <typename T, bool kVarlen>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
@@ -155,18 +148,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
+  const Sequence seq = sequence_at<false>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int key0 = n0 + 16 * warp_in_wg + group;  // this thread's keys (rows of S^T, dK, dV): key0, key0 + 8
   const int q_col0 = kHalfM * warpgroup;          // this warpgroup's query columns of S^T
   const int c0 = kHalfD * warpgroup;              // its columns of dK and dV
   const float scale_log2 = f.scale * kLog2e;
 
   int q_first, q_last;
-  queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
+  queries_seeing<false>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
   const int m_begin = q_first / kBlockM * kBlockM;
-  // None when no query sees the keys, or (varlen) they start past the sequence's.
-  const int steps =
-      (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
+  const int steps = q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;  // none: no query sees the keys
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);
@@ -180,9 +171,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
   if (steps == 0) {  // no query sees these keys: their dK and dV are 0
-    if (!kVarlen && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
+    if (p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
       const float zeros[kDTiles * 4] = {};
-      store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
+      store_dk_dv<T>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
     }
     return;
   }
@@ -202,10 +193,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // A block's LSE and delta go to shared memory a step ahead: threads 0-63 fetch LSE, 64-127
   // delta (0 past Sq), as in B08, into a register first (fetch_row_stat), stored once S^T and
   // dP^T are done (store_row_stat).
-  const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
+  const int64_t row_base = stats_row0<false>(f, seq, head);
   auto fetch_row_stat = [&](int m0) -> float {
     const int t = int(threadIdx.x) % kBlockM, i = m0 + t;
-    if (i >= seqlen_q_of<kVarlen>(f, seq)) return 0.f;
+    if (i >= seqlen_q_of<false>(f, seq)) return 0.f;
     if (threadIdx.x < kBlockM) return f.lse[row_base + i] * kLog2e;
     if (threadIdx.x < 2 * kBlockM) return p.delta[row_base + i];
     return 0.f;
@@ -261,13 +252,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S^T and dP^T for this warpgroup's 32 queries: per 16 columns of D one wgmma each.
     float s[kQTiles * 4], dp[kQTiles * 4];
     ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);  // this block's Q and dO have landed
-    if constexpr (kVarlen) {
-      // CTA-uniform: the boxes ran into the next sequence's rows, which dK += dS^T Q and
-      // dV += P^T dO would meet as 0 * x (x may be NaN).
-      if (m0 + kBlockM > seq.seqlen_q) {
-        zero_tile_pair_rows<T, kD, kBlockM, kThreads>(smem.q[stage][0], smem.dout[stage][0], seq.seqlen_q - m0);
-      }
-    }
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
     ptx::wgmma_fence();  // s and dp reuse registers of the step before: those accesses come first
@@ -295,15 +279,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // m0 + q_col0 + 8 nt + 2 t + e % 2. Masked where this warpgroup's part of the tile is not
     // wholly visible (visible_keys is monotone in the query).
     int first_lo, last_lo, first_hi, last_hi;
-    visible_keys<kVarlen>(f, seq, m0 + q_col0, &first_lo, &last_lo);
-    visible_keys<kVarlen>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
-    bool need_mask;
-    if constexpr (kVarlen)
-      need_mask = m0 + q_col0 + kHalfM > seq.seqlen_q || n0 + kBlockN > seq.seqlen_k || last_lo < n0 + kBlockN ||
-                  first_hi > n0;
-    else  // written as before the varlen instantiation, which keeps the dense SASS unchanged
-      need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
-                  first_hi > n0;
+    visible_keys<false>(f, seq, m0 + q_col0, &first_lo, &last_lo);
+    visible_keys<false>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
+    const bool need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
+                           first_hi > n0;
     if (f.softcap_scale > 0.f) {  // s -> t and dP for the capped dS (softcap_score_and_dp)
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt) {
@@ -324,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (need_mask) {
           const int i = m0 + col + e % 2, j = key0 + 8 * (e / 2);
           int first = 0, last = 0;
-          if (i < seqlen_q_of<kVarlen>(f, seq)) visible_keys<kVarlen>(f, seq, i, &first, &last);
+          if (i < seqlen_q_of<false>(f, seq)) visible_keys<false>(f, seq, i, &first, &last);
           visible = j >= first && j < last;
         }
         // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
@@ -378,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // This warpgroup's columns of dK and dV: written once, or into the sums of its K/V head.
-  store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, c0, tig, dk, dv);
+  store_dk_dv<T>(p, seq, head_kv, key0, c0, tig, dk, dv);
 }
 
 // dq_kernel's shared memory: the CTA's 64 rows of Q and dO (loaded once), K and V of a block of
@@ -421,7 +400,7 @@ __device__ __forceinline__ void load_keys(DqStorage<T>& smem, const CUtensorMap*
 // bytes -> all threads; __syncthreads: all threads are done with the block before (its
 // wgmmas completed) before thread 0 refills that stage or anyone rewrites the dS tile;
 // named 1: both halves of dS written and fenced before either warpgroup's dQ wgmmas.
-template <typename T, bool kVarlen>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
@@ -436,51 +415,38 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   const int m0 = int(blockIdx.x) * kBlockM, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
-  if (kVarlen && m0 >= seq.seqlen_q) return;  // past the sequence's queries (the grid is planned by the longest)
+  const Sequence seq = sequence_at<false>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int query0 = m0 + 16 * warp_in_wg + group;  // this thread's queries (rows of S and dQ): query0, query0 + 8
   const int key_col0 = kHalfN * warpgroup;          // this warpgroup's key columns of S and dP
   const int c0 = kHalfD * warpgroup;                // its columns of dQ
   const float scale_log2 = f.scale * kLog2e;
 
   // This thread's rows of dQ (queries query0, query0 + 8; columns c0 + 8 nt + 2 t, + 1), scaled,
-  // written once: each row is this CTA's alone, so no atomics. A dense batch's go straight to
-  // dq in the gradient's dtype (4-byte stores: the gradients' rows are 16-byte aligned,
-  // validate_backward_arguments); a packed batch's to the zeroed fp32 sum, which the
-  // conversion writes out with the rows no sequence covers.
+  // written once in the gradient's dtype: each row is this CTA's alone, so no atomics (4-byte
+  // stores: the gradients' rows are 16-byte aligned, validate_backward_arguments).
   const float grad_scale = score_grad_scale(f);
   auto store_dq = [&](const float* dq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = query0 + 8 * r;
-      if (i >= seqlen_q_of<kVarlen>(f, seq)) continue;
-      if constexpr (kVarlen) {
-        float* row = p.dq_accum + (query_row<kVarlen>(f, seq, i) * f.heads_q + head) * kD;
+      if (i >= seqlen_q_of<false>(f, seq)) continue;
+      T* row = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + i * p.dq_seq_stride + head * p.dq_head_stride;
 #pragma unroll
-        for (int nt = 0; nt < kDTiles; ++nt)
-          *reinterpret_cast<float2*>(row + c0 + 8 * nt + 2 * tig) =
-              make_float2(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
-      } else {
-        T* row = static_cast<T*>(p.dq) + batch * p.dq_batch_stride + i * p.dq_seq_stride + head * p.dq_head_stride;
-#pragma unroll
-        for (int nt = 0; nt < kDTiles; ++nt)
-          *reinterpret_cast<uint32_t*>(row + c0 + 8 * nt + 2 * tig) =
-              frag::pack2<T>(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
-      }
+      for (int nt = 0; nt < kDTiles; ++nt)
+        *reinterpret_cast<uint32_t*>(row + c0 + 8 * nt + 2 * tig) =
+            frag::pack2<T>(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
     }
   };
 
   // The keys the block's queries see (both ends are monotone in the query).
   int key_first, key_last, unused;
-  visible_keys<kVarlen>(f, seq, m0, &key_first, &unused);
-  visible_keys<kVarlen>(f, seq, min(m0 + kBlockM, seqlen_q_of<kVarlen>(f, seq)) - 1, &unused, &key_last);
+  visible_keys<false>(f, seq, m0, &key_first, &unused);
+  visible_keys<false>(f, seq, min(m0 + kBlockM, seqlen_q_of<false>(f, seq)) - 1, &unused, &key_last);
   const int n_begin = key_first / kBlockN * kBlockN;
   const int steps = key_last > n_begin ? (key_last - n_begin + kBlockN - 1) / kBlockN : 0;
-  if (steps == 0) {  // no key seen: dQ is 0 (a packed batch's sum is zeroed already)
-    if constexpr (!kVarlen) {
-      const float zeros[kDTiles * 4] = {};
-      store_dq(zeros);
-    }
+  if (steps == 0) {  // no key seen: dQ is 0
+    const float zeros[kDTiles * 4] = {};
+    store_dq(zeros);
     return;
   }
 
@@ -508,17 +474,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // This thread's two queries: LSE (log2 units), delta and the keys they see (none past Sq).
-  const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
+  const int64_t row_base = stats_row0<false>(f, seq, head);
   float lse_log2[2], delta[2];
   int first[2], last[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = query0 + 8 * r;
     lse_log2[r] = 0.f, delta[r] = 0.f, first[r] = 0, last[r] = 0;
-    if (i < seqlen_q_of<kVarlen>(f, seq)) {
+    if (i < seqlen_q_of<false>(f, seq)) {
       lse_log2[r] = f.lse[row_base + i] * kLog2e;
       delta[r] = p.delta[row_base + i];
-      visible_keys<kVarlen>(f, seq, i, &first[r], &last[r]);
+      visible_keys<false>(f, seq, i, &first[r], &last[r]);
     }
   }
 
@@ -553,13 +519,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S and dP for this warpgroup's 32 keys: per 16 columns of D one wgmma each.
     float s[kKTiles * 4], dp[kKTiles * 4];
     ptx::mbarrier_wait(&smem.kv_full[stage], (step / kStages) % 2);  // this block's K and V have landed
-    if constexpr (kVarlen) {
-      // CTA-uniform: the boxes ran into the next sequence's keys, which dQ += dS K would meet
-      // as 0 * x (x from K, or from V through dP; either may be NaN).
-      if (n0 + kBlockN > seq.seqlen_k) {
-        zero_tile_pair_rows<T, kD, kBlockN, kThreads>(smem.k[stage][0], smem.v[stage][0], seq.seqlen_k - n0);
-      }
-    }
 #pragma unroll
     for (int i = 0; i < kKTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
     ptx::wgmma_fence();  // s and dp reuse registers of the step before: those accesses come first
@@ -639,6 +598,9 @@ Status supports(const BackwardProblem& problem) {
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (D = 256 only; bwd_08_dq_overlap runs D = 64 and 128)"};
+  if (p.is_varlen())
+    return {StatusCode::not_supported,
+            std::string(kName) + ": dense batches only (bwd_sm90 runs variable-length ones at D = 256)"};
   return Status::Ok();
 }
 
@@ -649,29 +611,23 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   CUtensorMap dout_map;
   if (s.ok())
     s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                             fwd.head_dim, problem.dout_strides, kBlockM, 64);  // packed rows when varlen, like q
+                             fwd.head_dim, problem.dout_strides, kBlockM, 64);
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
-  const bool varlen = fwd.is_varlen();
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     if constexpr (D != kD) {
       return {StatusCode::not_supported, std::string(kName) + ": head_dim != 256"};  // refused by supports()
     } else {
       constexpr int kSmem = smem_bytes<T>(), kDqSmem = dq_smem_bytes<T>();
       static_assert(kSmem <= 227 * 1024 && kDqSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-      auto launch_both = [&](auto dkdv, auto dq) {
-        Status st = launch_per_key_block(dkdv, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q, maps.k, maps.v,
-                                         dout_map, p);
-        if (!st.ok()) return st;
-        return launch_per_query_block(dq, kBlockM, kThreads, kDqSmem, p.fwd, stream, kName, maps.q, maps.k, maps.v,
-                                      dout_map, p);
-      };
-      if (varlen) return launch_both(dkdv_kernel<T, true>, dq_kernel<T, true>);
-      return launch_both(dkdv_kernel<T, false>, dq_kernel<T, false>);
+      Status st = launch_per_key_block(dkdv_kernel<T>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q, maps.k,
+                                       maps.v, dout_map, p);
+      if (!st.ok()) return st;
+      return launch_per_query_block(dq_kernel<T>, kBlockM, kThreads, kDqSmem, p.fwd, stream, kName, maps.q, maps.k,
+                                    maps.v, dout_map, p);
     }
-    // The gradients are written by the kernels only for a dense batch (dK and dV: without
-    // GQA): a packed batch may have rows that belong to no sequence, which only the conversion
-    // of zeroed sums writes.
-  }, /*dkdv_written_by_kernel=*/!varlen && fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/!varlen);
+    // dK and dV are written by dkdv_kernel without GQA (else summed and converted); dQ always
+    // by dq_kernel.
+  }, /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/true);
 }
 
 }  // namespace

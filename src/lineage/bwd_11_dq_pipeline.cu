@@ -10,9 +10,8 @@
 //   over the whole 64-key block (m64n64), dS in its registers as the A operand of
 //   dQ_w += dS K (m64n256), so neither warpgroup ever waits for the other, and a block's dQ
 //   runs on the tensor cores while the next block's S and dP are issued.
-// dkdv_kernel is B10's. This step runs dense batches (a variable-length one goes to B10: its K
-// and V rows past a sequence would need zeroing in shared memory, which the producer cannot do
-// alone); its dkdv_kernel keeps B10's varlen template and is instantiated dense only.
+// dkdv_kernel is B10's. Dense batches only (the production backward runs variable-length ones
+// at D = 256).
 //
 // dkdv_kernel's barriers (who arrives -> who waits):
 //   kv_full          thread 0's expect_tx + TMA bytes -> all threads, once
@@ -97,7 +96,7 @@ __device__ __forceinline__ void load_queries(SharedStorage<T>& smem, const CUten
 // This thread's dK and dV rows (keys key0 and key0 + 8 of the sequence; columns c0 + 8 dt +
 // 2 t, + 1), scaled dK: into the fp32 sums of the K/V head with atomics, or, when run_backward
 // made none (a dense batch without GQA: this CTA alone computes these rows), written once in T.
-template <typename T, bool kVarlen>
+template <typename T>
 __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int key0, int c0,
                                             int tig, const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
@@ -106,8 +105,8 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= seqlen_k_of<kVarlen>(f, seq)) continue;
-    if (!kVarlen && p.dk_accum == nullptr) {
+    if (key >= seqlen_k_of<false>(f, seq)) continue;
+    if (p.dk_accum == nullptr) {
       // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
       T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
       T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_seq_stride + head_kv * p.dv_head_stride;
@@ -119,7 +118,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
             frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
     } else {
-      const int64_t at = (key_row<kVarlen>(f, seq, key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
+      const int64_t at = (key_row<false>(f, seq, key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
@@ -130,7 +129,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
   }
 }
 
-template <typename T, bool kVarlen>
+template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
@@ -148,18 +147,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
+  const Sequence seq = sequence_at<false>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int key0 = n0 + 16 * warp_in_wg + group;  // this thread's keys (rows of S^T, dK, dV): key0, key0 + 8
   const int q_col0 = kHalfM * warpgroup;          // this warpgroup's query columns of S^T
   const int c0 = kHalfD * warpgroup;              // its columns of dK and dV
   const float scale_log2 = f.scale * kLog2e;
 
   int q_first, q_last;
-  queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
+  queries_seeing<false>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
   const int m_begin = q_first / kBlockM * kBlockM;
-  // None when no query sees the keys, or (varlen) they start past the sequence's.
-  const int steps =
-      (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
+  const int steps = q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;  // none: no query sees the keys
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);
@@ -173,9 +170,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
   if (steps == 0) {  // no query sees these keys: their dK and dV are 0
-    if (!kVarlen && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
+    if (p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
       const float zeros[kDTiles * 4] = {};
-      store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
+      store_dk_dv<T>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
     }
     return;
   }
@@ -195,10 +192,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // A block's LSE and delta go to shared memory a step ahead: threads 0-63 fetch LSE, 64-127
   // delta (0 past Sq), as in B08, into a register first (fetch_row_stat), stored once S^T and
   // dP^T are done (store_row_stat).
-  const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
+  const int64_t row_base = stats_row0<false>(f, seq, head);
   auto fetch_row_stat = [&](int m0) -> float {
     const int t = int(threadIdx.x) % kBlockM, i = m0 + t;
-    if (i >= seqlen_q_of<kVarlen>(f, seq)) return 0.f;
+    if (i >= seqlen_q_of<false>(f, seq)) return 0.f;
     if (threadIdx.x < kBlockM) return f.lse[row_base + i] * kLog2e;
     if (threadIdx.x < 2 * kBlockM) return p.delta[row_base + i];
     return 0.f;
@@ -254,13 +251,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S^T and dP^T for this warpgroup's 32 queries: per 16 columns of D one wgmma each.
     float s[kQTiles * 4], dp[kQTiles * 4];
     ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);  // this block's Q and dO have landed
-    if constexpr (kVarlen) {
-      // CTA-uniform: the boxes ran into the next sequence's rows, which dK += dS^T Q and
-      // dV += P^T dO would meet as 0 * x (x may be NaN).
-      if (m0 + kBlockM > seq.seqlen_q) {
-        zero_tile_pair_rows<T, kD, kBlockM, kThreads>(smem.q[stage][0], smem.dout[stage][0], seq.seqlen_q - m0);
-      }
-    }
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
     ptx::wgmma_fence();  // s and dp reuse registers of the step before: those accesses come first
@@ -288,15 +278,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // m0 + q_col0 + 8 nt + 2 t + e % 2. Masked where this warpgroup's part of the tile is not
     // wholly visible (visible_keys is monotone in the query).
     int first_lo, last_lo, first_hi, last_hi;
-    visible_keys<kVarlen>(f, seq, m0 + q_col0, &first_lo, &last_lo);
-    visible_keys<kVarlen>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
-    bool need_mask;
-    if constexpr (kVarlen)
-      need_mask = m0 + q_col0 + kHalfM > seq.seqlen_q || n0 + kBlockN > seq.seqlen_k || last_lo < n0 + kBlockN ||
-                  first_hi > n0;
-    else  // written as before the varlen instantiation, which keeps the dense SASS unchanged
-      need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
-                  first_hi > n0;
+    visible_keys<false>(f, seq, m0 + q_col0, &first_lo, &last_lo);
+    visible_keys<false>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
+    const bool need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
+                           first_hi > n0;
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
       const int col = q_col0 + 8 * nt + 2 * tig;  // of the block; this and col + 1
@@ -308,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (need_mask) {
           const int i = m0 + col + e % 2, j = key0 + 8 * (e / 2);
           int first = 0, last = 0;
-          if (i < seqlen_q_of<kVarlen>(f, seq)) visible_keys<kVarlen>(f, seq, i, &first, &last);
+          if (i < seqlen_q_of<false>(f, seq)) visible_keys<false>(f, seq, i, &first, &last);
           visible = j >= first && j < last;
         }
         // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
@@ -362,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // This warpgroup's columns of dK and dV: written once, or into the sums of its K/V head.
-  store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, c0, tig, dk, dv);
+  store_dk_dv<T>(p, seq, head_kv, key0, c0, tig, dk, dv);
 }
 
 // dq_kernel: 128 queries a CTA, two consumer warpgroups of 64 each and a producer warpgroup.
@@ -629,7 +614,7 @@ Status supports(const BackwardProblem& problem) {
                 " is not supported (D = 256 only; bwd_08_dq_overlap runs D = 64 and 128)"};
   if (p.is_varlen())
     return {StatusCode::not_supported,
-            std::string(kName) + ": dense batches only (bwd_10_dq_pass runs variable-length ones at D = 256)"};
+            std::string(kName) + ": dense batches only (bwd_sm90 runs variable-length ones at D = 256)"};
   return Status::Ok();
 }
 
@@ -648,7 +633,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
     } else {
       constexpr int kSmem = smem_bytes<T>(), kDqSmem = dq_smem_bytes<T>();
       static_assert(kSmem <= 227 * 1024 && kDqSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-      Status st = launch_per_key_block(dkdv_kernel<T, false>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q,
+      Status st = launch_per_key_block(dkdv_kernel<T>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q,
                                        maps.k, maps.v, dout_map, p);
       if (!st.ok()) return st;
       return launch_per_query_block(dq_kernel<T>, kDqBlockM, kDqThreads, kDqSmem, p.fwd, stream, kName, maps.q, maps.k,

@@ -12,7 +12,7 @@
 //   delta from global memory while S^T and dP^T run.
 // The split of the work is B09's: 64 keys a CTA; warpgroup w computes S^T and dP^T for query
 // columns 32 w .. 32 w + 31 of each block (m64n32) and owns columns 128 w .. 128 w + 127 of dK
-// and dV (m64n128). dq_kernel is B11's. Dense batches only (B10 runs variable-length ones).
+// and dV (m64n128). dq_kernel is B11's. Dense batches only (bwd_sm90 runs variable-length ones).
 //
 // dkdv_kernel's barriers (who arrives -> who waits):
 //   kv_full          the producer's expect_tx + TMA bytes -> the consumers, once
@@ -629,7 +629,7 @@ Status supports(const BackwardProblem& problem) {
                 " is not supported (D = 256 only; bwd_08_dq_overlap runs D = 64 and 128)"};
   if (p.is_varlen())
     return {StatusCode::not_supported,
-            std::string(kName) + ": dense batches only (bwd_10_dq_pass runs variable-length ones at D = 256)"};
+            std::string(kName) + ": dense batches only (bwd_sm90 runs variable-length ones at D = 256)"};
   return Status::Ok();
 }
 
