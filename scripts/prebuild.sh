@@ -5,6 +5,7 @@
 #
 #   scripts/prebuild.sh                          # -> .prebuilt/build-gpu.tar.xz
 #   scripts/gpu_run.sh --prebuilt .prebuilt/build-gpu.tar.xz [STEPS]    # on the GPU machine
+#   ARCHIVE=.prebuilt/trial.tar.xz scripts/prebuild.sh   # a trial's binaries, beside main's
 #
 # The archive holds hattn_tests, hattn-bench, the build's log (ptxas's register and spill
 # reports for the files this build compiled: all of them after a clean build, FRESH=1) and the
@@ -34,7 +35,8 @@ grep -ho 'CMAKE_CUDA_COMPILER_VERSION "[0-9.]*"' "$build"/CMakeFiles/*/CMakeCUDA
 # xz -9: its 64 MiB window spans hattn_tests, so hattn-bench's copy of the kernels packs as
 # references to it (11 MB at -3, 5.3 MB at -9 for about 35 s more): a trial's binaries then
 # fit beside main's in a device call's 64 MiB.
+archive=${ARCHIVE:-.prebuilt/build-gpu.tar.xz}
 tar cf - -C "$build" hattn_tests hattn-bench prebuild.log prebuild_commit.txt prebuild_nvcc.txt |
-  xz -T"$jobs" -9 >.prebuilt/build-gpu.tar.xz
-echo "packed $(du -h .prebuilt/build-gpu.tar.xz | cut -f1) for commit $commit into .prebuilt/build-gpu.tar.xz" \
+  xz -T"$jobs" -9 >"$archive"
+echo "packed $(du -h "$archive" | cut -f1) for commit $commit into $archive" \
   "($(grep -c 'registers' "$log" || true) ptxas reports in the log)"
