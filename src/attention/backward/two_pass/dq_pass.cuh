@@ -7,7 +7,7 @@
 // producer thread loads Q and dO once and streams K and V; dQ(t) runs on the tensor cores while
 // step t + 1 issues its S and dP. Each query row is this CTA's alone: dQ is written once. The
 // pass reads nothing the dK/dV pass writes, so it is launched as that pass's programmatic
-// dependent (backward.cu): its CTAs take SMs as the dK/dV pass's last wave frees them (1-5%
+// dependent (backward.cu): its CTAs take SMs as the dK/dV pass's last wave frees them (2-5%
 // of the backward's time on an H100 at 512-2k tokens, results/evidence/two_pass_d256/).
 //
 // A variable-length batch: a K/V box that runs past its sequence loads the next sequence's
