@@ -353,22 +353,25 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int smem, cudaStr
   return launch_status(name);
 }
 
-// Launches a backward's main kernel, one CTA per `block_n` keys of each query head and batch
-// element (of the longest sequence's keys, when varlen: a CTA past its own sequence's keys
-// exits).
+// A backward kernel's grid: one CTA per `rows` rows (of `seqlen` keys or queries, the longest
+// sequence's when varlen: a CTA past its own sequence's rows exits) of each query head and
+// batch element.
+inline dim3 per_block_grid(int seqlen, int rows, const FeatureParams& f) {
+  return dim3(unsigned((seqlen + rows - 1) / rows), unsigned(f.heads_q), unsigned(f.batch));
+}
+
+// Launches a backward's main kernel, one CTA per `block_n` keys (per_block_grid).
 template <typename Kernel, typename... Args>
 Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const FeatureParams& f,
                             cudaStream_t stream, const char* name, const Args&... args) {
-  const dim3 grid(unsigned((f.seqlen_k + block_n - 1) / block_n), unsigned(f.heads_q), unsigned(f.batch));
-  return launch_with_smem(kernel, grid, threads, smem, stream, name, args...);
+  return launch_with_smem(kernel, per_block_grid(f.seqlen_k, block_n, f), threads, smem, stream, name, args...);
 }
 
-// The same, one CTA per `block_m` queries of each query head and batch element.
+// The same, one CTA per `block_m` queries.
 template <typename Kernel, typename... Args>
 Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem, const FeatureParams& f,
                               cudaStream_t stream, const char* name, const Args&... args) {
-  const dim3 grid(unsigned((f.seqlen_q + block_m - 1) / block_m), unsigned(f.heads_q), unsigned(f.batch));
-  return launch_with_smem(kernel, grid, threads, smem, stream, name, args...);
+  return launch_with_smem(kernel, per_block_grid(f.seqlen_q, block_m, f), threads, smem, stream, name, args...);
 }
 
 // The host side of a backward: scratch for the fp32 sums and delta (from the problem's
@@ -442,18 +445,21 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
       delta_kernel<T, D><<<unsigned((rows_q + kDeltaRows - 1) / kDeltaRows), kDeltaThreads, 0, stream>>>(rows);
       Status st = launch_status(name);
       if (!st.ok()) return st;
-      if (dkdv_written_by_kernel && fwd.is_varlen()) {  // the rows no sequence owns (the kernel writes the rest)
-        for (auto [dst, strides] : {std::pair{problem.dk, problem.dk_strides}, std::pair{problem.dv, problem.dv_strides}}) {
-          zero_unowned_rows_kernel<T, D><<<64, 256, 0, stream>>>(static_cast<T*>(dst), fwd.cu_seqlens_k, fwd.batch,
-                                                                 fwd.total_k, fwd.heads_kv, strides.seq, strides.head);
-          if (!(st = launch_status(name)).ok()) return st;
-        }
+      // A packed batch's rows that no sequence owns, in the gradients the kernel writes itself
+      // (it writes the rest).
+      auto zero_unowned = [&](void* dst, const int32_t* cu_seqlens, int total, int heads, const Strides& strides) {
+        zero_unowned_rows_kernel<T, D><<<64, 256, 0, stream>>>(static_cast<T*>(dst), cu_seqlens, fwd.batch, total,
+                                                               heads, strides.seq, strides.head);
+        return launch_status(name);
+      };
+      if (dkdv_written_by_kernel && fwd.is_varlen()) {
+        if (!(st = zero_unowned(problem.dk, fwd.cu_seqlens_k, fwd.total_k, fwd.heads_kv, problem.dk_strides)).ok() ||
+            !(st = zero_unowned(problem.dv, fwd.cu_seqlens_k, fwd.total_k, fwd.heads_kv, problem.dv_strides)).ok())
+          return st;
       }
-      if (dq_written_by_kernel && fwd.is_varlen()) {  // the same for dQ
-        zero_unowned_rows_kernel<T, D><<<64, 256, 0, stream>>>(static_cast<T*>(problem.dq), fwd.cu_seqlens_q,
-                                                               fwd.batch, fwd.total_q, fwd.heads_q,
-                                                               problem.dq_strides.seq, problem.dq_strides.head);
-        if (!(st = launch_status(name)).ok()) return st;
+      if (dq_written_by_kernel && fwd.is_varlen()) {
+        if (!(st = zero_unowned(problem.dq, fwd.cu_seqlens_q, fwd.total_q, fwd.heads_q, problem.dq_strides)).ok())
+          return st;
       }
       if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;
       auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {

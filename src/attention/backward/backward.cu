@@ -47,18 +47,28 @@ TurnCounts deterministic_turns(const AttentionProblem& fwd) {
   return turns;
 }
 
+// The TMA descriptors of q, k, v (boxes of q_rows and kv_rows rows) and dout (like q: packed
+// rows when varlen).
+Status make_input_maps(const BackwardProblem& problem, int q_rows, int kv_rows, QkvTensorMaps* maps,
+                       CUtensorMap* dout_map) {
+  const AttentionProblem& fwd = problem.forward;
+  Status s = make_qkv_tensor_maps(fwd, q_rows, kv_rows, kName, maps);
+  if (s.ok())
+    s = make_bshd_tensor_map(dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
+                             fwd.head_dim, problem.dout_strides, q_rows, 64);
+  if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
+  return s;
+}
+
 // D = 256: the dK/dV pass, then the dQ pass (two_pass/). The first writes dK and dV without
 // GQA (else adds them into the fp32 sums), the second writes every row of dQ.
 Status launch_two_passes(const BackwardProblem& problem, cudaStream_t stream) {
   namespace tp = bwd::two_pass;
   const AttentionProblem& fwd = problem.forward;
   QkvTensorMaps maps;  // boxes of 64 rows: the dK/dV pass's query blocks, the dQ pass's key blocks
-  Status s = make_qkv_tensor_maps(fwd, tp::kDkdvQueries, tp::kDqKeys, kName, &maps);
   CUtensorMap dout_map;
-  if (s.ok())
-    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                             fwd.head_dim, problem.dout_strides, tp::kDkdvQueries, 64);  // packed rows when varlen, like q
-  if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
+  Status s = make_input_maps(problem, tp::kDkdvQueries, tp::kDqKeys, &maps, &dout_map);
+  if (!s.ok()) return s;
   return run_backward(
       problem, stream, kName,
       [&]<typename T, int D>(const BackwardParams& p) -> Status {
@@ -75,9 +85,8 @@ Status launch_two_passes(const BackwardProblem& problem, cudaStream_t stream) {
             // The dQ pass as a programmatic dependent of the dK/dV pass: it reads nothing that
             // pass writes, so its CTAs take SMs as the dK/dV pass's last wave frees them
             // (dq_pass.cuh says how its end waits for that pass).
-            const dim3 grid(unsigned((p.fwd.seqlen_q + tp::kDqQueries - 1) / tp::kDqQueries), unsigned(p.fwd.heads_q),
-                            unsigned(p.fwd.batch));
-            return launch_dependent_with_smem(dq_kernel, grid, dim3(bwd::kThreads), kDqSmem, stream,
+            return launch_dependent_with_smem(dq_kernel, per_block_grid(p.fwd.seqlen_q, tp::kDqQueries, p.fwd),
+                                              dim3(bwd::kThreads), kDqSmem, stream,
                                               std::string(kName) + ": the dQ pass", maps.q, maps.k, maps.v, dout_map, p);
           };
           if (fwd.is_varlen()) return both(tp::dkdv_kernel<T, true>, tp::dq_kernel<T, true>);
@@ -90,14 +99,10 @@ Status launch_two_passes(const BackwardProblem& problem, cudaStream_t stream) {
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   const AttentionProblem& fwd = problem.forward;
   if (fwd.head_dim == bwd::two_pass::kD) return launch_two_passes(problem, stream);
-  const int block_m = bwd::block_m(fwd.head_dim);  // query rows of a step
-  QkvTensorMaps maps;
-  Status s = make_qkv_tensor_maps(fwd, block_m, bwd::kBlockN, kName, &maps);
+  QkvTensorMaps maps;  // Q and dO in boxes of a step's query rows, K and V of the CTA's keys
   CUtensorMap dout_map;
-  if (s.ok())
-    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                             fwd.head_dim, problem.dout_strides, block_m, 64);  // packed rows when varlen, like q
-  if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
+  Status s = make_input_maps(problem, bwd::block_m(fwd.head_dim), bwd::kBlockN, &maps, &dout_map);
+  if (!s.ok()) return s;
   return run_backward(
       problem, stream, kName,
       [&]<typename T, int D>(const BackwardParams& p) -> Status {
