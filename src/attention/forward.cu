@@ -25,6 +25,22 @@ namespace {
 
 constexpr const char* kName = "fwd_sm90";
 
+// The plan's workspace (V^T, the split-KV partials or the sorted work order: one of them a
+// call): the caller's (forward() checked its size), else `bytes` of scratch from the problem's
+// allocator, which *scratch then holds for the caller to give back.
+template <typename Ptr>
+Status take_workspace(const AttentionProblem& problem, size_t bytes, cudaStream_t stream, const char* what, Ptr** out,
+                      void** scratch) {
+  *scratch = nullptr;
+  if (problem.workspace != nullptr) {
+    *out = static_cast<Ptr*>(problem.workspace);
+    return Status::Ok();
+  }
+  const Status s = take_scratch(problem.allocator, bytes, stream, std::string(kName) + ": " + what, scratch);
+  *out = static_cast<Ptr*>(*scratch);
+  return s;
+}
+
 // `fp` is make_plan(problem): split.splits > 1 (run-time bounds kernels only): split-KV with
 // that many parts; or split.tail_parts > 1 (not the window's kernels): the tail split. Either
 // in the caller's workspace or, without one, in scratch from the problem's allocator.
@@ -72,13 +88,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   const size_t vt_bytes = fp.workspace_bytes;  // V^T's copy (FP8 only)
   if constexpr (kIsFp8<T>) {
     const int keys = vt_keys(problem.seqlen_k);
-    if (problem.workspace != nullptr) {  // forward() checked its size
-      vt = static_cast<uint8_t*>(problem.workspace);
-    } else {
-      s = take_scratch(allocator, vt_bytes, stream, std::string(kName) + ": V^T", &vt_scratch);
-      if (!s.ok()) return s;
-      vt = static_cast<uint8_t*>(vt_scratch);
-    }
+    if (!(s = take_workspace(problem, vt_bytes, stream, "V^T", &vt, &vt_scratch)).ok()) return s;
     transpose_v_kernel<D><<<dim3(unsigned(keys / kVtTileKeys), unsigned(problem.heads_kv), unsigned(problem.batch)), 256,
                             0, stream>>>(params, vt, keys);
     s = launch_status(kName);
@@ -100,17 +110,11 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   float* workspace = nullptr;
   void* split_scratch = nullptr;  // taken here, given back here
   if ((kRuntimeBounds && splits > 1) || (!kWindow && split.tail_parts > 1)) {
-    if (problem.workspace != nullptr) {  // forward() checked its size
-      workspace = static_cast<float*>(problem.workspace);
-    } else {
-      // A failure is the caller's to see (out of memory), not a silent switch to the unsplit plan.
-      Status st = take_scratch(allocator, split.bytes, stream, std::string(kName) + ": split-KV workspace",
-                               &split_scratch);
-      if (!st.ok()) {
-        give_back_scratch(allocator, vt_scratch, vt_bytes, stream, kName, "V^T");
-        return st;
-      }
-      workspace = static_cast<float*>(split_scratch);
+    // A failure is the caller's to see (out of memory), not a silent switch to the unsplit plan.
+    Status st = take_workspace(problem, split.bytes, stream, "split-KV workspace", &workspace, &split_scratch);
+    if (!st.ok()) {
+      give_back_scratch(allocator, vt_scratch, vt_bytes, stream, kName, "V^T");
+      return st;
     }
     if (workspace != nullptr && split.tail_parts > 1) {
       // The tail split: the parts of the cut items, [tail item][part][row of the block].
@@ -134,13 +138,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   int* order = nullptr;
   void* order_scratch = nullptr;  // taken here, given back here
   if (fp.sorted_order) {
-    if (problem.workspace != nullptr) {  // forward() checked its size
-      order = static_cast<int*>(problem.workspace);
-    } else {
-      s = take_scratch(allocator, fp.workspace_bytes, stream, std::string(kName) + ": work order", &order_scratch);
-      if (!s.ok()) return s;
-      order = static_cast<int*>(order_scratch);
-    }
+    if (!(s = take_workspace(problem, fp.workspace_bytes, stream, "work order", &order, &order_scratch)).ok()) return s;
     const OrderPlan o{grid_plan.sched.total(), grid_plan.sched.m_blocks, grid_plan.sched.heads_q, Cfg::kBlockM,
                       params.pack_shift, Cfg::kBlockN};
     s = cuda_status(cudaFuncSetAttribute(order_items_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
