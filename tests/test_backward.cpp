@@ -151,8 +151,8 @@ TEST(BackwardValidation, KernelNamesInLineageOrder) {
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
-// B05 (and B06, B05's loop made lean) take dense batches at D <= 128; what they refuse falls to an
-// older kernel (a variable-length batch to bwd_04). Its supports() directly: backward() refuses
+// B05 (and B06, B05's loop made lean) take dense batches at D <= 128, as every lineage step
+// does (a variable-length batch goes to bwd_sm90). Its supports() directly: backward() refuses
 // seqlens_k and block_table before asking it.
 TEST(BackwardValidation, TmaDqSupports) {
   const BackwardKernel& b05 = backward_tma_dq();
@@ -250,22 +250,23 @@ TEST(BackwardValidation, VarlenRefusals) {
   Status s = backward(b);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_NE(s.message().find("block_table"), std::string::npos) << s.message();
-  // Softcapping: bwd_sm90 (every head dim), and in the lineage bwd_15 (D <= 128), bwd_12 and
-  // bwd_10 (D = 256); every other kernel is refused it by name.
+  // Softcapping: bwd_sm90 only (every head dim); every lineage step is refused it by name, at
+  // D = 128 and at D = 256.
   b = valid_backward();
   b.forward.softcap = 30.f;
   std::string resolved;
   s = resolve_backward_kernel(b, "auto", &resolved);
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(resolved, "bwd_sm90");
-  for (const std::string& name : backward_kernel_names()) {
-    if (name == "bwd_sm90" || name == "bwd_15_tma_sums" || name == "bwd_12_dkdv_pipeline" ||
-        name == "bwd_10_dq_pass")
-      continue;
-    s = resolve_backward_kernel(b, name, &resolved);
-    EXPECT_EQ(s.code(), StatusCode::not_supported) << name << ": " << s.to_string();
-    EXPECT_NE(s.message().find(name + ": no softcap"), std::string::npos) << s.message();
-  }
+  auto expect_no_softcap = [&](const BackwardProblem& problem) {
+    for (const std::string& name : backward_kernel_names()) {
+      if (name == "bwd_sm90") continue;
+      const Status t = resolve_backward_kernel(problem, name, &resolved);
+      EXPECT_EQ(t.code(), StatusCode::not_supported) << name << ": " << t.to_string();
+      EXPECT_NE(t.message().find(name + ": no softcap"), std::string::npos) << t.message();
+    }
+  };
+  expect_no_softcap(b);
   b.forward.head_dim = 256;
   b.forward.q_strides = b.forward.out_strides = b.dout_strides = b.dq_strides = contiguous_bshd(100, 4, 256);
   b.forward.k_strides = b.forward.v_strides = b.dk_strides = b.dv_strides = contiguous_bshd(120, 2, 256);
@@ -273,13 +274,7 @@ TEST(BackwardValidation, VarlenRefusals) {
   s = resolve_backward_kernel(b, "auto", &resolved);
   EXPECT_TRUE(s.ok()) << s.to_string();
   EXPECT_EQ(resolved, "bwd_sm90");
-  s = resolve_backward_kernel(b, "bwd_12_dkdv_pipeline", &resolved);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  s = resolve_backward_kernel(b, "bwd_10_dq_pass", &resolved);
-  EXPECT_TRUE(s.ok()) << s.to_string();
-  s = resolve_backward_kernel(b, "bwd_11_dq_pipeline", &resolved);
-  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
-  EXPECT_NE(s.message().find("bwd_11_dq_pipeline: no softcap"), std::string::npos) << s.message();
+  expect_no_softcap(b);
   // Cache entries and left padding likewise.
   for (bool entries : {true, false}) {
     b = valid_backward();
@@ -295,18 +290,19 @@ TEST(BackwardValidation, VarlenRefusals) {
     EXPECT_NE(s.message().find(entries ? "kv_batch_idx" : "leftpad_k"), std::string::npos) << s.message();
   }
 
-  // bwd_03 refuses a variable-length batch and names the kernels that run it.
+  // The lineage refuses a variable-length batch and names the kernel that runs it.
   b = valid_varlen_backward();
   Options options;
-  options.kernel = "bwd_03_wgmma";
-  s = backward(b, options);
-  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
-  EXPECT_NE(s.message().find("variable-length"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("bwd_04_dq_per_cta"), std::string::npos) << s.message();
-  // The others accept it: they get as far as the device check (no GPU) or the pointer checks
-  // (these pointers are not GPU memory).
-  for (const std::string kernel :
-       {"auto", "bwd_01_cuda_core", "bwd_02_mma_sync", "bwd_04_dq_per_cta", "bwd_08_dq_overlap"}) {
+  for (const std::string kernel : {"bwd_01_cuda_core", "bwd_03_wgmma", "bwd_15_tma_sums"}) {
+    options.kernel = kernel;
+    s = backward(b, options);
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << kernel << ": " << s.to_string();
+    EXPECT_NE(s.message().find("variable-length"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("bwd_sm90"), std::string::npos) << s.message();
+  }
+  // "auto" and bwd_sm90 accept it: they get as far as the device check (no GPU) or the pointer
+  // checks (these pointers are not GPU memory).
+  for (const std::string kernel : {"auto", "bwd_sm90"}) {
     options.kernel = kernel;
     s = backward(b, options);
     EXPECT_NE(s.code(), StatusCode::not_supported) << kernel << ": " << s.to_string();
@@ -350,14 +346,21 @@ TEST(BackwardValidation, AutoRouting) {
       EXPECT_NE(name, w.kernel);
     }
   }
-  // The varlen refusals name the kernels that run one.
-  for (const char* name :
-       {"bwd_03_wgmma", "bwd_05_tma_dq", "bwd_06_hot_loop", "bwd_07_dkdv_direct", "bwd_09_split_d"}) {
-    std::string resolved;
-    const Status s = resolve_backward_kernel(valid_varlen_backward(), name, &resolved);
-    EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
-    EXPECT_NE(s.message().find("cu_seqlens"), std::string::npos) << s.message();
-    EXPECT_NE(s.message().find("bwd_04_dq_per_cta"), std::string::npos) << s.message();
+  // Every lineage step refuses a variable-length batch at the head dims it runs, naming the
+  // kernel that runs one.
+  for (const std::string& name : backward_kernel_names()) {
+    if (name == "bwd_sm90") continue;
+    int refusals = 0;
+    for (int d : {64, 128, 256}) {
+      std::string resolved;
+      const Status s = resolve_backward_kernel(with_head_dim(valid_varlen_backward(), d), name, &resolved);
+      EXPECT_EQ(s.code(), StatusCode::not_supported) << name << " D = " << d << ": " << s.to_string();
+      if (s.message().find("head_dim") != std::string::npos) continue;  // not a head dim it runs
+      EXPECT_NE(s.message().find("cu_seqlens"), std::string::npos) << s.message();
+      EXPECT_NE(s.message().find("bwd_sm90"), std::string::npos) << s.message();
+      ++refusals;
+    }
+    EXPECT_GT(refusals, 0) << name;
   }
   // Refused whatever the kernel: seqlens_k; an unknown name lists the known ones.
   BackwardProblem b = valid_varlen_backward();
@@ -700,8 +703,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{2, 64, 256, 4, 4, 128, false, 20, fp, false},    // the same at D = 128, whole blocks
                       Case{2, 300, 260, 4, 2, 256, true, -1, bf, true},     // D = 256: causal, GQA, tails
                       Case{1, 640, 512, 2, 2, 256, false, -1, fp, false},   // D = 256: 10 query blocks
-                      // Softcapping (bwd_sm90, bwd_15; at D = 256 bwd_12 and bwd_10; caps
-                      // near the scores' size, where tanh bends)
+                      // Softcapping (bwd_sm90; caps near the scores' size, where tanh bends)
                       Case{2, 37, 53, 4, 2, 64, false, -1, bf, false, 2.f},   // tails, GQA
                       Case{1, 200, 300, 4, 2, 128, true, -1, fp, true, 1.5f},  // causal, padded gradients
                       Case{1, 192, 256, 2, 1, 64, false, 70, bf, false, 3.f},  // a window, MQA
@@ -866,7 +868,7 @@ TEST_P(BackwardVarlenTest, MatchesFp64ReferencePerSequence) {
   Options options;
   options.kernel = kernel;
   const Status s = backward(b, options);
-  // Refused: bwd_03, bwd_05-07 and bwd_09-12 (no varlen); the others at head dims they do not run.
+  // Refused: every lineage step (dense batches only); bwd_sm90 runs them all.
   if (s.code() == StatusCode::not_supported) GTEST_SKIP() << s.message();
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
@@ -890,7 +892,7 @@ INSTANTIATE_TEST_SUITE_P(
             // Causal; a sequence without queries (NaN keys and values after the first one's
             // last key block, which ends at key 300 mid-box); Sq < Sk; padded gradients.
             VarlenCase{{300, 0, 77, 130}, {300, 5, 77, 200}, 2, 1, 64, true, -1, fp, true},
-            // D = 256 (bwd_sm90; bwd_01 and bwd_02), causal, a one-row sequence.
+            // D = 256, causal, a one-row sequence.
             VarlenCase{{190, 64, 1}, {190, 64, 1}, 2, 2, 256, true, -1, bf, false},
             // A sequence without keys (NaN queries and dO right after the first one's 60
             // rows, inside its query box), causal, GQA 2.
@@ -914,7 +916,7 @@ INSTANTIATE_TEST_SUITE_P(
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 64, false, -1, bf, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 4, 2, 128, true, -1, fp, false, 0},
             VarlenCase{{70, 90}, {90, 70}, 2, 2, 256, false, -1, bf, false, 0},
-            // Softcapping (bwd_sm90, bwd_15): causal with a sequence without keys; a
+            // Softcapping: causal with a sequence without keys; a
             // window; D = 256 causal, GQA 2, padded, sequences without queries or keys.
             VarlenCase{{60, 50, 40}, {60, 0, 45}, 4, 2, 64, true, -1, bf, false, -1, 2.f},
             VarlenCase{{130, 8, 500}, {200, 700, 9}, 2, 1, 128, false, 40, fp, true, -1, 1.5f},

@@ -135,8 +135,7 @@ struct AttentionProblem {
   // them without a synchronization, so they are the caller's promise. The kernel clamps them
   // to [0, total] so that it never touches memory outside the tensors.
   // Only the production forward supports a variable-length batch in the forward; the others refuse it.
-  // In the backward, bwd_sm90 supports it, and in the lineage bwd_01, bwd_02, bwd_04, bwd_08, bwd_10
-  // and bwd_13 to bwd_15 (see backward()).
+  // In the backward, bwd_sm90 supports it; the lineage's steps refuse it (see backward()).
   const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]
   const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]
   int total_q = 0;  // rows of q and out

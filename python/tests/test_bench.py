@@ -402,12 +402,12 @@ def test_backward_bench_varlen_runs_and_checks(tmp_path):
     from hattn import bench_backward
 
     flags = ["--varlen", "mixed", "--dims", "64", "--seqlens", "1024", "--reps", "2", "--out", str(tmp_path),
-             "--kernels", "bwd_08_dq_overlap,bwd_07_dkdv_direct"]  # fmt: skip
+             "--kernels", "bwd_sm90,bwd_07_dkdv_direct"]  # fmt: skip
     assert bench_backward.main(flags) == 0
     with open(tmp_path / "pybench_backward_varlen_mixed.csv") as f:
         rows = list(csv.DictReader(f))
-    # cuDNN's only with --anchors; B07 refuses packed batches and is not timed
-    assert {r["name"] for r in rows} == {"hattn", "hattn:bwd_08_dq_overlap", "varlen_flash", "fa3"}
+    # cuDNN's only with --anchors; B07 (the lineage: dense batches) refuses packed ones and is not timed
+    assert {r["name"] for r in rows} == {"hattn", "hattn:bwd_sm90", "varlen_flash", "fa3"}
     assert all(float(r["tflops"]) > 0 and int(r["tokens"]) > 0 for r in timed(rows))
     assert [r["status"] for r in rows if r["name"].startswith("hattn")] == ["ok"] * 4  # 2 kernels x full, causal
 

@@ -155,13 +155,8 @@ template <bool kVarlen>
 __device__ __forceinline__ int seqlen_k_of(const FeatureParams& p, const Sequence& seq) {
   return kVarlen ? seq.seqlen_k : p.seqlen_k;
 }
-// Row i of the sequence's queries (keys) in the rows of the fp32 sums, counted over the batch
-// entries: [b, i] of a dense batch, [0, start + i] of a packed one.
-template <bool kVarlen>
-__device__ __forceinline__ int64_t query_row(const FeatureParams& p, const Sequence& seq, int i) {
-  if constexpr (kVarlen) return int64_t(seq.q_start) + i;
-  return int64_t(seq.batch_coord) * p.seqlen_q + i;
-}
+// Row j of the sequence's keys in the rows of the fp32 sums, counted over the batch entries:
+// [b, j] of a dense batch, [0, start + j] of a packed one.
 template <bool kVarlen>
 __device__ __forceinline__ int64_t key_row(const FeatureParams& p, const Sequence& seq, int j) {
   if constexpr (kVarlen) return int64_t(seq.k_start) + j;
@@ -196,7 +191,7 @@ __device__ __forceinline__ void queries_seeing(const FeatureParams& p, const Seq
 // [first, kRows) of a [D / 64][kRows][64] tile (first >= 0), each of the kThreads threads
 // (`thread` 0 .. kThreads - 1 of them) a share of the 16-byte chunks: a row's 128 bytes stay in
 // the row whatever the swizzle. The caller fences (to the async proxy) and synchronizes before
-// a wgmma reads the tile (zero_tile_pair_rows does both for two tiles).
+// a wgmma reads the tile.
 template <typename T, int D, int kRows, int kThreads>
 __device__ __forceinline__ void zero_tile_rows(T* tile, int first, int thread = int(threadIdx.x)) {
   constexpr int kChunks = 64 * int(sizeof(T)) / 16;  // per row of a column block
@@ -205,18 +200,6 @@ __device__ __forceinline__ void zero_tile_rows(T* tile, int first, int thread = 
     const int cb = e / (rows * kChunks), r = first + e / kChunks % rows, c = e % kChunks;
     reinterpret_cast<uint4*>(tile + (cb * kRows + r) * 64)[c] = make_uint4(0u, 0u, 0u, 0u);
   }
-}
-
-// A variable-length batch: rows [first, kRows) of two tiles of one stage (Q and dO, or K and
-// V) that their boxes loaded from the next sequence, zeroed where a product would meet them as
-// 0 * x (x may be NaN), then fenced to the async proxy and synchronized across the CTA, so that
-// every warpgroup's wgmmas read the zeros. CTA-uniform.
-template <typename T, int D, int kRows, int kThreads>
-__device__ __forceinline__ void zero_tile_pair_rows(T* a, T* b, int first) {
-  zero_tile_rows<T, D, kRows, kThreads>(a, first);
-  zero_tile_rows<T, D, kRows, kThreads>(b, first);
-  ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read the tiles
-  __syncthreads();                      // every thread's zeros, before any warpgroup's wgmma
 }
 
 // delta_i = rowsum(dO_i * O_i), the softmax's term in dS. A row's D elements of O and of dO are
@@ -330,15 +313,26 @@ __global__ void __launch_bounds__(256) zero_unowned_rows_kernel(T* dst, const in
   }
 }
 
-// What the kernels that take a variable-length batch refuse (backward() refuses it before
-// asking them): keys in use (seqlens_k), a paged KV cache, cache entries (kv_batch_idx) and
-// left padding (leftpad_k). Their varlen instantiations assume all absent (sequence_at).
+// What the production backward refuses (backward() refuses it before asking any kernel): keys
+// in use (seqlens_k), a paged KV cache, cache entries (kv_batch_idx) and left padding
+// (leftpad_k). Its varlen instantiations assume all absent (sequence_at).
 inline Status refuse_kv_cache(const BackwardProblem& problem, const char* name) {
   const AttentionProblem& p = problem.forward;
   if (p.seqlens_k != nullptr || p.is_paged() || p.kv_batch_idx != nullptr || p.leftpad_k != nullptr)
     return {StatusCode::not_supported,
             std::string(name) + ": no seqlens_k, paged KV cache (block_table), kv_batch_idx or leftpad_k"};
   return Status::Ok();
+}
+
+// What every step of the backward lineage refuses beyond the base contract's dense batches: a
+// variable-length batch (the production backward bwd_sm90 runs those) and the KV cache's
+// arguments.
+inline Status refuse_beyond_dense(const BackwardProblem& problem, const char* name) {
+  if (problem.forward.is_varlen())
+    return {StatusCode::not_supported, std::string(name) +
+                                           ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the lineage "
+                                           "runs dense batches, bwd_sm90 runs those"};
+  return refuse_kv_cache(problem, name);
 }
 
 // Launches `kernel` on `grid` with `smem` bytes of dynamic shared memory (raising the kernel's

@@ -11,9 +11,7 @@
 //      dQ_i goes to an fp32 buffer by atomicAdd (other key blocks add to the same row); at the
 //      end the CTA adds its dK and dV to fp32 buffers per K/V head (a GQA group's heads add up).
 //   3. convert: the fp32 sums to dq, dk and dv in the input dtype, at their strides.
-// A variable-length batch runs in a second instantiation of main, kVarlen = true (the dense one
-// is the code without it): a CTA works on its sequence's rows (sequence_of), and one whose
-// keys start past the sequence's last key exits at once.
+// Dense batches only (the production backward runs variable-length ones).
 // fp32 arithmetic throughout; the atomic sums make the result nondeterministic in its last
 // bits. Slow by design: the tensor-core steps come next.
 #include <cmath>
@@ -40,27 +38,21 @@ struct SharedStorage {
   float dout[kWarps][D];
 };
 
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<SharedStorage<D>*>(smem_raw);
   const FeatureParams& f = p.fwd;
-  const int n0 = blockIdx.x * kBlockN, h = blockIdx.y;
+  const int n0 = blockIdx.x * kBlockN, h = blockIdx.y, b = blockIdx.z;
   const int hk = h / f.heads_per_kv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int kColsPerLane = D / 32;
-  const Sequence seq = sequence_at<kVarlen>(f, blockIdx.z);  // dense: {Sq, Sk, 0, 0, blockIdx.z, blockIdx.z}, no reads
-  if constexpr (kVarlen)
-    if (n0 >= seq.seqlen_k) return;  // CTA-uniform: keys past this sequence's
-  const int b = seq.batch_coord;
 
-  const T* k = static_cast<const T*>(f.k) + b * f.k_batch_stride + int64_t(seq.k_start) * f.k_seq_stride +
-               hk * f.k_head_stride;
-  const T* v = static_cast<const T*>(f.v) + b * f.v_batch_stride + int64_t(seq.k_start) * f.v_seq_stride +
-               hk * f.v_head_stride;
+  const T* k = static_cast<const T*>(f.k) + b * f.k_batch_stride + hk * f.k_head_stride;
+  const T* v = static_cast<const T*>(f.v) + b * f.v_batch_stride + hk * f.v_head_stride;
   for (int e = threadIdx.x; e < kBlockN * D; e += kThreads) {
     const int r = e / D, c = e % D;
-    const bool inside = n0 + r < seqlen_k_of<kVarlen>(f, seq);
+    const bool inside = n0 + r < f.seqlen_k;
     smem.k[r][c] = inside ? to_float(k[int64_t(n0 + r) * f.k_seq_stride + c]) : 0.f;
     smem.v[r][c] = inside ? to_float(v[int64_t(n0 + r) * f.v_seq_stride + c]) : 0.f;
     smem.dk[r][c] = 0.f;
@@ -69,20 +61,19 @@ __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
   __syncthreads();  // K, V and the zeroed sums are in place before any warp reads or adds
 
   const int key = n0 + lane;
-  for (int i = warp; i < seqlen_q_of<kVarlen>(f, seq); i += kWarps) {
+  for (int i = warp; i < f.seqlen_q; i += kWarps) {
     int first = 0, last = 0;
-    visible_keys<kVarlen>(f, seq, i, &first, &last);
+    visible_keys(f, i, &first, &last);
     if (last <= n0 || first >= n0 + kBlockN) continue;  // warp-uniform: no key of this block
-    const int64_t row_i = seq.q_start + int64_t(i);  // in the tensor's rows (dense: i)
-    const T* q = static_cast<const T*>(f.q) + b * f.q_batch_stride + row_i * f.q_seq_stride + h * f.q_head_stride;
-    const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + row_i * p.dout_seq_stride +
+    const T* q = static_cast<const T*>(f.q) + b * f.q_batch_stride + int64_t(i) * f.q_seq_stride + h * f.q_head_stride;
+    const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + int64_t(i) * p.dout_seq_stride +
                    h * p.dout_head_stride;
     for (int d = lane; d < D; d += 32) {
       smem.q[warp][d] = to_float(q[d]);
       smem.dout[warp][d] = to_float(d_o[d]);
     }
     __syncwarp();  // the row is in place before the lanes read all of it
-    const int64_t row = stats_row0<kVarlen>(f, seq, h) + i;
+    const int64_t row = (int64_t(b) * f.heads_q + h) * f.seqlen_q + i;
     const float lse = f.lse[row], delta = p.delta[row];
     float s = 0.f, dp = 0.f;
     for (int d = 0; d < D; ++d) {
@@ -104,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
 #pragma unroll
       for (int c = 0; c < kColsPerLane; ++c) dq[c] += ds_j * smem.k[j][lane + 32 * c];
     }
-    float* dq_row = p.dq_accum + (query_row<kVarlen>(f, seq, i) * f.heads_q + h) * D;
+    float* dq_row = p.dq_accum + ((int64_t(b) * f.seqlen_q + i) * f.heads_q + h) * D;
 #pragma unroll
     for (int c = 0; c < kColsPerLane; ++c) atomicAdd(dq_row + lane + 32 * c, dq[c]);
     __syncwarp();  // every lane has read the row before the next one overwrites it
@@ -113,21 +104,21 @@ __global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
 
   for (int e = threadIdx.x; e < kBlockN * D; e += kThreads) {
     const int r = e / D, c = e % D;
-    if (n0 + r >= seqlen_k_of<kVarlen>(f, seq)) continue;
-    const int64_t at = ((key_row<kVarlen>(f, seq, n0) + r) * f.heads_kv + hk) * D + c;
+    if (n0 + r >= f.seqlen_k) continue;
+    const int64_t at = ((int64_t(b) * f.seqlen_k + n0 + r) * f.heads_kv + hk) * D + c;
     atomicAdd(p.dk_accum + at, smem.dk[r][c]);
     atomicAdd(p.dv_accum + at, smem.dv[r][c]);
   }
 }
 
-Status supports(const BackwardProblem& problem) { return refuse_kv_cache(problem, kName); }
+Status supports(const BackwardProblem& problem) {
+  return refuse_beyond_dense(problem, kName);
+}
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     constexpr int kSmem = int(sizeof(SharedStorage<D>));
-    if (problem.forward.is_varlen())
-      return launch_per_key_block(main_kernel<T, D, true>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
-    return launch_per_key_block(main_kernel<T, D, false>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
+    return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
   });
 }
 

@@ -17,10 +17,7 @@
 // The next query block's Q and dO load (cp.async) while this one computes, except at D = 128,
 // where one buffer of each lets two CTAs share an SM (ctas_per_sm below).
 //
-// A variable-length batch runs in a second instantiation of the kernel, kVarlen = true (the
-// dense one is the code without it): a CTA reads its sequence's rows and lengths (sequence_of)
-// and exits when its keys start past the sequence's last; the loads zero-fill rows past the
-// sequence's ends, so the next sequence's rows never enter shared memory.
+// Dense batches only (the production backward runs variable-length ones).
 //
 // Work of the 8 warps (w = 0..7; a = w % 4, c = w / 4):
 //   S, dP:   queries 16a .. 16a + 15, keys 32c .. 32c + 31
@@ -49,7 +46,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Two CTAs per SM up to D = 128, so that one CTA's products run while the other waits at a
 // barrier or on its exponentials and atomics: at most 128 registers a thread (ptxas spills
-// 20 bytes at D = 128, 8 in the varlen instantiation), and at D = 128 one buffer of Q and dO instead of two, to fit half an
+// 20 bytes at D = 128), and at D = 128 one buffer of Q and dO instead of two, to fit half an
 // SM's shared memory (88 KB). At D = 256 the dK and dV sums alone take 128 registers.
 constexpr int ctas_per_sm(int head_dim) { return head_dim <= 128 ? 2 : 1; }
 
@@ -115,7 +112,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, int64_t row_st
   }
 }
 
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(BackwardParams p) {
   using Smem = SharedStorage<T, D>;
   constexpr int kQBuffers = Smem::kQBuffers;
@@ -125,32 +122,24 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
   const FeatureParams& f = p.fwd;
-  const int n0 = blockIdx.x * kBlockN, h = blockIdx.y;
+  const int n0 = blockIdx.x * kBlockN, h = blockIdx.y, b = blockIdx.z;
   const int hk = h / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, blockIdx.z);  // dense: {Sq, Sk, 0, 0, blockIdx.z, blockIdx.z}, no reads
-  if constexpr (kVarlen)
-    if (n0 >= seq.seqlen_k) return;  // CTA-uniform, before any barrier: keys past this sequence's
-  const int b = seq.batch_coord;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // the accumulator's row group and column pair
   const int slab = warp % 4, half = warp / 4;
   const float scale_log2 = f.scale * kLog2e;
 
   int q_first, q_last;
-  queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
+  queries_seeing(f, n0, n0 + kBlockN, &q_first, &q_last);
   const int m_begin = q_first / kBlockM * kBlockM;
-  const int seqlen_k = seqlen_k_of<kVarlen>(f, seq);
-  const int n_keys = seqlen_k - n0 < kBlockN ? seqlen_k - n0 : kBlockN;
+  const int n_keys = f.seqlen_k - n0 < kBlockN ? f.seqlen_k - n0 : kBlockN;
 
-  // The block's first key and the sequence's first query in the tensors' rows (dense: n0, 0).
-  const int64_t key_n0 = seq.k_start + int64_t(n0), q_row0 = seq.q_start;
-  const T* k = static_cast<const T*>(f.k) + b * f.k_batch_stride + key_n0 * f.k_seq_stride + hk * f.k_head_stride;
-  const T* v = static_cast<const T*>(f.v) + b * f.v_batch_stride + key_n0 * f.v_seq_stride + hk * f.v_head_stride;
-  const T* q = static_cast<const T*>(f.q) + b * f.q_batch_stride + q_row0 * f.q_seq_stride + h * f.q_head_stride;
-  const T* d_o =
-      static_cast<const T*>(p.dout) + b * p.dout_batch_stride + q_row0 * p.dout_seq_stride + h * p.dout_head_stride;
+  const T* k = static_cast<const T*>(f.k) + b * f.k_batch_stride + int64_t(n0) * f.k_seq_stride + hk * f.k_head_stride;
+  const T* v = static_cast<const T*>(f.v) + b * f.v_batch_stride + int64_t(n0) * f.v_seq_stride + hk * f.v_head_stride;
+  const T* q = static_cast<const T*>(f.q) + b * f.q_batch_stride + h * f.q_head_stride;
+  const T* d_o = static_cast<const T*>(p.dout) + b * p.dout_batch_stride + h * p.dout_head_stride;
   auto load_queries = [&](int m0, int buffer) {
-    const int valid = seqlen_q_of<kVarlen>(f, seq) - m0;
+    const int valid = f.seqlen_q - m0;
     load_tile<T, D, kBlockM>(smem.q[buffer], q + int64_t(m0) * f.q_seq_stride, f.q_seq_stride, valid);
     load_tile<T, D, kBlockM>(smem.dout[buffer], d_o + int64_t(m0) * p.dout_seq_stride, p.dout_seq_stride, valid);
   };
@@ -184,9 +173,9 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
       const int row = 16 * slab + g + 8 * rr, i = m0 + row;
       int first = 0, last = 0;
       float lse_log2 = 0.f, delta = 0.f;
-      if (i < seqlen_q_of<kVarlen>(f, seq)) {
-        visible_keys<kVarlen>(f, seq, i, &first, &last);
-        const int64_t at = stats_row0<kVarlen>(f, seq, h) + i;
+      if (i < f.seqlen_q) {
+        visible_keys(f, i, &first, &last);
+        const int64_t at = (int64_t(b) * f.heads_q + h) * f.seqlen_q + i;
         lse_log2 = f.lse[at] * kLog2e;
         delta = p.delta[at];
       }
@@ -220,8 +209,8 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const int i = m0 + 16 * slab + g + 8 * rr;
-        if (i >= seqlen_q_of<kVarlen>(f, seq)) continue;
-        float* row = p.dq_accum + (query_row<kVarlen>(f, seq, i) * f.heads_q + h) * D + c0 + 2 * t;
+        if (i >= f.seqlen_q) continue;
+        float* row = p.dq_accum + ((int64_t(b) * f.seqlen_q + i) * f.heads_q + h) * D + c0 + 2 * t;
 #pragma unroll
         for (int nt = 0; nt < kDqCols / 8; ++nt)
           atomicAdd(reinterpret_cast<float2*>(row + 8 * nt),
@@ -239,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
   for (int rr = 0; rr < 2; ++rr) {
     const int key = 16 * slab + g + 8 * rr;
     if (key >= n_keys) continue;
-    const int64_t at = ((key_row<kVarlen>(f, seq, n0) + key) * f.heads_kv + hk) * D + kHalf * half + 2 * t;
+    const int64_t at = ((int64_t(b) * f.seqlen_k + n0 + key) * f.heads_kv + hk) * D + kHalf * half + 2 * t;
 #pragma unroll
     for (int nt = 0; nt < kHalf / 8; ++nt) {
       atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * nt),
@@ -249,14 +238,14 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
   }
 }
 
-Status supports(const BackwardProblem& problem) { return refuse_kv_cache(problem, kName); }
+Status supports(const BackwardProblem& problem) {
+  return refuse_beyond_dense(problem, kName);
+}
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     constexpr int kSmem = int(sizeof(SharedStorage<T, D>));
-    if (problem.forward.is_varlen())
-      return launch_per_key_block(main_kernel<T, D, true>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
-    return launch_per_key_block(main_kernel<T, D, false>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
+    return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
   });
 }
 

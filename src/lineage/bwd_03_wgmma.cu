@@ -322,11 +322,7 @@ Status supports(const BackwardProblem& problem) {
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(head_dim) +
                 " is not supported (D <= 128: dK and dV of 64 keys take D registers a thread; bwd_02_mma_sync runs D = 256)"};
-  if (problem.forward.is_varlen())
-    return {StatusCode::not_supported, std::string(kName) +
-                                           ": variable-length batches (cu_seqlens) are not supported (bwd_04_dq_per_cta "
-                                           "and bwd_02_mma_sync run them)"};
-  return Status::Ok();
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {

@@ -15,30 +15,13 @@
 //   S^T = K Q^T,  dP^T = V dO^T   (wgmma m64n64, both operands in shared memory)
 //   dV += P^T dO, dK += dS^T Q    (A from registers)
 //
-// A variable-length batch (cu_seqlens) runs in a second instantiation of the kernel, kVarlen =
-// true. What it adds is behind `if constexpr (kVarlen)`, so the dense instantiation compiles
-// to the code this step had before (the same PTX and SASS). The tensor maps are over the
-// packed rows ([1, total, H, D]), so a box that runs past its sequence's last query or key
-// loads the next sequence's rows (TMA zero-fills only past the total). Each use keeps them out:
-//   * P^T and dS^T are selected to 0 (not multiplied by 0: the rows may hold inf or NaN)
-//     outside the sequence, as past Sk and Sq in a dense batch; LSE and delta read as 0 there;
-//   * the products that sum over queries or keys (dV += P^T dO, dK += dS^T Q, dQ = dS K) would
-//     still meet the foreign rows as 0 * x, NaN for x = inf or NaN, so the rows of Q and dO past
-//     the sequence's last query, and of K past its last key, are zeroed in shared memory once
-//     they land (V meets only dP^T, whose foreign rows are selected away);
-//   * dQ, dK and dV rows outside the sequence are not added.
-// Each block's visible key range per query goes to shared memory a step ahead, with its LSE
-// and delta: the sequence's lengths in registers in the mask loop made ptxas spill. A CTA
-// whose keys start past its sequence's last key exits after the barrier init.
+// Dense batches only (the production backward runs variable-length ones).
 //
 // Barriers (who arrives -> who waits):
 //   kv_full          thread 0's expect_tx + TMA bytes -> all threads, once
 //   qdo_full[s]      thread 0's expect_tx + TMA bytes -> all threads, per use of stage s
 //   __syncthreads    all threads -> thread 0, before it refills the stage the last block read;
-//                    also: every dQ wgmma of the last block has read both dS^T tiles; and
-//                    (varlen) the K tail zeroed before the first wgmma reads K
-//   __syncthreads    (varlen, a sequence's last query block only) the Q and dO tails zeroed
-//                    before any wgmma reads them
+//                    also: every dQ wgmma of the last block has read both dS^T tiles
 //   named 1          all 256 threads: both dS^T tiles written (and fenced to the async proxy)
 //                    before either warpgroup's dQ wgmma reads them
 #include <cuda.h>
@@ -70,17 +53,8 @@ constexpr int kAtomBytes = 1024;           // 8 rows x 128 bytes: the swizzle pa
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kDsBarrier = 1;              // named barrier 1: both dS^T tiles are written
 
-// Varlen only: each block's visible keys per query, [first, last) (from visible_keys).
-template <bool kVarlen>
-struct KeyRanges {
-  int first[kStages][kBlockM];
-  int last[kStages][kBlockM];
-};
-template <>
-struct KeyRanges<false> {};
-
 // Every tile is [D / 64][rows][64]: TMA writes one 64-column box per block, 128B-swizzled.
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 struct SharedStorage {
   static constexpr int kColBlocks = D / 64;
   alignas(kAtomBytes) T k[kColBlocks][kBlockN * 64];
@@ -92,18 +66,16 @@ struct SharedStorage {
   float delta[kStages][kBlockM];
   uint64_t kv_full;
   uint64_t qdo_full[kStages];
-  [[no_unique_address]] KeyRanges<kVarlen> keys;  // last, and empty when dense: the dense layout as before
 };
 
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 constexpr int smem_bytes() {
-  return int(sizeof(SharedStorage<T, D, kVarlen>)) + kAtomBytes;  // + slack to align the base to 1024
+  return int(sizeof(SharedStorage<T, D>)) + kAtomBytes;  // + slack to align the base to 1024
 }
 
-// Issues the TMA copies of query block `m0` (Q and dO) into `stage` (thread 0 only); m0 is a
-// row of the tensors (a packed batch's sequence start included).
-template <typename T, int D, bool kVarlen>
-__device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap* q_map,
+// Issues the TMA copies of query block `m0` (Q and dO) into `stage` (thread 0 only).
+template <typename T, int D>
+__device__ __forceinline__ void load_queries(SharedStorage<T, D>& smem, const CUtensorMap* q_map,
                                              const CUtensorMap* dout_map, int stage, int m0, int head, int batch) {
   ptx::mbarrier_arrive_expect_tx(&smem.qdo_full[stage], 2 * kBlockM * D * sizeof(T));
 #pragma unroll
@@ -114,7 +86,7 @@ __device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem,
   }
 }
 
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1)
     main_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
@@ -124,7 +96,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
-  auto& smem = *reinterpret_cast<SharedStorage<T, D, kVarlen>*>(
+  auto& smem = *reinterpret_cast<SharedStorage<T, D>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + kAtomBytes - 1) / kAtomBytes * kAtomBytes);
   const FeatureParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
@@ -134,17 +106,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int n_wg = n0 + 64 * warpgroup;                   // this warpgroup's first key
   const int key0 = n_wg + 16 * warp_in_wg + group;        // this thread's keys: key0 and key0 + 8
   const float scale_log2 = f.scale * kLog2e;
 
   int q_first, q_last;
-  queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
+  queries_seeing(f, n0, n0 + kBlockN, &q_first, &q_last);
   const int m_begin = q_first / kBlockM * kBlockM;
-  // None when no query sees the keys, or (varlen) they start past the sequence's.
-  const int steps =
-      (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
+  const int steps = q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);
@@ -157,77 +126,48 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
-  if (steps == 0) return;  // no query sees these keys (or there are none): their dK and dV stay 0
+  if (steps == 0) return;  // no query sees these keys: their dK and dV stay 0
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * kBlockN * D * sizeof(T));
 #pragma unroll
     for (int cb = 0; cb < D / 64; ++cb) {
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
-                                       &smem.kv_full);
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
-                                       &smem.kv_full);
+      ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, n0, head_kv, batch, &smem.kv_full);
+      ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, n0, head_kv, batch, &smem.kv_full);
     }
-    load_queries(smem, &q_map, &dout_map, 0, seq.q_start + m_begin, head, seq.batch_coord);
+    load_queries<T, D>(smem, &q_map, &dout_map, 0, m_begin, head, batch);
   }
 
-  // A block's LSE and delta (and, varlen, its visible keys) go to shared memory a step ahead
-  // (64 threads each): in registers, 16 of each a thread made ptxas spill at D = 128. Rows past
-  // the sequence read as 0 and see no key, never another sequence's values.
-  const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
+  // A block's LSE and delta go to shared memory a step ahead (64 threads each): in registers,
+  // 16 of each a thread made ptxas spill at D = 128.
+  const int64_t row_base = (int64_t(batch) * f.heads_q + head) * f.seqlen_q;
   auto load_row_stats = [&](int stage, int m0) {
     const int t = int(threadIdx.x) % kBlockM, i = m0 + t;
-    if constexpr (kVarlen) {
-      if (threadIdx.x >= 2 * kBlockM) return;
-      const bool inside = i < seq.seqlen_q;
-      if (threadIdx.x < kBlockM) {
-        smem.lse_log2[stage][t] = inside ? f.lse[row_base + i] * kLog2e : 0.f;
-        int first = 0, last = 0;
-        if (inside) visible_keys(f, seq, i, &first, &last);
-        smem.keys.first[stage][t] = first;
-        smem.keys.last[stage][t] = last;
-      } else {
-        smem.delta[stage][t] = inside ? p.delta[row_base + i] : 0.f;
-      }
-    } else {
-      if (threadIdx.x < kBlockM)
-        smem.lse_log2[stage][t] = i < f.seqlen_q ? f.lse[row_base + i] * kLog2e : 0.f;
-      else if (threadIdx.x < 2 * kBlockM)
-        smem.delta[stage][t] = i < f.seqlen_q ? p.delta[row_base + i] : 0.f;
-    }
+    if (threadIdx.x < kBlockM)
+      smem.lse_log2[stage][t] = i < f.seqlen_q ? f.lse[row_base + i] * kLog2e : 0.f;
+    else if (threadIdx.x < 2 * kBlockM)
+      smem.delta[stage][t] = i < f.seqlen_q ? p.delta[row_base + i] : 0.f;
   };
   load_row_stats(0, m_begin);
 
   float dk[kDTiles * 4] = {}, dv[kDTiles * 4] = {};
   ptx::mbarrier_wait(&smem.kv_full, 0);
-  if constexpr (kVarlen) {
-    if (n0 + kBlockN > seq.seqlen_k) {  // CTA-uniform: K's box ran into the next sequence's keys
-      zero_tile_rows<T, D, kBlockN, kThreads>(smem.k[0], seq.seqlen_k - n0);
-      ptx::fence_proxy_async_shared_cta();  // before the wgmmas (async proxy) read K, after the loop's first barrier
-    }
-  }
 
   for (int step = 0; step < steps; ++step) {
     const int m0 = m_begin + step * kBlockM, stage = step % kStages;
     // WAR: every thread is done with the block before (its wgmmas completed, its reads of
-    // the LSE and delta (and key ranges) done), so that block's stage may take the next one.
-    // RAW: this block's LSE and delta (and key ranges), written a step ago, are visible.
+    // the LSE and delta done), so that block's stage may take the next one. RAW: this
+    // block's LSE and delta, written a step ago, are visible.
     __syncthreads();
     if (step + 1 < steps) {
       if (threadIdx.x == 0)
-        load_queries(smem, &q_map, &dout_map, (step + 1) % kStages, seq.q_start + m0 + kBlockM, head,
-                     seq.batch_coord);
+        load_queries<T, D>(smem, &q_map, &dout_map, (step + 1) % kStages, m0 + kBlockM, head, batch);
       load_row_stats((step + 1) % kStages, m0 + kBlockM);
     }
 
     // S^T = K Q^T and dP^T = V dO^T: per 16 columns of D one wgmma each, K-major operands.
     float s[kQTiles * 4], dp[kQTiles * 4];
     ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);
-    if constexpr (kVarlen) {
-      if (m0 + kBlockM > seq.seqlen_q) {  // CTA-uniform: the boxes ran into the next sequence's rows
-        zero_tile_pair_rows<T, D, kBlockM, kThreads>(smem.q[stage][0], smem.dout[stage][0], seq.seqlen_q - m0);
-      }
-    }
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
     ptx::wgmma_fence();
@@ -252,19 +192,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
     // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
-    // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query). Varlen:
-    // of the sequence, from the key ranges in shared memory; a row past the sequence sees no
-    // key, so rows 0 and 63 decide.
-    bool need_mask;
-    if constexpr (kVarlen) {
-      need_mask = smem.keys.first[stage][kBlockM - 1] > n_wg || smem.keys.last[stage][0] < n_wg + 64 ||
-                  smem.keys.last[stage][kBlockM - 1] < n_wg + 64;
-    } else {
-      int first_lo, last_lo, first_hi, last_hi;
-      visible_keys(f, m0, &first_lo, &last_lo);
-      visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
-      need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 || first_hi > n_wg;
-    }
+    // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query).
+    int first_lo, last_lo, first_hi, last_hi;
+    visible_keys(f, m0, &first_lo, &last_lo);
+    visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
+    const bool need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 ||
+                           first_hi > n_wg;
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt)
 #pragma unroll
@@ -272,23 +205,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         bool visible = true;
         if (need_mask) {
           const int i = m0 + 8 * nt + 2 * tig + e % 2, j = key0 + 8 * (e / 2);
-          if constexpr (kVarlen) {
-            visible = j >= smem.keys.first[stage][i - m0] && j < smem.keys.last[stage][i - m0];
-          } else {
-            int first = 0, last = 0;
-            if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
-            visible = j >= first && j < last;
-          }
+          int first = 0, last = 0;
+          if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
+          visible = j >= first && j < last;
         }
         // Under the select: a query that sees no key has LSE -inf, and exp2 of +inf is unused.
         const int col = 8 * nt + 2 * tig + e % 2;
         const float pv = visible ? exp2f(s[nt * 4 + e] * scale_log2 - smem.lse_log2[stage][col]) : 0.f;
         s[nt * 4 + e] = pv;
-        // Varlen: a select too, for a key past the sequence's may have dP^T = inf or NaN from V.
-        if constexpr (kVarlen)
-          dp[nt * 4 + e] = visible ? pv * (dp[nt * 4 + e] - smem.delta[stage][col]) : 0.f;
-        else
-          dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - smem.delta[stage][col]);
+        dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - smem.delta[stage][col]);
       }
 
     // P^T and dS^T as wgmma A fragments, one per 16 queries (n8 tiles 2kk and 2kk + 1).
@@ -370,8 +295,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = m0 + 16 * warp_in_wg + group + 8 * r;
-      if (i >= seqlen_q_of<kVarlen>(f, seq)) continue;
-      float* row = p.dq_accum + (query_row<kVarlen>(f, seq, i) * f.heads_q + head) * D + c0 + 2 * tig;
+      if (i >= f.seqlen_q) continue;
+      float* row = p.dq_accum + ((int64_t(batch) * f.seqlen_q + i) * f.heads_q + head) * D + c0 + 2 * tig;
 #pragma unroll
       for (int nt = 0; nt < kCols / 8; ++nt)
         atomicAdd(reinterpret_cast<float2*>(row + 8 * nt),
@@ -383,8 +308,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= seqlen_k_of<kVarlen>(f, seq)) continue;
-    const int64_t at = (key_row<kVarlen>(f, seq, key) * f.heads_kv + head_kv) * D + 2 * tig;
+    if (key >= f.seqlen_k) continue;
+    const int64_t at = ((int64_t(batch) * f.seqlen_k + key) * f.heads_kv + head_kv) * D + 2 * tig;
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
       atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
@@ -400,7 +325,7 @@ Status supports(const BackwardProblem& problem) {
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(head_dim) +
                 " is not supported (D <= 128: dK and dV of 64 keys take D registers a thread; bwd_02_mma_sync runs D = 256)"};
-  return refuse_kv_cache(problem, kName);
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
@@ -409,23 +334,17 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   Status s = make_qkv_tensor_maps(fwd, kBlockM, kBlockN, kName, &maps);
   CUtensorMap dout_map;
   if (s.ok())
-    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                             fwd.head_dim, problem.dout_strides, kBlockM, 64);  // packed rows when varlen, like q
+    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.batch, fwd.seqlen_q, fwd.heads_q, fwd.head_dim,
+                             problem.dout_strides, kBlockM, 64);
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     if constexpr (D > 128) {
       return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
     } else {
-      if (fwd.is_varlen()) {
-        constexpr int kSmem = smem_bytes<T, D, true>();
-        static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-        return launch_per_key_block(main_kernel<T, D, true>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q,
-                                    maps.k, maps.v, dout_map, p);
-      }
-      constexpr int kSmem = smem_bytes<T, D, false>();
+      constexpr int kSmem = smem_bytes<T, D>();
       static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-      return launch_per_key_block(main_kernel<T, D, false>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q,
-                                  maps.k, maps.v, dout_map, p);
+      return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q, maps.k,
+                                  maps.v, dout_map, p);
     }
   });
 }

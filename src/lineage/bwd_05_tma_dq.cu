@@ -365,16 +365,7 @@ Status supports(const BackwardProblem& problem) {
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (D <= 128: dK and dV of 64 keys take D registers a thread; bwd_02_mma_sync runs D = 256)"};
-  // Rows, LSE and delta, and the masks are indexed as in a dense batch.
-  if (p.is_varlen())
-    return {StatusCode::not_supported,
-            std::string(kName) +
-                ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); bwd_08_dq_overlap, bwd_04_dq_per_cta and "
-                "bwd_02_mma_sync run those"};
-  if (p.seqlens_k != nullptr || p.is_paged())
-    return {StatusCode::not_supported,
-            std::string(kName) + ": no seqlens_k or paged KV cache (block_table); dense batches only"};
-  return Status::Ok();
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {

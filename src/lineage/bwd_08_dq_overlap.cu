@@ -23,15 +23,7 @@
 // by constants, and the bases of the rest are re-read each step: 244 registers, no spill, and
 // 1.09-1.24x B07 at D = 128 in two runs (results/evidence/bwd_08_dq_overlap/).
 //
-// A variable-length batch (cu_seqlens) runs in a second instantiation, kVarlen = true, as in
-// B04 (whose handling this is): the dense instantiation is unchanged (the same SASS). The
-// tensor maps are over the packed rows, so a box that runs past its sequence loads the next
-// sequence's rows: P^T and dS^T are selected to 0 there, the rows of Q and dO past the last
-// query and of K past the last key are zeroed in shared memory once they land (the products
-// over queries and keys would meet them as 0 * x), and each block's visible keys per query
-// go to shared memory a step ahead (16-bit, counted from the CTA's first key). dQ's
-// reduction adds those rows' exact zeros into the next sequence's sums, which changes nothing;
-// dK and dV go through fp32 sums (a packed batch may have rows no sequence covers).
+// Dense batches only (the production backward runs variable-length ones).
 //
 // The rest is B07: without GQA a CTA writes its keys' dK and dV once; with GQA it adds into
 // fp32 sums. And B06 (B05 with a lean elementwise loop):
@@ -90,19 +82,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kDsBarrier = 1;              // named barrier 1: both dS^T tiles are written
 constexpr int kDqTileBarrier = 2;          // named barriers 2 and 3: a warpgroup's dQ tile is written
 
-// Varlen only: each block's visible keys per query, [first, last) (from visible_keys), counted
-// from the CTA's first key and clamped to [0, kBlockN]: 16 bits each, so that they fit beside
-// the rest at D = 128 (the int32 ranges of B04 would not).
-template <bool kVarlen>
-struct KeyRanges {
-  int16_t first[kStages][kBlockM];
-  int16_t last[kStages][kBlockM];
-};
-template <>
-struct KeyRanges<false> {};
-
 // Every tile is [D / 64][rows][64]: TMA writes one 64-column box per block, 128B-swizzled.
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 struct SharedStorage {
   static constexpr int kColBlocks = D / 64;
   alignas(kAtomBytes) T k[kColBlocks][kBlockN * 64];
@@ -119,18 +100,16 @@ struct SharedStorage {
   float delta[kStages][kBlockM];
   uint64_t kv_full;
   uint64_t qdo_full[kStages];
-  [[no_unique_address]] KeyRanges<kVarlen> keys;  // last, and empty when dense: the dense layout as before
 };
 
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 constexpr int smem_bytes() {
-  return int(sizeof(SharedStorage<T, D, kVarlen>)) + kAtomBytes;  // + slack to align the base to 1024
+  return int(sizeof(SharedStorage<T, D>)) + kAtomBytes;  // + slack to align the base to 1024
 }
 
-// Issues the TMA copies of query block `m0` (Q and dO) into `stage` (thread 0 only); m0 is a
-// row of the tensors (a packed batch's sequence start included).
-template <typename T, int D, bool kVarlen>
-__device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap* q_map,
+// Issues the TMA copies of query block `m0` (Q and dO) into `stage` (thread 0 only).
+template <typename T, int D>
+__device__ __forceinline__ void load_queries(SharedStorage<T, D>& smem, const CUtensorMap* q_map,
                                              const CUtensorMap* dout_map, int stage, int m0, int head, int batch) {
   ptx::mbarrier_arrive_expect_tx(&smem.qdo_full[stage], 2 * kBlockM * D * sizeof(T));
 #pragma unroll
@@ -141,21 +120,19 @@ __device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem,
   }
 }
 
-// This thread's dK and dV rows (keys key0 and key0 + 8 of the sequence; columns 8 dt + 2 t,
-// + 1), scaled dK: into the fp32 sums of the K/V head with atomics, or, when run_backward made
-// none (dk_accum null: a dense batch without GQA, this CTA alone computes these rows), written
-// once in T.
-template <typename T, int D, bool kVarlen>
-__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int key0,
-                                            int tig, const float* dk, const float* dv) {
+// This thread's dK and dV rows (keys key0 and key0 + 8; columns 8 dt + 2 t, + 1), scaled dK:
+// into the fp32 sums of the K/V head with atomics, or, when run_backward made none
+// (dk_accum null: no GQA, this CTA alone computes these rows), written once in T.
+template <typename T, int D>
+__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int batch, int head_kv, int key0, int tig,
+                                            const float* dk, const float* dv) {
   constexpr int kDTiles = D / 8;
   const FeatureParams& f = p.fwd;
-  const int batch = seq.batch_coord;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= seqlen_k_of<kVarlen>(f, seq)) continue;
-    if (!kVarlen && p.dk_accum == nullptr) {
+    if (key >= f.seqlen_k) continue;
+    if (p.dk_accum == nullptr) {
       // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
       T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
       T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_seq_stride + head_kv * p.dv_head_stride;
@@ -166,7 +143,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
         *reinterpret_cast<uint32_t*>(dv_row + 8 * dt + 2 * tig) = frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
     } else {
-      const int64_t at = (key_row<kVarlen>(f, seq, key) * f.heads_kv + head_kv) * D + 2 * tig;
+      const int64_t at = ((int64_t(batch) * f.seqlen_k + key) * f.heads_kv + head_kv) * D + 2 * tig;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
@@ -177,7 +154,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
   }
 }
 
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1)
     main_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
@@ -189,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes). An
   // offset added to smem_raw keeps the pointer in the shared window (B05 went through an
   // integer, and its plain loads and stores of shared memory became generic ones).
-  auto& smem = *reinterpret_cast<SharedStorage<T, D, kVarlen>*>(ptx::align_shared<kAtomBytes>(smem_raw));
+  auto& smem = *reinterpret_cast<SharedStorage<T, D>*>(ptx::align_shared<kAtomBytes>(smem_raw));
   const FeatureParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
   // descriptors built from it in uniform registers (with plain threadIdx.x / 128, ptxas spilled).
@@ -198,17 +175,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int n_wg = n0 + 64 * warpgroup;                   // this warpgroup's first key
   const int key0 = n_wg + 16 * warp_in_wg + group;        // this thread's keys: key0 and key0 + 8
   const float scale_log2 = f.scale * kLog2e;
 
   int q_first, q_last;
-  queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
+  queries_seeing(f, n0, n0 + kBlockN, &q_first, &q_last);
   const int m_begin = q_first / kBlockM * kBlockM;
-  // None when no query sees the keys, or (varlen) they start past the sequence's.
-  const int steps =
-      (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
+  const int steps = q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
 
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&q_map);
@@ -223,9 +197,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // no thread waits on a barrier before it is initialized
   if (steps == 0) {  // no query sees these keys: their dK and dV are 0
-    if (!kVarlen && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
+    if (p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
       const float zeros[kDTiles * 4] = {};
-      store_dk_dv<T, D, kVarlen>(p, seq, head_kv, key0, tig, zeros, zeros);
+      store_dk_dv<T, D>(p, batch, head_kv, key0, tig, zeros, zeros);
     }
     return;
   }
@@ -234,18 +208,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * kBlockN * D * sizeof(T));
 #pragma unroll
     for (int cb = 0; cb < D / 64; ++cb) {
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
-                                       &smem.kv_full);
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
-                                       &smem.kv_full);
+      ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, n0, head_kv, batch, &smem.kv_full);
+      ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, n0, head_kv, batch, &smem.kv_full);
     }
-    load_queries(smem, &q_map, &dout_map, 0, seq.q_start + m_begin, head, seq.batch_coord);
+    load_queries<T, D>(smem, &q_map, &dout_map, 0, m_begin, head, batch);
   }
 
   // A block's LSE and delta go to shared memory a step ahead (64 threads each): in registers,
   // 16 of each a thread made ptxas spill at D = 128.
-  const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
-  const int seqlen_q = seqlen_q_of<kVarlen>(f, seq);
+  const int64_t row_base = (int64_t(batch) * f.heads_q + head) * f.seqlen_q;
+  const int seqlen_q = f.seqlen_q;  // read once (read from f in the lambda, it takes two more loads)
   // Threads 0-63 fetch LSE, 64-127 delta (0 past Sq), and store it in the block's stage: B04's
   // loads, split into a fetch and a store as in the build that was timed
   // (results/evidence/backward_tma_dq/; ptxas schedules B04's form a little differently).
@@ -255,22 +227,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 2 * kBlockM) return i < seqlen_q ? p.delta[row_base + i] : 0.f;
     return 0.f;
   };
-  // Varlen: threads 0-63 also store the query's visible keys (none past the sequence).
-  auto store_row_stat = [&](int stage, int m0, float value) {
+  auto store_row_stat = [&](int stage, float value) {
     const int t = int(threadIdx.x) % kBlockM;
-    if (threadIdx.x < kBlockM) {
+    if (threadIdx.x < kBlockM)
       smem.lse_log2[stage][t] = value;
-      if constexpr (kVarlen) {
-        int first = 0, last = 0;
-        if (m0 + t < seq.seqlen_q) visible_keys(f, seq, m0 + t, &first, &last);
-        smem.keys.first[stage][t] = int16_t(min(max(first - n0, 0), kBlockN));
-        smem.keys.last[stage][t] = int16_t(min(max(last - n0, 0), kBlockN));
-      }
-    } else if (threadIdx.x < 2 * kBlockM) {
+    else if (threadIdx.x < 2 * kBlockM)
       smem.delta[stage][t] = value;
-    }
   };
-  store_row_stat(0, m_begin, fetch_row_stat(m_begin));
+  store_row_stat(0, fetch_row_stat(m_begin));
 
   float dk[kDTiles * 4] = {}, dv[kDTiles * 4] = {};
   constexpr int kCols = D / 2;
@@ -291,20 +255,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // live across the loop (at D = 128 it spilled them).
     uint32_t lane_offset = dq_lane;
     ptx::fence_operand(lane_offset);
-    // Varlen: the box's rows past the sequence are the next sequence's; they get exact zeros,
-    // not 0 x K, which is NaN where this sequence's keys hold NaN. Dense: rows_left stays
-    // kBlockM (its boxes end at the tensor's edge), so the select folds to the plain store.
-    int rows_left = kBlockM;
-    if constexpr (kVarlen) rows_left = seq.seqlen_q - (m_begin + step * kBlockM) - 16 * warp_in_wg - group;
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
       float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < 2; ++r)
         *reinterpret_cast<float2*>(at + 8 * r * 32) =
-            rows_left > 8 * r ? make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1])
-                              : make_float2(0.f, 0.f);
-      }
+            make_float2(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
     }
   };
   // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
@@ -317,8 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
       for (int box = 0; box < kCols / 32; ++box)
-        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, seq.q_start + m0, head, seq.batch_coord,
-                                                tiles + box * kBlockM * 32);
+        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, m0, head, batch, tiles + box * kBlockM * 32);
       ptx::cp_async_bulk_commit_group();
     }
   };
@@ -365,12 +321,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::wgmma_commit_group();
   };
   ptx::mbarrier_wait(&smem.kv_full, 0);  // K and V have landed
-  if constexpr (kVarlen) {
-    if (n0 + kBlockN > seq.seqlen_k) {  // CTA-uniform: K's box ran into the next sequence's keys
-      zero_tile_rows<T, D, kBlockN, kThreads>(smem.k[0], seq.seqlen_k - n0);
-      ptx::fence_proxy_async_shared_cta();  // before the wgmmas (async proxy) read K, after the first step's barrier
-    }
-  }
 
   // One step. The first has no block before it: a compile-time flag, so that ptxas sees every
   // dQ wgmma waited for on every path (with a run-time one it serializes all wgmmas, C7514).
@@ -391,20 +341,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     float next_stat = 0.f;  // the next block's LSE or delta (threads 0-127)
     if (step + 1 < steps) {
       if (threadIdx.x == 0)
-        load_queries(smem, &q_map, &dout_map, (step + 1) % kStages, seq.q_start + m0 + kBlockM, head,
-                     seq.batch_coord);
+        load_queries<T, D>(smem, &q_map, &dout_map, (step + 1) % kStages, m0 + kBlockM, head, batch);
       next_stat = fetch_row_stat(m0 + kBlockM);
-      store_row_stat((step + 1) % kStages, m0 + kBlockM, next_stat);
+      store_row_stat((step + 1) % kStages, next_stat);
     }
 
     // S^T = K Q^T and dP^T = V dO^T: per 16 columns of D one wgmma each, K-major operands.
     float s[kQTiles * 4], dp[kQTiles * 4];
     ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);  // this block's Q and dO have landed
-    if constexpr (kVarlen) {
-      if (m0 + kBlockM > seq.seqlen_q) {  // CTA-uniform: the boxes ran into the next sequence's rows
-        zero_tile_pair_rows<T, D, kBlockM, kThreads>(smem.q[stage][0], smem.dout[stage][0], seq.seqlen_q - m0);
-      }
-    }
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
     ptx::wgmma_fence();  // s and dp reuse registers of the step before: those accesses come first
@@ -448,20 +392,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
     // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
-    // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query). Varlen:
-    // of the sequence, from the key ranges in shared memory (counted from n0); a row past the
-    // sequence sees no key, so rows 0 and 63 decide.
-    bool need_mask;
-    if constexpr (kVarlen) {
-      const int wg_key = n_wg - n0;
-      need_mask = smem.keys.first[stage][kBlockM - 1] > wg_key || smem.keys.last[stage][0] < wg_key + 64 ||
-                  smem.keys.last[stage][kBlockM - 1] < wg_key + 64;
-    } else {
-      int first_lo, last_lo, first_hi, last_hi;
-      visible_keys(f, m0, &first_lo, &last_lo);
-      visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
-      need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 || first_hi > n_wg;
-    }
+    // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query).
+    int first_lo, last_lo, first_hi, last_hi;
+    visible_keys(f, m0, &first_lo, &last_lo);
+    visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
+    const bool need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 ||
+                           first_hi > n_wg;
     // Columns 8 nt + 2 t and + 1 of the block: their LSE and delta as one 8-byte load each.
     auto column_stats = [&](int nt, float2* lse, float2* delta) {
       *lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * nt + 2 * tig]);
@@ -475,23 +411,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = m0 + 8 * nt + 2 * tig + e % 2, j = key0 + 8 * (e / 2);
-          bool visible;
-          if constexpr (kVarlen) {
-            visible = j - n0 >= smem.keys.first[stage][i - m0] && j - n0 < smem.keys.last[stage][i - m0];
-          } else {
-            int first = 0, last = 0;
-            if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
-            visible = j >= first && j < last;
-          }
+          int first = 0, last = 0;
+          if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
           // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
-          const float pv =
-              visible ? ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -(e % 2 ? lse.y : lse.x))) : 0.f;
+          const float pv = j >= first && j < last
+                               ? ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -(e % 2 ? lse.y : lse.x)))
+                               : 0.f;
           s[nt * 4 + e] = pv;
-          // Varlen: a select too, for a key past the sequence's may have dP^T = inf or NaN from V.
-          if constexpr (kVarlen)
-            dp[nt * 4 + e] = visible ? pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x)) : 0.f;
-          else
-            dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x));
+          dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x));
         }
       }
     } else {
@@ -572,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // This warpgroup's dK and dV: written once, or into the sums of its K/V head (a GQA group's
   // query heads add up).
-  store_dk_dv<T, D, kVarlen>(p, seq, head_kv, key0, tig, dk, dv);
+  store_dk_dv<T, D>(p, batch, head_kv, key0, tig, dk, dv);
 }
 
 // Refuses what the kernel cannot run, so that "auto" passes it on to an older kernel.
@@ -583,7 +510,7 @@ Status supports(const BackwardProblem& problem) {
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (64 and 128 only: at D = 256 the accumulators do not fit in the registers; "
                 "bwd_02_mma_sync runs it)"};
-  return refuse_kv_cache(problem, kName);
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
@@ -592,27 +519,22 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   Status s = make_qkv_tensor_maps(fwd, kBlockM, kBlockN, kName, &maps);
   CUtensorMap dout_map;
   if (s.ok())
-    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                             fwd.head_dim, problem.dout_strides, kBlockM, 64);  // packed rows when varlen, like q
+    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.batch, fwd.seqlen_q, fwd.heads_q, fwd.head_dim,
+                             problem.dout_strides, kBlockM, 64);
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     if constexpr (D > 128) {
       return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
     } else {
-      static_assert(smem_bytes<T, D, true>() <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
+      constexpr int kSmem = smem_bytes<T, D>();
+      static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
       CUtensorMap dq_map;  // over run_backward's fp32 dQ sum, which exists only from here on
-      Status st = make_fp32_bshd_tensor_map(&dq_map, p.dq_accum, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                                            D, kBlockM);
+      Status st = make_fp32_bshd_tensor_map(&dq_map, p.dq_accum, fwd.batch, fwd.seqlen_q, fwd.heads_q, D, kBlockM);
       if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
-      if (fwd.is_varlen())
-        return launch_per_key_block(main_kernel<T, D, true>, kBlockN, kThreads, smem_bytes<T, D, true>(), p.fwd,
-                                    stream, kName, maps.q, maps.k, maps.v, dout_map, dq_map, p);
-      return launch_per_key_block(main_kernel<T, D, false>, kBlockN, kThreads, smem_bytes<T, D, false>(), p.fwd,
-                                  stream, kName, maps.q, maps.k, maps.v, dout_map, dq_map, p);
+      return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q, maps.k,
+                                  maps.v, dout_map, dq_map, p);
     }
-    // dK and dV written by the kernel only for a dense batch without GQA: a packed batch may
-    // have rows that belong to no sequence, which only the conversion of zeroed sums writes.
-  }, /*dkdv_written_by_kernel=*/!fwd.is_varlen() && fwd.heads_q == fwd.heads_kv);
+  }, /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv);
 }
 
 }  // namespace

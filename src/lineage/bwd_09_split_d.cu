@@ -377,20 +377,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Refuses what the kernel cannot run, so that "auto" passes it on to an older kernel.
 Status supports(const BackwardProblem& problem) {
   const AttentionProblem& p = problem.forward;
-  if (p.is_varlen())
-    return {StatusCode::not_supported,
-            std::string(kName) +
-                ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); bwd_sm90 (every head dim), bwd_08_dq_overlap, "
-                "bwd_04_dq_per_cta and bwd_02_mma_sync run those"};
-  if (p.seqlens_k != nullptr || p.is_paged())
-    return {StatusCode::not_supported,
-            std::string(kName) + ": no seqlens_k or paged KV cache (block_table); dense batches only"};
-  // After the batch kind, so that a variable-length batch is sent to the kernels that run it.
   if (p.head_dim != kD)
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (D = 256 only; bwd_08_dq_overlap runs D = 64 and 128)"};
-  return Status::Ok();
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {

@@ -101,7 +101,6 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
                                             int tig, const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
   const FeatureParams& f = p.fwd;
-  const float grad_scale = score_grad_scale(f);
   const int batch = seq.batch_coord;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -114,7 +113,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         *reinterpret_cast<uint32_t*>(dk_row + c0 + 8 * dt + 2 * tig) =
-            frag::pack2<T>(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]);
+            frag::pack2<T>(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(dv_row + c0 + 8 * dt + 2 * tig) =
             frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
@@ -123,7 +122,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
-                  make_float2(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]));
+                  make_float2(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]));
         atomicAdd(reinterpret_cast<float2*>(p.dv_accum + at + 8 * dt), make_float2(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]));
       }
     }
@@ -283,15 +282,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     visible_keys<false>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
     const bool need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
                            first_hi > n0;
-    if (f.softcap_scale > 0.f) {  // s -> t and dP for the capped dS (softcap_score_and_dp)
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        const float2 delta = *reinterpret_cast<const float2*>(&smem.delta[stage][q_col0 + 8 * nt + 2 * tig]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          softcap_score_and_dp(&s[nt * 4 + e], &dp[nt * 4 + e], e % 2 ? delta.y : delta.x, f.softcap_scale);
-      }
-    }
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
       const int col = q_col0 + 8 * nt + 2 * tig;  // of the block; this and col + 1
@@ -424,7 +414,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // This thread's rows of dQ (queries query0, query0 + 8; columns c0 + 8 nt + 2 t, + 1), scaled,
   // written once in the gradient's dtype: each row is this CTA's alone, so no atomics (4-byte
   // stores: the gradients' rows are 16-byte aligned, validate_backward_arguments).
-  const float grad_scale = score_grad_scale(f);
   auto store_dq = [&](const float* dq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -434,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int nt = 0; nt < kDTiles; ++nt)
         *reinterpret_cast<uint32_t*>(row + c0 + 8 * nt + 2 * tig) =
-            frag::pack2<T>(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
+            frag::pack2<T>(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
     }
   };
 
@@ -541,11 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kKTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
 
     // dS = P (dP - delta). Accumulator element e of n8 tile nt is query query0 + 8 (e / 2), key
-    // n0 + key_col0 + 8 nt + 2 t + e % 2. Softcapping first (softcap_score_and_dp).
-    if (f.softcap_scale > 0.f) {
-#pragma unroll
-      for (int i = 0; i < kKTiles * 4; ++i) softcap_score_and_dp(&s[i], &dp[i], delta[i % 4 / 2], f.softcap_scale);
-    }
+    // n0 + key_col0 + 8 nt + 2 t + e % 2.
 #pragma unroll
     for (int nt = 0; nt < kKTiles; ++nt) {
 #pragma unroll
@@ -592,16 +577,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Refuses what the kernel cannot run, so that "auto" passes it on to an older kernel.
 Status supports(const BackwardProblem& problem) {
   const AttentionProblem& p = problem.forward;
-  Status s = refuse_kv_cache(problem, kName);
-  if (!s.ok()) return s;
   if (p.head_dim != kD)
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (D = 256 only; bwd_08_dq_overlap runs D = 64 and 128)"};
-  if (p.is_varlen())
-    return {StatusCode::not_supported,
-            std::string(kName) + ": dense batches only (bwd_sm90 runs variable-length ones at D = 256)"};
-  return Status::Ok();
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
@@ -635,7 +615,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 const BackwardKernel& backward_dq_pass() {
   static const BackwardKernel kernel{
       kName, "D = 256: B09 without dQ, and dQ in a pass of its own (no atomics)",
-      supports, launch, Features{.softcap = true, .deterministic = Features::Deterministic::without_gqa}};
+      supports, launch, Features{.deterministic = Features::Deterministic::without_gqa}};
   return kernel;
 }
 

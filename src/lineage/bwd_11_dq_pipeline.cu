@@ -606,16 +606,11 @@ __global__ void __launch_bounds__(kDqThreads, 1)
 // Refuses what the kernel cannot run, so that "auto" passes it on to an older kernel.
 Status supports(const BackwardProblem& problem) {
   const AttentionProblem& p = problem.forward;
-  Status s = refuse_kv_cache(problem, kName);
-  if (!s.ok()) return s;
   if (p.head_dim != kD)
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (D = 256 only; bwd_08_dq_overlap runs D = 64 and 128)"};
-  if (p.is_varlen())
-    return {StatusCode::not_supported,
-            std::string(kName) + ": dense batches only (bwd_sm90 runs variable-length ones at D = 256)"};
-  return Status::Ok();
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {

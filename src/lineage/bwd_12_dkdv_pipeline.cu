@@ -100,34 +100,33 @@ __device__ __forceinline__ void load_queries(SharedStorage<T>& smem, const CUten
 // This thread's dK and dV rows (keys key0 and key0 + 8 of the sequence; columns c0 + 8 dt +
 // 2 t, + 1), scaled dK: into the fp32 sums of the K/V head with atomics, or, when run_backward
 // made none (a dense batch without GQA: this CTA alone computes these rows), written once in T.
-template <typename T, bool kVarlen>
+template <typename T>
 __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int key0, int c0,
                                             int tig, const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
   const FeatureParams& f = p.fwd;
   const int batch = seq.batch_coord;
-  const float grad_scale = score_grad_scale(f);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= seqlen_k_of<kVarlen>(f, seq)) continue;
-    if (!kVarlen && p.dk_accum == nullptr) {
+    if (key >= seqlen_k_of<false>(f, seq)) continue;
+    if (p.dk_accum == nullptr) {
       // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
       T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
       T* dv_row = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + key * p.dv_seq_stride + head_kv * p.dv_head_stride;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         *reinterpret_cast<uint32_t*>(dk_row + c0 + 8 * dt + 2 * tig) =
-            frag::pack2<T>(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]);
+            frag::pack2<T>(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(dv_row + c0 + 8 * dt + 2 * tig) =
             frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
     } else {
-      const int64_t at = (key_row<kVarlen>(f, seq, key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
+      const int64_t at = (key_row<false>(f, seq, key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
-                  make_float2(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]));
+                  make_float2(f.scale * dk[dt * 4 + 2 * r], f.scale * dk[dt * 4 + 2 * r + 1]));
         atomicAdd(reinterpret_cast<float2*>(p.dv_accum + at + 8 * dt), make_float2(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]));
       }
     }
@@ -165,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (steps == 0) {  // CTA-uniform: dK and dV are 0
     if (warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
       const float zeros[kDTiles * 4] = {};
-      store_dk_dv<T, false>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
+      store_dk_dv<T>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
     }
     return;
   }
@@ -310,11 +309,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     visible_keys<false>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
     const bool need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
                            first_hi > n0;
-    if (f.softcap_scale > 0.f) {  // s -> t and dP for the capped dS (softcap_score_and_dp)
-#pragma unroll
-      for (int i = 0; i < kQTiles * 4; ++i)
-        softcap_score_and_dp(&s[i], &dp[i], delta[i / 4 * 2 + i % 2], f.softcap_scale);
-    }
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
       const int col = q_col0 + 8 * nt + 2 * tig;  // of the block; this and col + 1
@@ -362,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // This warpgroup's columns of dK and dV: written once, or into the sums of its K/V head.
-  store_dk_dv<T, false>(p, seq, head_kv, key0, c0, tig, dk, dv);
+  store_dk_dv<T>(p, seq, head_kv, key0, c0, tig, dk, dv);
 }
 
 // dq_kernel (B11's): 128 queries a CTA, two consumer warpgroups of 64 each and a producer warpgroup.
@@ -436,7 +430,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // written once in the gradient's dtype: each row is this CTA's alone (4-byte stores: the
   // gradients' rows are 16-byte aligned, validate_backward_arguments).
   const int query0 = m0 + 64 * warpgroup + 16 * warp_in_wg + group;
-  const float grad_scale = score_grad_scale(f);
   auto store_dq = [&](const float* dq) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -446,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int nt = 0; nt < kDTiles; ++nt)
         *reinterpret_cast<uint32_t*>(row + 8 * nt + 2 * tig) =
-            frag::pack2<T>(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
+            frag::pack2<T>(f.scale * dq[nt * 4 + 2 * r], f.scale * dq[nt * 4 + 2 * r + 1]);
     }
   };
   if (steps == 0) {  // no key seen (CTA-uniform): dQ is 0
@@ -574,11 +567,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // dS = P (dP - delta). Accumulator element e of n8 tile nt is query query0 + 8 (e / 2), key
-    // n0 + 8 nt + 2 t + e % 2. Softcapping first (softcap_score_and_dp).
-    if (f.softcap_scale > 0.f) {
-#pragma unroll
-      for (int i = 0; i < kKTiles * 4; ++i) softcap_score_and_dp(&s[i], &dp[i], delta[i % 4 / 2], f.softcap_scale);
-    }
+    // n0 + 8 nt + 2 t + e % 2.
 #pragma unroll
     for (int nt = 0; nt < kKTiles; ++nt) {
 #pragma unroll
@@ -621,16 +610,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Refuses what the kernel cannot run, so that "auto" passes it on to an older kernel.
 Status supports(const BackwardProblem& problem) {
   const AttentionProblem& p = problem.forward;
-  Status s = refuse_kv_cache(problem, kName);
-  if (!s.ok()) return s;
   if (p.head_dim != kD)
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (D = 256 only; bwd_08_dq_overlap runs D = 64 and 128)"};
-  if (p.is_varlen())
-    return {StatusCode::not_supported,
-            std::string(kName) + ": dense batches only (bwd_sm90 runs variable-length ones at D = 256)"};
-  return Status::Ok();
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
@@ -664,7 +648,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 const BackwardKernel& backward_dkdv_pipeline() {
   static const BackwardKernel kernel{
       kName, "D = 256: the dK/dV pass warp-specialized, a block's dV and dK under the next one's S^T",
-      supports, launch, Features{.softcap = true, .deterministic = Features::Deterministic::without_gqa}};
+      supports, launch, Features{.deterministic = Features::Deterministic::without_gqa}};
   return kernel;
 }
 

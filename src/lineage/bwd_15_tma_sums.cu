@@ -1,22 +1,18 @@
 // Parent: bwd_14_tma_dkdv.
-// Backward step 15: B14 with the fp32 sums of dK and dV (GQA, variable-length batches) added by
-// TMA reductions, as B05 did for dQ, instead of 64 float2 atomics a thread (at D = 128): after
-// the last block every tile of the CTA is free, so each warpgroup writes its 64 rows of scaled
-// dK and of dV in fp32 (64 x 32 boxes, swizzled like the TMA box) over K, V (warpgroup 0) or Q,
-// dO (warpgroup 1), and its issuing thread adds them with cp.reduce.async.bulk.tensor. In a
-// packed batch the boxes may run past the sequence's keys into the next sequence's rows: those
-// rows are written as zeros (a select: masking alone leaves 0 x Q, NaN where this sequence's
-// queries hold NaN), and adding zeros changes no sum. With
-// every batch's dK and dV leaving by TMA, the stagger runs on every path.
+// Backward step 15: B14 with the fp32 sums of dK and dV (GQA) added by TMA reductions, as B05
+// did for dQ, instead of 64 float2 atomics a thread (at D = 128): after the last block every
+// tile of the CTA is free, so each warpgroup writes its 64 rows of scaled dK and of dV in fp32
+// (64 x 32 boxes, swizzled like the TMA box) over K, V (warpgroup 0) or Q, dO (warpgroup 1),
+// and its issuing thread adds them with cp.reduce.async.bulk.tensor. With every CTA's dK and
+// dV leaving by TMA, the stagger runs on every path.
 //   Measured on the H200 against B14: 1.01-1.08x with GQA at S = 1k, 1.00-1.03x from 4k (one
-// point at 0.97, the shape that moves by 10% between runs), 0.99-1.05x on mixed
-// variable-length batches, level without GQA where the code is B14's
-// (results/evidence/bwd_15_tma_sums/).
+// point at 0.97, the shape that moves by 10% between runs), level without GQA where the code
+// is B14's (results/evidence/bwd_15_tma_sums/).
 //
-// B14's notes follow (there, GQA and variable-length batches kept B13's atomics and order).
+// B14's notes follow (there, GQA kept B13's atomics and order).
 //
 // Backward step 14: B13 with dK and dV leaving through shared memory by TMA where the kernel
-// writes them (a dense batch without GQA), and the CTAs of a head staggered over the query blocks.
+// writes them (without GQA), and the CTAs of a head staggered over the query blocks.
 //   The epilogue: once every consumer's last dQ wgmma has read K, each warpgroup writes its 64
 //   rows of dK and dV (bf16/fp16, in the TMA box's 128-byte swizzle) over the K and V tiles, and
 //   one thread stores them with two TMA copies per 64 columns, instead of 4-byte global stores
@@ -48,11 +44,8 @@
 // The rest is B08's: S^T = K Q^T and dP^T = V dO^T (wgmma m64n64, operands in shared memory),
 // dV += P^T dO and dK += dS^T Q (A from registers), dQ[:, half w] = dS K[:, half w] over the
 // CTA's 128 keys, a block's dQ issued at the top of the next step and sent out by TMA
-// reductions while the next S^T runs. A variable-length batch runs in the kVarlen = true
-// instantiation, as in B08: rows that a box loaded from the next sequence are zeroed in
-// shared memory by the consumers (K's once, Q's and dO's per block), each block's visible
-// keys per query go to shared memory a step ahead with its LSE and delta, and dK and dV go
-// through fp32 sums.
+// reductions while the next S^T runs. Dense batches only (the production backward runs
+// variable-length ones).
 //
 // Barriers (who arrives -> who waits):
 //   kv_full          the producer's expect_tx + TMA bytes -> the consumers, once
@@ -64,11 +57,9 @@
 //                    blocks ago has read the dS^T parity a warpgroup writes next; the next
 //                    block's LSE and delta stored before they are read, and the stage's last
 //                    reads before its next stores. Once before the first block too (its stats).
-//                    Varlen: also after the consumers zero rows of K (before the first
-//                    block) or of a block's Q and dO, before any wgmma reads them. Once after
-//                    the last block (the epilogues): every wgmma of both warpgroups has
-//                    completed before they write dK and dV over K and V (the sums: and over
-//                    Q and dO).
+//                    Once after the last block (the epilogues): every wgmma of both warpgroups
+//                    has completed before they write dK and dV over K and V (the sums: and
+//                    over Q and dO).
 //   named 2 + wg     the warpgroup's 128 threads: its dQ tile written (and fenced), and the
 //                    reduction of two blocks before has read the tile it writes next (its
 //                    issuing thread waited for that first), before the issuing thread starts
@@ -118,18 +109,8 @@ constexpr int kConsumerRegisters = 240;    // the CTA's pool under __launch_boun
 static_assert(kProducerRegisters + kWarpgroups * kConsumerRegisters <= (1 + kWarpgroups) * (65536 / kThreads / 8 * 8),
               "setmaxnreg budgets exceed the CTA's registers at launch");
 
-// Varlen only: each block's visible keys per query, [first, last) (from visible_keys), counted
-// from the CTA's first key and clamped to [0, kBlockN]: 16 bits each (B08's).
-template <bool kVarlen>
-struct KeyRanges {
-  int16_t first[kStages][kBlockM];
-  int16_t last[kStages][kBlockM];
-};
-template <>
-struct KeyRanges<false> {};
-
 // Every tile is [D / 64][rows][64]: TMA writes one 64-column box per block, 128B-swizzled.
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 struct SharedStorage {
   static constexpr int kColBlocks = D / 64;
   alignas(kAtomBytes) T k[kColBlocks][kBlockN * 64];
@@ -147,18 +128,16 @@ struct SharedStorage {
   uint64_t kv_full;
   uint64_t qdo_full[kStages];
   uint64_t consumed[kStages];
-  [[no_unique_address]] KeyRanges<kVarlen> keys;  // last, and empty when dense: the dense layout as before
 };
 
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 constexpr int smem_bytes() {
-  return int(sizeof(SharedStorage<T, D, kVarlen>)) + kAtomBytes;  // + slack to align the base to 1024
+  return int(sizeof(SharedStorage<T, D>)) + kAtomBytes;  // + slack to align the base to 1024
 }
 
-// Issues the TMA copies of query block `m0` (Q and dO) into `stage` (the producer thread); m0
-// is a row of the tensors (a packed batch's sequence start included).
-template <typename T, int D, bool kVarlen>
-__device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap* q_map,
+// Issues the TMA copies of query block `m0` (Q and dO) into `stage` (the producer thread).
+template <typename T, int D>
+__device__ __forceinline__ void load_queries(SharedStorage<T, D>& smem, const CUtensorMap* q_map,
                                              const CUtensorMap* dout_map, int stage, int m0, int head, int batch) {
   ptx::mbarrier_arrive_expect_tx(&smem.qdo_full[stage], 2 * kBlockM * D * sizeof(T));
 #pragma unroll
@@ -169,9 +148,9 @@ __device__ __forceinline__ void load_queries(SharedStorage<T, D, kVarlen>& smem,
   }
 }
 
-// Zeros for this thread's dK and dV rows (keys key0 and key0 + 8; columns 8 dt + 2 t, + 1) of a
-// dense batch without GQA, where no query sees the CTA's keys: every other path leaves by TMA,
-// and fp32 sums (GQA, varlen) are zeroed before the kernel.
+// Zeros for this thread's dK and dV rows (keys key0 and key0 + 8; columns 8 dt + 2 t, + 1)
+// without GQA, where no query sees the CTA's keys: every other path leaves by TMA, and the fp32
+// sums (GQA) are zeroed before the kernel.
 template <typename T, int D>
 __device__ __forceinline__ void store_zero_dk_dv(const BackwardParams& p, int batch, int head_kv, int key0, int tig) {
   constexpr int kDTiles = D / 8;
@@ -191,7 +170,7 @@ __device__ __forceinline__ void store_zero_dk_dv(const BackwardParams& p, int ba
   }
 }
 
-template <typename T, int D, bool kVarlen>
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1)
     main_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
@@ -204,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes). An
   // offset added to smem_raw keeps the pointer in the shared window (B05 went through an
   // integer, and its plain loads and stores of shared memory became generic ones).
-  auto& smem = *reinterpret_cast<SharedStorage<T, D, kVarlen>*>(ptx::align_shared<kAtomBytes>(smem_raw));
+  auto& smem = *reinterpret_cast<SharedStorage<T, D>*>(ptx::align_shared<kAtomBytes>(smem_raw));
   const FeatureParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
   // descriptors built from it in uniform registers (with plain threadIdx.x / 128, ptxas spilled).
@@ -214,18 +193,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int n_wg = n0 + 64 * warpgroup;                   // this warpgroup's first key
   const int key0 = n_wg + 16 * warp_in_wg + group;        // this thread's keys: key0 and key0 + 8
-  const float scale_log2 = f.scale * kLog2e;  // with softcapping, the softcap (as in the forward)
-  const float grad_scale = score_grad_scale(f);
+  const float scale_log2 = f.scale * kLog2e;
+  const float grad_scale = f.scale;  // dQ's and dK's, read once (from f at each use, four more loads)
 
   int q_first, q_last;
-  queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
+  queries_seeing(f, n0, n0 + kBlockN, &q_first, &q_last);
   const int m_begin = q_first / kBlockM * kBlockM;
-  // None when no query sees the keys, or (varlen) they start past the sequence's.
-  const int steps =
-      (!kVarlen || n0 < seq.seqlen_k) && q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
+  const int steps = q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;
   // The stagger: this CTA's block `step` is query block (step + rotation) % steps of its range,
   // so that the CTAs of a head (same range when not causal) add into different dQ blocks at once.
   // B15: on every path, since dK and dV leave by TMA on every path.
@@ -251,8 +227,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 128) ptx::prefetch_tensormap(&dq_map);  // the reductions' issuing thread of warpgroup 0
   __syncthreads();  // no thread waits on a barrier before it is initialized
   if (steps == 0) {  // CTA-uniform: no query sees these keys, their dK and dV are 0
-    if (!kVarlen && warpgroup >= 0 && p.dk_accum == nullptr)  // no zeroed sums here: write the zeros
-      store_zero_dk_dv<T, D>(p, seq.batch_coord, head_kv, key0, tig);
+    if (warpgroup >= 0 && p.dk_accum == nullptr)  // no zeroed sums here: write the zeros
+      store_zero_dk_dv<T, D>(p, batch, head_kv, key0, tig);
     return;
   }
 
@@ -263,17 +239,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * kBlockN * D * sizeof(T));
 #pragma unroll
       for (int cb = 0; cb < D / 64; ++cb) {
-        ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
-                                         &smem.kv_full);
-        ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
-                                         &smem.kv_full);
+        ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, n0, head_kv, batch, &smem.kv_full);
+        ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, n0, head_kv, batch, &smem.kv_full);
       }
       for (int step = 0; step < steps; ++step) {
         const int stage = step % kStages;
         // WAR: every consumer warp's dV and dK of the block kStages steps back (the last
         // readers of the stage) have completed.
         if (step >= kStages) ptx::mbarrier_wait(&smem.consumed[stage], (step / kStages - 1) % 2);
-        load_queries(smem, &q_map, &dout_map, stage, seq.q_start + block_row(step), head, seq.batch_coord);
+        load_queries<T, D>(smem, &q_map, &dout_map, stage, block_row(step), head, batch);
       }
     }
     return;
@@ -282,8 +256,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // A block's LSE and delta go to shared memory a step ahead (64 threads each): in registers,
   // 16 of each a thread made ptxas spill at D = 128 (B08).
-  const int64_t row_base = stats_row0<kVarlen>(f, seq, head);
-  const int seqlen_q = seqlen_q_of<kVarlen>(f, seq);
+  const int64_t row_base = (int64_t(batch) * f.heads_q + head) * f.seqlen_q;
+  const int seqlen_q = f.seqlen_q;  // read once (read from f in the lambda, it takes two more loads)
   // Consumer threads 0-63 fetch LSE, 64-127 delta (0 past Sq), and store it in the block's
   // stage (B08's split of the loads into a fetch and a store).
   auto fetch_row_stat = [&](int m0) -> float {
@@ -292,31 +266,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (consumer_thread < 2 * kBlockM) return i < seqlen_q ? p.delta[row_base + i] : 0.f;
     return 0.f;
   };
-  // Varlen: consumer threads 0-63 also store the query's visible keys (none past the sequence).
-  auto store_row_stat = [&](int stage, int m0, float value) {
+  auto store_row_stat = [&](int stage, float value) {
     const int t = consumer_thread % kBlockM;
-    if (consumer_thread < kBlockM) {
+    if (consumer_thread < kBlockM)
       smem.lse_log2[stage][t] = value;
-      if constexpr (kVarlen) {
-        int first = 0, last = 0;
-        if (m0 + t < seq.seqlen_q) visible_keys(f, seq, m0 + t, &first, &last);
-        smem.keys.first[stage][t] = int16_t(min(max(first - n0, 0), kBlockN));
-        smem.keys.last[stage][t] = int16_t(min(max(last - n0, 0), kBlockN));
-      }
-    } else if (consumer_thread < 2 * kBlockM) {
+    else if (consumer_thread < 2 * kBlockM)
       smem.delta[stage][t] = value;
-    }
   };
-  store_row_stat(0, block_row(0), fetch_row_stat(block_row(0)));
-  if constexpr (kVarlen) {
-    if (n0 + kBlockN > seq.seqlen_k) {  // CTA-uniform: K's box ran into the next sequence's keys
-      ptx::mbarrier_wait(&smem.kv_full, 0);
-      zero_tile_rows<T, D, kBlockN, kConsumerThreads>(smem.k[0], seq.seqlen_k - n0, consumer_thread);
-      ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read K
-    }
-  }
-  // RAW: the first block's LSE and delta (varlen: K's zeroed rows) are stored before any
-  // consumer reads them.
+  store_row_stat(0, fetch_row_stat(block_row(0)));
+  // RAW: the first block's LSE and delta are stored before any consumer reads them.
   ptx::bar_sync(kDsBarrier, kConsumerThreads);
 
   float dk[kDTiles * 4] = {}, dv[kDTiles * 4] = {};
@@ -338,20 +296,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // live across the loop (at D = 128 it spilled them).
     uint32_t lane_offset = dq_lane;
     ptx::fence_operand(lane_offset);
-    // Varlen: the box's rows past the sequence are the next sequence's; they get exact zeros,
-    // not 0 x K, which is NaN where this sequence's keys hold NaN. Dense: rows_left stays
-    // kBlockM (its boxes end at the tensor's edge), so the select folds to the plain store.
-    int rows_left = kBlockM;
-    if constexpr (kVarlen) rows_left = seq.seqlen_q - block_row(step) - 16 * warp_in_wg - group;
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
       float* at = tiles + nt / 4 * kBlockM * 32 + (lane_offset ^ (nt % 4) << 3);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < 2; ++r)
         *reinterpret_cast<float2*>(at + 8 * r * 32) =
-            rows_left > 8 * r ? make_float2(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1])
-                              : make_float2(0.f, 0.f);
-      }
+            make_float2(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1]);
     }
   };
   // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
@@ -367,8 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x % 128 == 0) {
 #pragma unroll
       for (int box = 0; box < kCols / 32; ++box)
-        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, seq.q_start + m0, head, seq.batch_coord,
-                                                tiles + box * kBlockM * 32);
+        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, m0, head, batch, tiles + box * kBlockM * 32);
       ptx::cp_async_bulk_commit_group();
     }
   };
@@ -427,19 +377,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The next block's LSE and delta, into the other stage: its last reads (the block before's)
     // were before named barrier 1 of the last step, and this block's reads of them come after
     // named barrier 1 of this step.
-    if (step + 1 < steps) store_row_stat((step + 1) % kStages, block_row(step + 1), fetch_row_stat(block_row(step + 1)));
+    if (step + 1 < steps) store_row_stat((step + 1) % kStages, fetch_row_stat(block_row(step + 1)));
 
     // S^T = K Q^T and dP^T = V dO^T: per 16 columns of D one wgmma each, K-major operands.
     float s[kQTiles * 4], dp[kQTiles * 4];
     ptx::mbarrier_wait(&smem.qdo_full[stage], (step / kStages) % 2);  // this block's Q and dO have landed
-    if constexpr (kVarlen) {
-      if (m0 + kBlockM > seq.seqlen_q) {  // CTA-uniform: the boxes ran into the next sequence's rows
-        zero_tile_rows<T, D, kBlockM, kConsumerThreads>(smem.q[stage][0], seq.seqlen_q - m0, consumer_thread);
-        zero_tile_rows<T, D, kBlockM, kConsumerThreads>(smem.dout[stage][0], seq.seqlen_q - m0, consumer_thread);
-        ptx::fence_proxy_async_shared_cta();  // the zeros, before the wgmmas (async proxy) read the tiles
-        ptx::bar_sync(kDsBarrier, kConsumerThreads);  // every consumer's zeros, before either warpgroup's wgmmas
-      }
-    }
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
     ptx::wgmma_fence();  // s and dp reuse registers of the step before: those accesses come first
@@ -481,39 +423,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
 
+    // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
+    // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
+    // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query).
+    int first_lo, last_lo, first_hi, last_hi;
+    visible_keys(f, m0, &first_lo, &last_lo);
+    visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
+    const bool need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 ||
+                           first_hi > n_wg;
     // Columns 8 nt + 2 t and + 1 of the block: their LSE and delta as one 8-byte load each.
     auto column_stats = [&](int nt, float2* lse, float2* delta) {
       *lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * nt + 2 * tig]);
       *delta = *reinterpret_cast<const float2*>(&smem.delta[stage][8 * nt + 2 * tig]);
     };
-    // Softcapping, before the shared loops below: s -> t and dP for the capped dS (softcap_score_and_dp).
-    if (f.softcap_scale > 0.f) {
-#pragma unroll
-      for (int nt = 0; nt < kQTiles; ++nt) {
-        float2 lse, delta;
-        column_stats(nt, &lse, &delta);
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          softcap_score_and_dp(&s[nt * 4 + e], &dp[nt * 4 + e], e % 2 ? delta.y : delta.x, f.softcap_scale);
-      }
-    }
-
-    // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
-    // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
-    // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query). Varlen:
-    // of the sequence, from the key ranges in shared memory (counted from n0); a row past the
-    // sequence sees no key, so rows 0 and 63 decide.
-    bool need_mask;
-    if constexpr (kVarlen) {
-      const int wg_key = n_wg - n0;
-      need_mask = smem.keys.first[stage][kBlockM - 1] > wg_key || smem.keys.last[stage][0] < wg_key + 64 ||
-                  smem.keys.last[stage][kBlockM - 1] < wg_key + 64;
-    } else {
-      int first_lo, last_lo, first_hi, last_hi;
-      visible_keys(f, m0, &first_lo, &last_lo);
-      visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
-      need_mask = m0 + kBlockM > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 || first_hi > n_wg;
-    }
     if (need_mask) {
 #pragma unroll
       for (int nt = 0; nt < kQTiles; ++nt) {
@@ -522,23 +444,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = m0 + 8 * nt + 2 * tig + e % 2, j = key0 + 8 * (e / 2);
-          bool visible;
-          if constexpr (kVarlen) {
-            visible = j - n0 >= smem.keys.first[stage][i - m0] && j - n0 < smem.keys.last[stage][i - m0];
-          } else {
-            int first = 0, last = 0;
-            if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
-            visible = j >= first && j < last;
-          }
+          int first = 0, last = 0;
+          if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
           // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
-          const float pv =
-              visible ? ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -(e % 2 ? lse.y : lse.x))) : 0.f;
+          const float pv = j >= first && j < last
+                               ? ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -(e % 2 ? lse.y : lse.x)))
+                               : 0.f;
           s[nt * 4 + e] = pv;
-          // Varlen: a select too, for a key past the sequence's may have dP^T = inf or NaN from V.
-          if constexpr (kVarlen)
-            dp[nt * 4 + e] = visible ? pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x)) : 0.f;
-          else
-            dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x));
+          dp[nt * 4 + e] = pv * (dp[nt * 4 + e] - (e % 2 ? delta.y : delta.x));
         }
       }
     } else {
@@ -613,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   issue_dq(steps - 1);
   ptx::wgmma_wait_group<0>();  // the last block's dQ (its tile was freed at the last reduction's barrier)
   send_dq(steps - 1);
-  if (!kVarlen && p.dk_accum == nullptr) {
+  if (p.dk_accum == nullptr) {
     // dK and dV written once, through shared memory. WAR: every consumer's last dQ wgmma (each
     // read all 128 keys of K) has completed before either warpgroup overwrites K's tile; V's
     // last reads were the last step's dP^T.
@@ -645,9 +558,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
     return;
   }
-  // The sums of the K/V head (a GQA group's query heads add up; a packed batch's rows), by TMA
-  // reductions from fp32 tiles. WAR: both warpgroups' last wgmmas (which read K, V, Q and dO)
-  // have completed, and every stage the producer filled has been consumed.
+  // The sums of the K/V head (a GQA group's query heads add up), by TMA reductions from fp32
+  // tiles. WAR: both warpgroups' last wgmmas (which read K, V, Q and dO) have completed, and
+  // every stage the producer filled has been consumed.
   ptx::bar_sync(kDsBarrier, kConsumerThreads);
   static_assert(sizeof(smem.k) >= 64 * D * sizeof(float) && sizeof(smem.q) >= 64 * D * sizeof(float),
                 "a warpgroup's fp32 dK (and dV) rows fit over K (V) and over Q (dO)");
@@ -659,31 +572,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int at = nt / 4 * 64 * 32 + (dq_lane ^ (nt % 4) << 3);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      // Varlen: keys past the sequence (the next sequence's rows) get exact zeros, not 0 x Q.
-      if constexpr (kVarlen) {
-        const bool keep_key = key0 + 8 * r < seq.seqlen_k;
-        *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
-            keep_key ? make_float2(grad_scale * dk[nt * 4 + 2 * r], grad_scale * dk[nt * 4 + 2 * r + 1])
-                     : make_float2(0.f, 0.f);
-        *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) =
-            keep_key ? make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]) : make_float2(0.f, 0.f);
-      } else {
-        *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
-            make_float2(grad_scale * dk[nt * 4 + 2 * r], grad_scale * dk[nt * 4 + 2 * r + 1]);
-        *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) = make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]);
-      }
+      *reinterpret_cast<float2*>(dk_tiles + at + 8 * r * 32) =
+          make_float2(grad_scale * dk[nt * 4 + 2 * r], grad_scale * dk[nt * 4 + 2 * r + 1]);
+      *reinterpret_cast<float2*>(dv_tiles + at + 8 * r * 32) = make_float2(dv[nt * 4 + 2 * r], dv[nt * 4 + 2 * r + 1]);
     }
   }
   ptx::fence_proxy_async_shared_cta();  // the stores above, before the reductions (async proxy) read them
   ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the warpgroup's 64 rows are in the tiles
   if (threadIdx.x % 128 == 0) {
-    // Rows past the tensor are not written; rows of the next sequence get zeros added.
+    // Rows past Sk are not written (the box's out-of-bounds part).
 #pragma unroll
     for (int box = 0; box < D / 32; ++box) {
-      ptx::cp_reduce_async_bulk_tensor_4d_add(&dk_map, 32 * box, seq.k_start + n_wg, head_kv, seq.batch_coord,
-                                              dk_tiles + box * 64 * 32);
-      ptx::cp_reduce_async_bulk_tensor_4d_add(&dv_map, 32 * box, seq.k_start + n_wg, head_kv, seq.batch_coord,
-                                              dv_tiles + box * 64 * 32);
+      ptx::cp_reduce_async_bulk_tensor_4d_add(&dk_map, 32 * box, n_wg, head_kv, batch, dk_tiles + box * 64 * 32);
+      ptx::cp_reduce_async_bulk_tensor_4d_add(&dv_map, 32 * box, n_wg, head_kv, batch, dv_tiles + box * 64 * 32);
     }
     ptx::cp_async_bulk_commit_group();
   }
@@ -698,7 +599,7 @@ Status supports(const BackwardProblem& problem) {
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (64 and 128 only; bwd_12_dkdv_pipeline runs D = 256)"};
-  return refuse_kv_cache(problem, kName);
+  return refuse_beyond_dense(problem, kName);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
@@ -707,52 +608,44 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   Status s = make_qkv_tensor_maps(fwd, kBlockM, kBlockN, kName, &maps);
   CUtensorMap dout_map;
   if (s.ok())
-    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                             fwd.head_dim, problem.dout_strides, kBlockM, 64);  // packed rows when varlen, like q
+    s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.batch, fwd.seqlen_q, fwd.heads_q, fwd.head_dim,
+                             problem.dout_strides, kBlockM, 64);
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
   return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
     if constexpr (D > 128) {
       return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
     } else {
-      static_assert(smem_bytes<T, D, true>() <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
+      constexpr int kSmem = smem_bytes<T, D>();
+      static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
       CUtensorMap dq_map;  // over run_backward's fp32 dQ sum, which exists only from here on
-      Status st = make_fp32_bshd_tensor_map(&dq_map, p.dq_accum, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
-                                            D, kBlockM);
+      Status st = make_fp32_bshd_tensor_map(&dq_map, p.dq_accum, fwd.batch, fwd.seqlen_q, fwd.heads_q, D, kBlockM);
       if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
       // 64-row boxes (a warpgroup's keys) over dK and dV where the kernel writes them, else over
       // run_backward's fp32 sums of them.
       CUtensorMap dk_map, dv_map;
       if (p.dk_accum == nullptr) {
-        st = make_bshd_tensor_map(&dk_map, problem.dk, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_k(), fwd.heads_kv,
-                                  D, problem.dk_strides, 64, 64);
+        st = make_bshd_tensor_map(&dk_map, problem.dk, fwd.dtype, fwd.batch, fwd.seqlen_k, fwd.heads_kv, D,
+                                  problem.dk_strides, 64, 64);
         if (st.ok())
-          st = make_bshd_tensor_map(&dv_map, problem.dv, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_k(),
-                                    fwd.heads_kv, D, problem.dv_strides, 64, 64);
+          st = make_bshd_tensor_map(&dv_map, problem.dv, fwd.dtype, fwd.batch, fwd.seqlen_k, fwd.heads_kv, D,
+                                    problem.dv_strides, 64, 64);
       } else {
-        st = make_fp32_bshd_tensor_map(&dk_map, p.dk_accum, fwd.tensor_batch(), fwd.tensor_rows_k(), fwd.heads_kv, D,
-                                       64);
-        if (st.ok())
-          st = make_fp32_bshd_tensor_map(&dv_map, p.dv_accum, fwd.tensor_batch(), fwd.tensor_rows_k(), fwd.heads_kv,
-                                         D, 64);
+        st = make_fp32_bshd_tensor_map(&dk_map, p.dk_accum, fwd.batch, fwd.seqlen_k, fwd.heads_kv, D, 64);
+        if (st.ok()) st = make_fp32_bshd_tensor_map(&dv_map, p.dv_accum, fwd.batch, fwd.seqlen_k, fwd.heads_kv, D, 64);
       }
       if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
-      if (fwd.is_varlen())
-        return launch_per_key_block(main_kernel<T, D, true>, kBlockN, kThreads, smem_bytes<T, D, true>(), p.fwd,
-                                    stream, kName, maps.q, maps.k, maps.v, dout_map, dq_map, dk_map, dv_map, p);
-      return launch_per_key_block(main_kernel<T, D, false>, kBlockN, kThreads, smem_bytes<T, D, false>(), p.fwd,
-                                  stream, kName, maps.q, maps.k, maps.v, dout_map, dq_map, dk_map, dv_map, p);
+      return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, maps.q, maps.k,
+                                  maps.v, dout_map, dq_map, dk_map, dv_map, p);
     }
-    // dK and dV written by the kernel only for a dense batch without GQA: a packed batch may
-    // have rows that belong to no sequence, which only the conversion of zeroed sums writes.
-  }, /*dkdv_written_by_kernel=*/!fwd.is_varlen() && fwd.heads_q == fwd.heads_kv);
+  }, /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv);
 }
 
 }  // namespace
 
 const BackwardKernel& backward_tma_sums() {
   static const BackwardKernel kernel{
-      kName, "the fp32 sums of dK and dV (GQA, varlen) added by TMA reductions, the stagger on every path",
-      supports, launch, Features{.softcap = true}};
+      kName, "the fp32 sums of dK and dV (GQA) added by TMA reductions, the stagger on every path", supports,
+      launch};
   return kernel;
 }
 
