@@ -308,6 +308,20 @@ TEST(BackwardValidation, VarlenRefusals) {
     EXPECT_NE(s.code(), StatusCode::not_supported) << kernel << ": " << s.to_string();
     EXPECT_FALSE(s.ok()) << kernel;
   }
+  // A sliding window likewise: the lineage runs the causal mask or none.
+  b = valid_backward();
+  b.forward.window_left = 30;
+  for (const std::string& kernel : backward_kernel_names()) {
+    s = resolve_backward_kernel(b, kernel, &resolved);
+    if (kernel == "bwd_sm90") {
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      continue;
+    }
+    EXPECT_EQ(s.code(), StatusCode::not_supported) << kernel << ": " << s.to_string();
+    if (s.message().find("head_dim") != std::string::npos) continue;  // a D = 256 step
+    EXPECT_NE(s.message().find("window_left"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("bwd_sm90"), std::string::npos) << s.message();
+  }
 }
 
 // Which kernel "auto" runs (resolve_backward_kernel: backward()'s choice, without a GPU): the

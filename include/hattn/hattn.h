@@ -120,7 +120,7 @@ struct AttentionProblem {
   // query i sees key j iff i + (seqlen_k - seqlen_q) - window_left <= j and
   // j <= i + (seqlen_k - seqlen_q) + window_right. -1 leaves that side open (the default, no
   // window). With causal, window_right must be -1 or 0: causal is the window's right edge at 0.
-  // Only the production forward supports a window; the others refuse it.
+  // Only the production kernels (fwd_sm90, bwd_sm90) support a window; the lineage refuses it.
   int window_left = -1;
   int window_right = -1;
 

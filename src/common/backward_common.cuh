@@ -14,6 +14,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "common.cuh"
@@ -28,8 +29,11 @@
 namespace hattn {
 namespace {
 
-struct BackwardParams {
-  FeatureParams fwd;  // q, k, v, out, lse and the mask, as in the forward call
+// The backward's parameters over the forward's: Forward is FeatureParams for the production
+// backward, AttentionParams (the base contract: dense batches, causal, GQA) for the lineage.
+template <typename Forward>
+struct BackwardParamsOf {
+  Forward fwd;  // q, k, v, out, lse and the mask, as in the forward call
   const void* dout;     // like q: [B, Sq, Hq, D], or [total_q, Hq, D] when varlen
   int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
   float* delta;     // rowsum(dO * O), laid out like lse: [B, Hq, Sq], or [Hq, total_q] when varlen
@@ -50,6 +54,8 @@ struct BackwardParams {
   int* dkdv_turns;
   int q_blocks, k_blocks;
 };
+using BackwardParams = BackwardParamsOf<FeatureParams>;      // the production backward
+using BaseBackwardParams = BackwardParamsOf<AttentionParams>;  // the lineage's steps
 
 // How many turn counters a deterministic backward needs (BackwardParams::dq_turns, dkdv_turns):
 // zero for the kernels that add in a fixed order without them.
@@ -104,15 +110,34 @@ __host__ __device__ __forceinline__ void queries_seeing_keys(const FeatureParams
   *last = int(hi);
 }
 
+// The same two under the base contract (the lineage's AttentionParams): the causal mask or
+// none, no window.
+__host__ __device__ __forceinline__ void keys_seen_by(const AttentionParams& p, int64_t offset, int seqlen_k, int i,
+                                                     int* first, int* last) {
+  int64_t hi = p.causal ? int64_t(i) + offset + 1 : seqlen_k;
+  hi = hi < 0 ? 0 : hi > seqlen_k ? seqlen_k : hi;
+  *first = 0;
+  *last = int(hi);
+}
+__host__ __device__ __forceinline__ void queries_seeing_keys(const AttentionParams& p, int64_t offset, int seqlen_q,
+                                                             int n0, int /*n1*/, int* first, int* last) {
+  // Under the causal mask query i sees key n0 (and so one of [n0, n1)) from i + offset >= n0.
+  int64_t lo = p.causal ? int64_t(n0) - offset : 0;
+  lo = lo < 0 ? 0 : lo > seqlen_q ? seqlen_q : lo;
+  *first = int(lo);
+  *last = seqlen_q;
+}
+
 // The two for a dense batch: the problem's lengths and the forward's causal_offset. Both run on
 // the host too (tests/test_backward_turns.cu checks the deterministic backward's turns with
 // them; the persistent backward trial planned its work list with queries_seeing:
 // results/evidence/bwd_14_persistent/).
-__host__ __device__ __forceinline__ void visible_keys(const FeatureParams& p, int i, int* first, int* last) {
+template <typename Params>
+__host__ __device__ __forceinline__ void visible_keys(const Params& p, int i, int* first, int* last) {
   keys_seen_by(p, p.causal_offset, p.seqlen_k, i, first, last);
 }
-__host__ __device__ __forceinline__ void queries_seeing(const FeatureParams& p, int n0, int n1, int* first,
-                                                       int* last) {
+template <typename Params>
+__host__ __device__ __forceinline__ void queries_seeing(const Params& p, int n0, int n1, int* first, int* last) {
   queries_seeing_keys(p, p.causal_offset, p.seqlen_q, n0, n1, first, last);
 }
 
@@ -218,11 +243,11 @@ template <int D>
 constexpr int delta_rows_per_block() {
   return kDeltaThreads / (D / 8) * kDeltaPasses;
 }
-template <typename T, int D>
-__global__ void __launch_bounds__(kDeltaThreads) delta_kernel(BackwardParams p) {
+template <typename T, int D, typename Forward>
+__global__ void __launch_bounds__(kDeltaThreads) delta_kernel(BackwardParamsOf<Forward> p) {
   constexpr int kLanesPerRow = D / 8, kRowsPerPass = kDeltaThreads / kLanesPerRow;
   static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0, "a row's lanes are within one warp");
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
   const int64_t rows = int64_t(f.batch) * f.heads_q * f.seqlen_q;
   const int64_t block_row = int64_t(blockIdx.x) * delta_rows_per_block<D>();  // token (b, i), head h
   const int64_t block_token = block_row / f.heads_q;
@@ -324,10 +349,14 @@ inline Status refuse_kv_cache(const BackwardProblem& problem, const char* name) 
   return Status::Ok();
 }
 
-// What every step of the backward lineage refuses beyond the base contract's dense batches: a
-// variable-length batch (the production backward bwd_sm90 runs those) and the KV cache's
-// arguments.
+// What every step of the backward lineage refuses beyond the base contract (dense batches,
+// causal or not, GQA): a sliding window and a variable-length batch (the production backward
+// bwd_sm90 runs both), and the KV cache's arguments.
 inline Status refuse_beyond_dense(const BackwardProblem& problem, const char* name) {
+  if (problem.forward.has_window())
+    return {StatusCode::not_supported, std::string(name) +
+                                           ": no sliding window (window_left / window_right); the lineage runs the "
+                                           "causal mask or none, bwd_sm90 runs windows"};
   if (problem.forward.is_varlen())
     return {StatusCode::not_supported, std::string(name) +
                                            ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the lineage "
@@ -350,25 +379,26 @@ Status launch_with_smem(Kernel kernel, dim3 grid, int threads, int smem, cudaStr
 // A backward kernel's grid: one CTA per `rows` rows (of `seqlen` keys or queries, the longest
 // sequence's when varlen: a CTA past its own sequence's rows exits) of each query head and
 // batch element.
-inline dim3 per_block_grid(int seqlen, int rows, const FeatureParams& f) {
+inline dim3 per_block_grid(int seqlen, int rows, const AttentionParams& f) {
   return dim3(unsigned((seqlen + rows - 1) / rows), unsigned(f.heads_q), unsigned(f.batch));
 }
 
 // Launches a backward's main kernel, one CTA per `block_n` keys (per_block_grid).
 template <typename Kernel, typename... Args>
-Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const FeatureParams& f,
+Status launch_per_key_block(Kernel kernel, int block_n, int threads, int smem, const AttentionParams& f,
                             cudaStream_t stream, const char* name, const Args&... args) {
   return launch_with_smem(kernel, per_block_grid(f.seqlen_k, block_n, f), threads, smem, stream, name, args...);
 }
 
 // The same, one CTA per `block_m` queries.
 template <typename Kernel, typename... Args>
-Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem, const FeatureParams& f,
+Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem, const AttentionParams& f,
                               cudaStream_t stream, const char* name, const Args&... args) {
   return launch_with_smem(kernel, per_block_grid(f.seqlen_q, block_m, f), threads, smem, stream, name, args...);
 }
 
-// The host side of a backward: scratch for the fp32 sums and delta (from the problem's
+// The host side of a backward: Forward is the parameters its kernels read (BackwardParamsOf);
+// scratch for the fp32 sums and delta (from the problem's
 // allocator, scratch.h), zeroed; delta; then launch_main.template operator()<T, D>(params), which launches the
 // kernel's main pass and returns its Status; then the conversions; then the free.
 // With dkdv_written_by_kernel, dK and dV get no sums (params.dk_accum and dv_accum are null)
@@ -376,12 +406,15 @@ Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem,
 // dQ (params.dq_accum null; the kernel writes every row of params.dq, zeros included, but a
 // packed batch's rows that no sequence owns, which get zeros here).
 // With problem.deterministic, `turns` counters are taken from the same scratch and zeroed.
-template <typename LaunchMain>
+template <typename Forward, typename LaunchMain>
 Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main,
                     bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {}) {
   const AttentionProblem& fwd = problem.forward;
-  BackwardParams p{};
-  p.fwd = make_feature_params(fwd);
+  BackwardParamsOf<Forward> p{};
+  if constexpr (std::is_same_v<Forward, FeatureParams>)
+    p.fwd = make_feature_params(fwd);
+  else
+    p.fwd = make_params(fwd);
   p.dout = problem.dout;
   p.dout_batch_stride = problem.dout_strides.batch;
   p.dout_seq_stride = problem.dout_strides.seq;
@@ -432,11 +465,11 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
                     std::string(name) + ": zeroing the fp32 sums of dK and dV");
   if (s.ok()) {
     s = dispatch_dtype_headdim(fwd, [&]<typename T, int D>() -> Status {
-      BackwardParams rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
+      BackwardParamsOf<Forward> rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
       rows.fwd.batch = entries;
       rows.fwd.seqlen_q = seq_rows_q;
       constexpr int kDeltaRows = delta_rows_per_block<D>();
-      delta_kernel<T, D><<<unsigned((rows_q + kDeltaRows - 1) / kDeltaRows), kDeltaThreads, 0, stream>>>(rows);
+      delta_kernel<T, D, Forward><<<unsigned((rows_q + kDeltaRows - 1) / kDeltaRows), kDeltaThreads, 0, stream>>>(rows);
       Status st = launch_status(name);
       if (!st.ok()) return st;
       // A packed batch's rows that no sequence owns, in the gradients the kernel writes itself

@@ -39,10 +39,10 @@ struct SharedStorage {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) main_kernel(BackwardParams p) {
+__global__ void __launch_bounds__(kThreads) main_kernel(BaseBackwardParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<SharedStorage<D>*>(smem_raw);
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
   const int n0 = blockIdx.x * kBlockN, h = blockIdx.y, b = blockIdx.z;
   const int hk = h / f.heads_per_kv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -116,7 +116,7 @@ Status supports(const BackwardProblem& problem) {
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
-  return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
+  return run_backward<AttentionParams>(problem, stream, kName, [&]<typename T, int D>(const BaseBackwardParams& p) -> Status {
     constexpr int kSmem = int(sizeof(SharedStorage<D>));
     return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
   });

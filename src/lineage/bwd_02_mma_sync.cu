@@ -113,7 +113,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, int64_t row_st
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(BackwardParams p) {
+__global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(BaseBackwardParams p) {
   using Smem = SharedStorage<T, D>;
   constexpr int kQBuffers = Smem::kQBuffers;
   constexpr int kRow = Smem::kRow, kRowP = Smem::kRowP;
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(D)) main_kernel(Backward
   constexpr int kDqCols = kHalf < 64 ? kHalf : 64;  // dQ columns per pass
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& smem = *reinterpret_cast<Smem*>(smem_raw);
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
   const int n0 = blockIdx.x * kBlockN, h = blockIdx.y, b = blockIdx.z;
   const int hk = h / f.heads_per_kv;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -243,7 +243,7 @@ Status supports(const BackwardProblem& problem) {
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {
-  return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
+  return run_backward<AttentionParams>(problem, stream, kName, [&]<typename T, int D>(const BaseBackwardParams& p) -> Status {
     constexpr int kSmem = int(sizeof(SharedStorage<T, D>));
     return launch_per_key_block(main_kernel<T, D>, kBlockN, kThreads, kSmem, p.fwd, stream, kName, p);
   });

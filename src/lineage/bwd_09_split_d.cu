@@ -99,10 +99,10 @@ __device__ __forceinline__ void load_queries(SharedStorage<T>& smem, const CUten
 // dK: into the fp32 sums of the K/V head with atomics, or, when run_backward made none (no GQA:
 // this CTA alone computes these rows), written once in T.
 template <typename T>
-__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int batch, int head_kv, int key0, int c0, int tig,
+__device__ __forceinline__ void store_dk_dv(const BaseBackwardParams& p, int batch, int head_kv, int key0, int c0, int tig,
                                             const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
@@ -134,14 +134,14 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     main_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
-                const BackwardParams p) {
+                const BaseBackwardParams p) {
   constexpr int kQTiles = kHalfM / 8;  // n8 column tiles of this warpgroup's S^T and dP^T
   constexpr int kDTiles = kHalfD / 8;  // n8 column tiles of its dK, dV and dQ
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
   auto& smem = *reinterpret_cast<SharedStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform (as in B03-B08).
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
@@ -393,7 +393,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
     s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.batch, fwd.seqlen_q, fwd.heads_q, fwd.head_dim,
                              problem.dout_strides, kBlockM, 64);
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
-  return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
+  return run_backward<AttentionParams>(problem, stream, kName, [&]<typename T, int D>(const BaseBackwardParams& p) -> Status {
     if constexpr (D != kD) {
       return {StatusCode::not_supported, std::string(kName) + ": head_dim != 256"};  // refused by supports()
     } else {

@@ -93,19 +93,18 @@ __device__ __forceinline__ void load_queries(SharedStorage<T>& smem, const CUten
   }
 }
 
-// This thread's dK and dV rows (keys key0 and key0 + 8 of the sequence; columns c0 + 8 dt +
-// 2 t, + 1), scaled dK: into the fp32 sums of the K/V head with atomics, or, when run_backward
-// made none (a dense batch without GQA: this CTA alone computes these rows), written once in T.
+// This thread's dK and dV rows (keys key0 and key0 + 8; columns c0 + 8 dt + 2 t, + 1), scaled
+// dK: into the fp32 sums of the K/V head with atomics, or, when run_backward made none (no GQA:
+// this CTA alone computes these rows), written once in T.
 template <typename T>
-__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int key0, int c0,
-                                            int tig, const float* dk, const float* dv) {
+__device__ __forceinline__ void store_dk_dv(const BaseBackwardParams& p, int batch, int head_kv, int key0, int c0, int tig,
+                                            const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
-  const FeatureParams& f = p.fwd;
-  const int batch = seq.batch_coord;
+  const AttentionParams& f = p.fwd;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= seqlen_k_of<false>(f, seq)) continue;
+    if (key >= f.seqlen_k) continue;
     if (p.dk_accum == nullptr) {
       // 4-byte stores: the gradients' rows are 16-byte aligned (validate_backward_arguments).
       T* dk_row = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + key * p.dk_seq_stride + head_kv * p.dk_head_stride;
@@ -118,7 +117,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
             frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
     } else {
-      const int64_t at = (key_row<false>(f, seq, key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
+      const int64_t at = ((int64_t(batch) * f.seqlen_k + key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
@@ -133,28 +132,27 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
-                const BackwardParams p) {
+                const BaseBackwardParams p) {
   constexpr int kQTiles = kHalfM / 8;  // n8 column tiles of this warpgroup's S^T and dP^T
   constexpr int kDTiles = kHalfD / 8;  // n8 column tiles of its dK and dV
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
   // on that period: align the base by hand (dynamic shared memory only promises 16 bytes).
   auto& smem = *reinterpret_cast<SharedStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform (as in B03-B08).
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   const int n0 = int(blockIdx.x) * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<false>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int key0 = n0 + 16 * warp_in_wg + group;  // this thread's keys (rows of S^T, dK, dV): key0, key0 + 8
   const int q_col0 = kHalfM * warpgroup;          // this warpgroup's query columns of S^T
   const int c0 = kHalfD * warpgroup;              // its columns of dK and dV
   const float scale_log2 = f.scale * kLog2e;
 
   int q_first, q_last;
-  queries_seeing<false>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
+  queries_seeing(f, n0, n0 + kBlockN, &q_first, &q_last);
   const int m_begin = q_first / kBlockM * kBlockM;
   const int steps = q_last > m_begin ? (q_last - m_begin + kBlockM - 1) / kBlockM : 0;  // none: no query sees the keys
 
@@ -172,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (steps == 0) {  // no query sees these keys: their dK and dV are 0
     if (p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
       const float zeros[kDTiles * 4] = {};
-      store_dk_dv<T>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
+      store_dk_dv<T>(p, batch, head_kv, key0, c0, tig, zeros, zeros);
     }
     return;
   }
@@ -181,21 +179,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * kBlockN * kD * sizeof(T));
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb) {
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
+      ptx::cp_async_bulk_tensor_4d_g2s(smem.k[cb], &k_map, cb * 64, n0, head_kv, batch,
                                        &smem.kv_full);
-      ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, seq.k_start + n0, head_kv, seq.batch_coord,
+      ptx::cp_async_bulk_tensor_4d_g2s(smem.v[cb], &v_map, cb * 64, n0, head_kv, batch,
                                        &smem.kv_full);
     }
-    load_queries<T>(smem, &q_map, &dout_map, 0, seq.q_start + m_begin, head, seq.batch_coord);
+    load_queries<T>(smem, &q_map, &dout_map, 0, m_begin, head, batch);
   }
 
   // A block's LSE and delta go to shared memory a step ahead: threads 0-63 fetch LSE, 64-127
   // delta (0 past Sq), as in B08, into a register first (fetch_row_stat), stored once S^T and
   // dP^T are done (store_row_stat).
-  const int64_t row_base = stats_row0<false>(f, seq, head);
+  const int64_t row_base = (int64_t(batch) * f.heads_q + head) * f.seqlen_q;
   auto fetch_row_stat = [&](int m0) -> float {
     const int t = int(threadIdx.x) % kBlockM, i = m0 + t;
-    if (i >= seqlen_q_of<false>(f, seq)) return 0.f;
+    if (i >= f.seqlen_q) return 0.f;
     if (threadIdx.x < kBlockM) return f.lse[row_base + i] * kLog2e;
     if (threadIdx.x < 2 * kBlockM) return p.delta[row_base + i];
     return 0.f;
@@ -243,8 +241,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float next_stat = 0.f;
     if (more) {
       if (threadIdx.x == 0)
-        load_queries<T>(smem, &q_map, &dout_map, (step + 1) % kStages, seq.q_start + m0 + kBlockM, head,
-                        seq.batch_coord);
+        load_queries<T>(smem, &q_map, &dout_map, (step + 1) % kStages, m0 + kBlockM, head,
+                        batch);
       next_stat = fetch_row_stat(m0 + kBlockM);  // lands while S^T and dP^T run
     }
 
@@ -278,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // m0 + q_col0 + 8 nt + 2 t + e % 2. Masked where this warpgroup's part of the tile is not
     // wholly visible (visible_keys is monotone in the query).
     int first_lo, last_lo, first_hi, last_hi;
-    visible_keys<false>(f, seq, m0 + q_col0, &first_lo, &last_lo);
-    visible_keys<false>(f, seq, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
+    visible_keys(f, m0 + q_col0, &first_lo, &last_lo);
+    visible_keys(f, m0 + q_col0 + kHalfM - 1, &first_hi, &last_hi);
     const bool need_mask = m0 + q_col0 + kHalfM > f.seqlen_q || n0 + kBlockN > f.seqlen_k || last_lo < n0 + kBlockN ||
                            first_hi > n0;
 #pragma unroll
@@ -293,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (need_mask) {
           const int i = m0 + col + e % 2, j = key0 + 8 * (e / 2);
           int first = 0, last = 0;
-          if (i < seqlen_q_of<false>(f, seq)) visible_keys<false>(f, seq, i, &first, &last);
+          if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
           visible = j >= first && j < last;
         }
         // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
@@ -347,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // This warpgroup's columns of dK and dV: written once, or into the sums of its K/V head.
-  store_dk_dv<T>(p, seq, head_kv, key0, c0, tig, dk, dv);
+  store_dk_dv<T>(p, batch, head_kv, key0, c0, tig, dk, dv);
 }
 
 // dq_kernel: 128 queries a CTA, two consumer warpgroups of 64 each and a producer warpgroup.
@@ -400,25 +398,24 @@ template <typename T>
 __global__ void __launch_bounds__(kDqThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
               const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
-              const BackwardParams p) {
+              const BaseBackwardParams p) {
   constexpr int kKTiles = kBlockN / 8;  // n8 column tiles of S and dP
   constexpr int kDTiles = kD / 8;       // n8 column tiles of dQ
   constexpr int kKSteps = kBlockN / 16;  // k16 steps of dQ += dS K
   extern __shared__ unsigned char smem_raw[];
   auto& smem = *reinterpret_cast<DqStorage<T>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   const int m0 = int(blockIdx.x) * kDqBlockM, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int head_kv = head / f.heads_per_kv;
-  const Sequence seq = sequence_at<false>(f, batch);  // {Sq, Sk, 0, 0, batch, batch}, no reads
 
   // The keys the block's queries see (both ends are monotone in the query): the same sweep for
   // both warpgroups; a key a query does not see gets dS = 0.
   int key_first, key_last, unused;
-  visible_keys<false>(f, seq, m0, &key_first, &unused);
-  visible_keys<false>(f, seq, min(m0 + kDqBlockM, f.seqlen_q) - 1, &unused, &key_last);
+  visible_keys(f, m0, &key_first, &unused);
+  visible_keys(f, min(m0 + kDqBlockM, f.seqlen_q) - 1, &unused, &key_last);
   const int n_begin = key_first / kBlockN * kBlockN;
   const int steps = key_last > n_begin ? (key_last - n_begin + kBlockN - 1) / kBlockN : 0;
 
@@ -499,7 +496,7 @@ __global__ void __launch_bounds__(kDqThreads, 1)
   ptx::setmaxnreg_inc<kConsumerRegisters>();
 
   // This thread's two queries: LSE (log2 units), delta and the keys they see (none past Sq).
-  const int64_t row_base = stats_row0<false>(f, seq, head);
+  const int64_t row_base = (int64_t(batch) * f.heads_q + head) * f.seqlen_q;
   const float scale_log2 = f.scale * kLog2e;
   float lse_log2[2], delta[2];
   int first[2], last[2];
@@ -510,7 +507,7 @@ __global__ void __launch_bounds__(kDqThreads, 1)
     if (i < f.seqlen_q) {
       lse_log2[r] = f.lse[row_base + i] * kLog2e;
       delta[r] = p.delta[row_base + i];
-      visible_keys<false>(f, seq, i, &first[r], &last[r]);
+      visible_keys(f, i, &first[r], &last[r]);
     }
   }
 
@@ -622,7 +619,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
     s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.tensor_batch(), fwd.tensor_rows_q(), fwd.heads_q,
                              fwd.head_dim, problem.dout_strides, kBlockM, 64);
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
-  return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
+  return run_backward<AttentionParams>(problem, stream, kName, [&]<typename T, int D>(const BaseBackwardParams& p) -> Status {
     if constexpr (D != kD) {
       return {StatusCode::not_supported, std::string(kName) + ": head_dim != 256"};  // refused by supports()
     } else {

@@ -122,10 +122,10 @@ __device__ __forceinline__ void load_queries(SharedStorage<T, D>& smem, const CU
 // into the fp32 sums of the K/V head with atomics, or, when run_backward made none
 // (dk_accum null: no GQA, this CTA alone computes these rows), written once in T.
 template <typename T, int D>
-__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, int batch, int head_kv, int key0, int tig,
+__device__ __forceinline__ void store_dk_dv(const BaseBackwardParams& p, int batch, int head_kv, int key0, int tig,
                                             const float* dk, const float* dv) {
   constexpr int kDTiles = D / 8;
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
@@ -156,7 +156,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, 1)
     main_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                 const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap dout_map,
-                const __grid_constant__ CUtensorMap dq_map, const BackwardParams p) {
+                const __grid_constant__ CUtensorMap dq_map, const BaseBackwardParams p) {
   constexpr int kDTiles = D / 8;       // n8 column tiles of dK, dV and dQ
   constexpr int kQTiles = kBlockM / 8;  // n8 column tiles of S^T and dP^T
   extern __shared__ unsigned char smem_raw[];
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // offset added to smem_raw keeps the pointer in the shared window (B05 went through an
   // integer, and its plain loads and stores of shared memory became generic ones).
   auto& smem = *reinterpret_cast<SharedStorage<T, D>*>(ptx::align_shared<kAtomBytes>(smem_raw));
-  const FeatureParams& f = p.fwd;
+  const AttentionParams& f = p.fwd;
   // Through a shuffle, so that the compiler knows it is warp-uniform and keeps the wgmma
   // descriptors built from it in uniform registers (with plain threadIdx.x / 128, ptxas spilled).
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // P^T and dS^T. Accumulator element e of n8 tile nt is key key0 + 8 (e / 2), query
     // m0 + 8 nt + 2 t + e % 2. Masked where the tile is not wholly visible: a tail past Sq or
-    // Sk, the causal diagonal or a window edge (visible_keys is monotone in the query).
+    // Sk, or the causal diagonal (visible_keys is monotone in the query).
     int first_lo, last_lo, first_hi, last_hi;
     visible_keys(f, m0, &first_lo, &last_lo);
     visible_keys(f, m0 + kBlockM - 1, &first_hi, &last_hi);
@@ -527,7 +527,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
     s = make_bshd_tensor_map(&dout_map, problem.dout, fwd.dtype, fwd.batch, fwd.seqlen_q, fwd.heads_q, fwd.head_dim,
                              problem.dout_strides, kBlockM, 64);
   if (!s.ok()) return {s.code(), std::string(kName) + ": " + s.message()};
-  return run_backward(problem, stream, kName, [&]<typename T, int D>(const BackwardParams& p) -> Status {
+  return run_backward<AttentionParams>(problem, stream, kName, [&]<typename T, int D>(const BaseBackwardParams& p) -> Status {
     if constexpr (D > 128) {
       return {StatusCode::not_supported, std::string(kName) + ": head_dim > 128"};  // refused by supports()
     } else {

@@ -69,7 +69,7 @@ Status launch_two_passes(const BackwardProblem& problem, cudaStream_t stream) {
   CUtensorMap dout_map;
   Status s = make_input_maps(problem, tp::kDkdvQueries, tp::kDqKeys, &maps, &dout_map);
   if (!s.ok()) return s;
-  return run_backward(
+  return run_backward<FeatureParams>(
       problem, stream, kName,
       [&]<typename T, int D>(const BackwardParams& p) -> Status {
         if constexpr (D != tp::kD) {
@@ -103,7 +103,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   CUtensorMap dout_map;
   Status s = make_input_maps(problem, bwd::block_m(fwd.head_dim), bwd::kBlockN, &maps, &dout_map);
   if (!s.ok()) return s;
-  return run_backward(
+  return run_backward<FeatureParams>(
       problem, stream, kName,
       [&]<typename T, int D>(const BackwardParams& p) -> Status {
         if constexpr (D > 128) {
