@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../src/attention/plan.h"
+#include "../src/attention/work_order.h"
 #include "../src/common/tile_scheduler.cuh"
 #include "fake_problem.h"
 
@@ -193,8 +194,9 @@ TEST(ForwardPlan, VarlenAndPagedTakeRunTimeBoundsAndKeepNarrowPagedTiles) {
 }
 
 // A varlen batch whose items fill more than one round of the SMs sorts its work list by cost
-// (work_order.cuh): one int an item of workspace. Not with a mask (causal, a window), three
-// consumers (D = 64, whose kernels do not read the order), split-KV, or a single round.
+// (work_order.cuh): one int an item of workspace, and the trailer. Its CTAs take the items
+// from a counter at D = 128 and under the causal mask. Not with a window, three consumers
+// (D = 64, whose kernels do not read the order), split-KV, a single round or one sequence.
 TEST(ForwardPlan, VarlenSortsItsWorkListBeyondOneRound) {
   auto varlen = [](int b, int s, int h, int d, bool causal) {
     AttentionProblem p = dense(b, s, s, h, h, d, causal);
@@ -205,15 +207,23 @@ TEST(ForwardPlan, VarlenSortsItsWorkListBeyondOneRound) {
   };
   const ForwardPlan sorted = plan_of(varlen(8, 4096, 16, 128, false));
   EXPECT_TRUE(sorted.sorted_order);
+  EXPECT_TRUE(sorted.dynamic_order);
   EXPECT_EQ(sorted.consumers, 2);
-  EXPECT_EQ(sorted.workspace_bytes, size_t(8) * 16 * (4096 / sorted.block_m) * sizeof(int));
-  EXPECT_TRUE(plan_of(varlen(32, 512, 8, 256, false)).sorted_order);
+  EXPECT_EQ(sorted.workspace_bytes, (size_t(8) * 16 * (4096 / sorted.block_m) + fwd::kOrderTrailer) * sizeof(int));
+  const ForwardPlan d256 = plan_of(varlen(32, 512, 8, 256, false));
+  EXPECT_TRUE(d256.sorted_order);
+  EXPECT_FALSE(d256.dynamic_order);  // D = 256 without a mask: the snake's turns
+  for (int d : {128, 256}) {
+    const ForwardPlan causal = plan_of(varlen(8, 4096, 16, d, true));
+    EXPECT_TRUE(causal.sorted_order) << "D=" << d;
+    EXPECT_TRUE(causal.dynamic_order) << "D=" << d;
+  }
+  EXPECT_FALSE(plan_of(varlen(1, 65536, 16, 128, true)).sorted_order);  // one sequence
   const ForwardPlan three = plan_of(varlen(8, 4096, 32, 64, false));
   EXPECT_EQ(three.consumers, 3);
   EXPECT_FALSE(three.sorted_order);
   EXPECT_EQ(three.workspace_bytes, 0u);
   EXPECT_FALSE(plan_of(varlen(2, 1024, 8, 128, false)).sorted_order);  // 2 x 8 x 8 items: one round
-  EXPECT_FALSE(plan_of(varlen(8, 4096, 16, 128, true)).sorted_order);   // causal
   AttentionProblem window = varlen(8, 4096, 16, 128, false);
   window.window_left = 512;
   EXPECT_FALSE(plan_of(window).sorted_order);
@@ -221,6 +231,16 @@ TEST(ForwardPlan, VarlenSortsItsWorkListBeyondOneRound) {
   split.num_splits = 2;
   EXPECT_FALSE(plan_of(split).sorted_order);
   EXPECT_FALSE(plan_of(dense(8, 4096, 4096, 16, 16, 128, true)).sorted_order);  // dense: the snake's order
+  // An FP8 KV cache's widening warps walk the list in the snake's turns: sorted without a
+  // mask, never taken from the counter; under the causal mask not sorted.
+  AttentionProblem fp8_cache = varlen(8, 4096, 16, 128, false);
+  fp8_cache.kv_dtype = DType::e4m3;
+  const ForwardPlan fp8_sorted = plan_of(fp8_cache);
+  EXPECT_TRUE(fp8_sorted.fp8_cache);
+  EXPECT_TRUE(fp8_sorted.sorted_order);
+  EXPECT_FALSE(fp8_sorted.dynamic_order);
+  fp8_cache.causal = true;
+  EXPECT_FALSE(plan_of(fp8_cache).sorted_order);
 }
 
 TEST(ForwardPlan, OwnSweepsOnShortCausalSweepsWithThreeConsumers) {

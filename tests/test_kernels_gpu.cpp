@@ -449,10 +449,13 @@ TEST(Varlen, BrokenOffsetsStayInsideTheTensors) {
     }
 }
 
-// A variable-length batch of more items than SMs, without a mask, runs its work list sorted by
-// cost (work_order.cuh), written into the caller's workspace: a stable sort of the items by
-// their class, highest first, the empty ones last. Checked against the same sort on the host,
-// and the outputs against the reference.
+// A variable-length batch of more items than SMs runs its work list sorted by cost
+// (work_order.cuh), written into the caller's workspace: a stable sort of the items (under the
+// causal mask each pair's blocks from its last) by their class, highest first, the empty ones
+// last; then the number of items inside their sequences, and the counter the CTAs take their
+// positions from (D = 128, or causal), which ends at that number once every CTA has found the
+// list used up (and stays 0 where the CTAs take the snake's turns).
+// Checked against the same sort on the host, and the outputs against the reference.
 TEST(Varlen, WorkOrderIsAStableSortByCost) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
@@ -464,32 +467,41 @@ TEST(Varlen, WorkOrderIsAStableSortByCost) {
   }
   struct Case {
     int d, heads_kv;
+    bool causal;
   };
-  for (const Case& c : {Case{128, 4}, Case{128, 2}, Case{256, 4}}) {
-    SCOPED_TRACE("D=" + std::to_string(c.d) + " Hkv=" + std::to_string(c.heads_kv));
-    Shape shape = make(1, 1, 1, 4, c.heads_kv, c.d, false, DType::bf16, Layout::contiguous);
+  for (const Case& c : {Case{128, 4, false}, Case{128, 2, false}, Case{256, 4, false}, Case{128, 4, true},
+                        Case{256, 2, true}}) {
+    SCOPED_TRACE("D=" + std::to_string(c.d) + " Hkv=" + std::to_string(c.heads_kv) + (c.causal ? " causal" : ""));
+    Shape shape = make(1, 1, 1, 4, c.heads_kv, c.d, c.causal, DType::bf16, Layout::contiguous);
     harness::set_varlen(&shape, lens_q, lens_k);
     harness::Workload w;
     ASSERT_TRUE(harness::make_workload(shape, 3, &w).ok());
     fwd::ForwardPlan plan;
     ASSERT_TRUE(fwd::make_plan(w.problem, sm_count(), &plan).ok());
     ASSERT_TRUE(plan.sorted_order) << "this batch should sort its work list";
+    const bool dynamic = c.causal || c.d == 128;
+    ASSERT_EQ(plan.dynamic_order, dynamic) << "the plan's choice of the counter";
     const int heads = plan.params.pack_shift > 0 ? shape.heads_kv : shape.heads_q;
     const int positions = plan.block_m >> plan.params.pack_shift;
     const int m_blocks = (shape.seqlen_q + positions - 1) / positions;
+    const PersistentLaunch launch =
+        plan_persistent_launch(shape.batch, heads, shape.seqlen_q, shape.seqlen_k, c.causal, positions, plan.block_n,
+                               sm_count(), -1, -1);
     const fwd::OrderPlan o{m_blocks * shape.batch * heads, m_blocks, heads, plan.block_m, plan.params.pack_shift,
-                           plan.block_n};
+                           plan.block_n, c.causal, launch.sched.by_rank};
     std::vector<int> expected(o.total), cls(o.total);
-    for (int i = 0; i < o.total; ++i) {
-      const int b = i / m_blocks / heads;
-      cls[i] = fwd::order_class(o, i % m_blocks, lens_q[b], lens_k[b]);
-      expected[i] = i;
+    int inside = 0;
+    for (int v = 0; v < o.total; ++v) {
+      const int item = fwd::order_item(o, v), b = item / m_blocks / heads;
+      cls[v] = fwd::order_class(o, item % m_blocks, lens_q[b], lens_k[b]);
+      inside += cls[v] > 0;
+      expected[v] = v;
     }
     std::stable_sort(expected.begin(), expected.end(), [&](int a, int b) { return cls[a] > cls[b]; });
 
     size_t bytes = 0;
     ASSERT_TRUE(workspace_size(w.problem, &bytes).ok());
-    ASSERT_EQ(bytes, size_t(o.total) * sizeof(int));
+    ASSERT_EQ(bytes, size_t(o.total + fwd::kOrderTrailer) * sizeof(int));
     harness::DeviceBuffer workspace;
     ASSERT_TRUE(workspace.allocate(bytes).ok());
     ASSERT_EQ(cudaMemset(workspace.get(), 0xFF, bytes), cudaSuccess);
@@ -499,13 +511,16 @@ TEST(Varlen, WorkOrderIsAStableSortByCost) {
     const Status s = forward(w.problem);
     ASSERT_TRUE(s.ok()) << s.to_string();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<int> order(o.total);
+    std::vector<int> order(o.total + fwd::kOrderTrailer);
     ASSERT_EQ(cudaMemcpy(order.data(), workspace.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
     int mismatches = 0, first = -1;
     for (int i = 0; i < o.total; ++i)
-      if (order[i] != expected[i] && mismatches++ == 0) first = i;
+      if (order[i] != fwd::order_item(o, expected[i]) && mismatches++ == 0) first = i;
     EXPECT_EQ(mismatches, 0) << "first at position " << first << ": " << order[first] << ", expected "
-                             << expected[first] << " (class " << cls[expected[first]] << ")";
+                             << fwd::order_item(o, expected[first]) << " (class " << cls[expected[first]] << ")";
+    EXPECT_EQ(order[o.total], inside) << "items inside their sequences";
+    if (!dynamic || inside >= sm_count())
+      EXPECT_EQ(order[o.total + 1], dynamic ? inside : 0) << "the counter after the launch";
     const harness::CheckResult r = harness::check_outputs(w, harness::sample_rows(shape, 2000, 5));
     EXPECT_TRUE(r.passed) << r.summary();
   }

@@ -28,11 +28,14 @@ constexpr float kFp8PLog2 = 8.f;
 
 // kWide: the wide tile shape for long key sweeps; kNumConsumers: consumer warpgroups (2, or 3
 // at D = 64); kFp8: e4m3 inputs (the FP8 forward, 128-key tiles at every head dim); kFp8Kv:
-// an e4m3 KV cache beside 16-bit queries (kv_dequant.cuh), 128- or 64-key tiles, two consumers.
-template <int D, bool kWide, int kNumConsumers, bool kFp8 = false, bool kFp8Kv = false>
+// an e4m3 KV cache beside 16-bit queries (kv_dequant.cuh), 128- or 64-key tiles, two consumers;
+// kDynamicList: a variable-length batch's sorted work list, its items taken from a counter
+// (work_order.cuh; the run-time bounds kernels with two consumers).
+template <int D, bool kWide, int kNumConsumers, bool kFp8 = false, bool kFp8Kv = false, bool kDynamicList = false>
 struct Config {
   static constexpr int kHeadDim = D;
   static constexpr bool kFp8Cache = kFp8Kv;
+  static constexpr bool kDynamic = kDynamicList;
   static constexpr int kConsumers = kNumConsumers;     // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);  // + the producer warpgroup
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA: 64 per consumer
@@ -82,8 +85,14 @@ struct Config {
   // forever for registers that never come (24 + 2 x 240 = 504 = 3 x 168; with three
   // consumers 24 + 3 x 160 = 504 <= 4 x 128).
   // An FP8 KV cache's dequantizing warps (in the producer warpgroup) take 56: 56 + 2 x 224 = 504.
-  static constexpr int kProducerRegisters = kFp8Kv ? 56 : 24;
-  static constexpr int kConsumerRegisters = kConsumers == 3 ? 160 : kFp8Kv ? 224 : 240;
+  // A list taken from its counter runs a scheduler thread beside the producer thread
+  // (hand_out_positions), and with it ptxas spilled 64-112 bytes in the producer's 24 (a second
+  // branch there, even one arrive, did it). At D = 128 8 a thread move from each consumer to
+  // the producer warpgroup, 40 + 2 x 232, and neither spills; at D = 64 and 256 the consumers
+  // then spilled 8-20 bytes, and the producer keeps its spills (results/evidence/dynamic_work_list/).
+  static constexpr int kMovedRegisters = kDynamicList && D == 128 ? 8 : 0;
+  static constexpr int kProducerRegisters = (kFp8Kv ? 56 : 24) + kMovedRegisters * kConsumers;
+  static constexpr int kConsumerRegisters = (kConsumers == 3 ? 160 : kFp8Kv ? 224 : 240) - kMovedRegisters;
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static_assert(kProducerRegisters + kConsumers * kConsumerRegisters <= (1 + kConsumers) * kLaunchRegisters,
                 "setmaxnreg budgets exceed the CTA's registers at launch");
@@ -94,6 +103,8 @@ struct Config {
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "S = Q K^T is one m64nNk16 per 16 columns of D");
   static_assert(!kFp8 || (!kWide && kConsumers == 2 && kBlockN == 128),
                 "the FP8 forward runs 128-key tiles (one swizzle row of V^T) and two consumers");
+  static_assert(!kDynamicList || (kConsumers == 2 && !kFp8 && !kFp8Kv),
+                "a list taken from its counter runs in the two-consumer 16-bit kernels");
   static_assert(!kFp8Kv || (!kFp8 && !kWide && kConsumers == 2),
                 "an FP8 KV cache runs 16-bit queries with the narrow tiles and two consumers");
 };

@@ -196,7 +196,18 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     }
   };
 
-  for (int round = 0, w = sched.position(0); w < sched.total(); w = sched.position(++round)) {
+  // A list taken from its counter: the round-th position as the producer hands it over
+  // (producer.cuh), a negative one ending the list.
+  auto take = [&](int round) {
+    if constexpr (!Cfg::kDynamic) return sched.position(round);
+    const int slot = round % 2;
+    ptx::mbarrier_wait(&smem.item_full[slot], (round / 2) % 2);  // acquire: the producer's write
+    const int w = smem.item_position[slot];
+    __syncwarp();  // every lane has read it before its warp's release
+    if (lane == 0) ptx::mbarrier_arrive(&smem.item_empty[slot]);
+    return w < 0 ? sched.total() : w;
+  };
+  for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {
     const PartItem item = sched.item<kFastDivide, kOrdered>(w);
     const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
     const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal

@@ -44,13 +44,14 @@ Status take_workspace(const AttentionProblem& problem, size_t bytes, cudaStream_
 // `fp` is make_plan(problem): split.splits > 1 (run-time bounds kernels only): split-KV with
 // that many parts; or split.tail_parts > 1 (not the window's kernels): the tail split. Either
 // in the caller's workspace or, without one, in scratch from the problem's allocator.
-// kFp8Kv: k and v are an e4m3 cache (kv_dequant.cuh).
-template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow, bool kFp8Kv = false>
+// kFp8Kv: k and v are an e4m3 cache (kv_dequant.cuh). kDynamicList: fp.dynamic_order's kernel.
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow, bool kFp8Kv = false,
+          bool kDynamicList = false>
 Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cudaStream_t stream) {
   const FeatureParams& params = fp.params;
   const SplitPlan& split = fp.split;
   const int sms = fp.sms;
-  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kFp8Kv>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kFp8Kv, kDynamicList>;
   constexpr int kSmem = smem_bytes<T, Cfg>();
   static_assert(kSmem <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
   QkvTensorMaps maps;
@@ -75,7 +76,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
                                64);  // one consumer warpgroup's rows per box
     if (!s.ok()) return {s.code(), std::string(kName) + ": out: " + s.message()};
   }
-  const auto kernel = forward_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow, kFp8Kv>;
+  const auto kernel = forward_kernel<T, D, kWide, kNumConsumers, kRuntimeBounds, kWindow, kFp8Kv, kDynamicList>;
   s = cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (!s.ok()) return s;
@@ -140,7 +141,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   if (fp.sorted_order) {
     if (!(s = take_workspace(problem, fp.workspace_bytes, stream, "work order", &order, &order_scratch)).ok()) return s;
     const OrderPlan o{grid_plan.sched.total(), grid_plan.sched.m_blocks, grid_plan.sched.heads_q, Cfg::kBlockM,
-                      params.pack_shift, Cfg::kBlockN};
+                      params.pack_shift, Cfg::kBlockN, problem.causal, grid_plan.sched.by_rank};
     s = cuda_status(cudaFuncSetAttribute(order_items_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          kOrderSmemBytes),
                     std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the work order");
@@ -158,6 +159,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
                 kernel_params.heads_per_kv);
   list.own_sweeps = fp.own_sweeps;
   list.order = order;
+  if constexpr (kDynamicList) list.next_item = order + list.total() + 1;  // the trailer's counter (work_order.h)
   const dim3 grid(unsigned(grid_plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, list);
   s = launch_status(kName);
@@ -212,10 +214,14 @@ Status supports(const AttentionProblem& problem) {
 }
 
 // The kernel variant the plan names: run-time bounds (varlen, caches, split-KV, packing,
-// softcap, decoding at D = 64), a window, or neither.
+// softcap, decoding at D = 64), with a variable-length batch's list taken from its counter, a
+// window, or neither.
 template <typename T, int D, bool kWide, int kConsumers>
 Status launch_variant(const AttentionProblem& problem, const ForwardPlan& fp, cudaStream_t stream) {
   if (fp.window) return launch_typed<T, D, kWide, kConsumers, true, true>(problem, fp, stream);
+  if constexpr (kConsumers == 2) {
+    if (fp.dynamic_order) return launch_typed<T, D, kWide, kConsumers, true, false, false, true>(problem, fp, stream);
+  }
   if (!fp.dense) return launch_typed<T, D, kWide, kConsumers, true, false>(problem, fp, stream);
   return launch_typed<T, D, kWide, kConsumers, false, false>(problem, fp, stream);
 }

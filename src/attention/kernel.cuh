@@ -37,17 +37,21 @@ namespace hattn::fwd {
 //            run-time bounds (kWindow implies kRuntimeBounds), so three of the four
 //            combinations are compiled.
 //   kFp8Kv:  k and v are an e4m3 cache beside T queries (run-time bounds kernels, no window).
-template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow, bool kFp8Kv = false>
+//   kDynamicList: a variable-length batch's sorted list, each CTA taking its next item from a
+//            counter as it finishes one (run-time bounds kernels, no window, two consumers).
+template <typename T, int D, bool kWide, int kNumConsumers, bool kRuntimeBounds, bool kWindow, bool kFp8Kv = false,
+          bool kDynamicList = false>
 __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map,  // Q [B, Sq, Hq, D], boxes of 64 rows
                    const __grid_constant__ CUtensorMap k_map,  // K [B, Sk, Hkv, D], boxes of kBlockN keys (kFp8Kv: e4m3)
                    const __grid_constant__ CUtensorMap v_map,  // V (FP8: V^T [B][Hkv][D][keys])
                    const __grid_constant__ CUtensorMap o_map,  // O [B, Sq, Hq, D] (when stored by TMA)
                    const __grid_constant__ FeatureParams p, const __grid_constant__ WorkList sched) {
-  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kFp8Kv>;
+  using Cfg = ConfigOf<T, D, kWide, kNumConsumers, kFp8Kv, kDynamicList>;
   static_assert(!kIsFp8<T> || !kRuntimeBounds, "the FP8 forward runs dense batches");
   static_assert(!kFp8Kv || (kRuntimeBounds && !kWindow), "an FP8 KV cache runs in the run-time bounds kernels without a window");
   static_assert(kRuntimeBounds || !kWindow, "the windowed kernels also take run-time bounds");
+  static_assert(!kDynamicList || (kRuntimeBounds && !kWindow), "a sorted list runs in the run-time bounds kernels");
 
   extern __shared__ unsigned char smem_raw[];
   // TMA's 128-byte swizzle repeats every 1024 bytes and wgmma descriptors assume tiles start
@@ -101,6 +105,13 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
       ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumers * 4);
     }
     ptx::mbarrier_init(&smem.v_landed, 1);
+    if constexpr (kDynamicList) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        ptx::mbarrier_init(&smem.item_full[i], 1);                          // the scheduler's write
+        ptx::mbarrier_init(&smem.item_empty[i], 1 + Cfg::kConsumers * 4);  // the producer, each consumer warp
+      }
+    }
     if constexpr (kFp8Kv) {
 #pragma unroll
       for (int s = 0; s < Cfg::kStagingStages; ++s) {
@@ -123,7 +134,10 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
   if (warpgroup < 0) {
     // Producer. Every warp of the warpgroup must execute setmaxnreg; one thread then loads.
     ptx::setmaxnreg_dec<Cfg::kProducerRegisters>();
-    if (threadIdx.x == 0) produce<T, D, Cfg, kRuntimeBounds, kWindow>(smem, q_map, k_map, v_map, p, sched, items);
+    if (threadIdx.x == 0)
+      produce<T, D, Cfg, kRuntimeBounds, kWindow>(smem, q_map, k_map, v_map, p, sched, items);
+    else if (kDynamicList && threadIdx.x == 32)
+      hand_out_positions<T, Cfg>(smem, sched);  // a list taken from its counter
     if constexpr (kFp8Kv) {
       if (warp_in_wg > 0) dequantize<T, D, Cfg, kRuntimeBounds, kWindow>(smem, p, sched, items, int(threadIdx.x) - 32);
     }

@@ -7,6 +7,7 @@
 #include "../common/tile_scheduler.cuh"
 #include "config.h"
 #include "fp8_transpose.cuh"
+#include "work_order.h"
 
 namespace hattn::fwd {
 
@@ -144,13 +145,19 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   c.workspace_bytes = c.split.bytes;
   const int64_t items = work_items(problem.batch, c.params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
                                    problem.seqlen_q, c.block_m >> c.params.pack_shift);
-  // Two consumers only (ItemSweep::kOrdered). Varlen never takes the tail split. Without a
-  // mask: there the sorted order took 0.84-1.00 of the dense order's time, under the causal
-  // mask up to 1.39x (short sequences; not yet understood: results/evidence/trials_0bf69c9/).
-  if (problem.is_varlen() && !problem.causal && !c.window && c.consumers == 2 && c.split.splits < 2 &&
-      items > sms) {
+  // Two consumers only (ItemSweep::kOrdered). Varlen never takes the tail split. A single
+  // sequence has no lengths to balance. Taken from the counter (dynamic_order, a kernel of its
+  // own) at D = 128, and under the causal mask: on the mixed-lengths grid the causal points
+  // took 0.76-0.94 of the snake's time where sequences were many (1.03-1.07 with four or one
+  // at D = 256), D = 128 without a mask 0.97-1.03; without a mask D = 256 took 1.03-1.06 and
+  // keeps the sorted list in the snake's turns (0.84-1.00 of the unsorted one's time). The
+  // sorted list in the snake's turns under the causal mask took up to 1.39x
+  // (results/evidence/trials_0bf69c9/, results/evidence/dynamic_work_list/).
+  if (problem.is_varlen() && problem.batch > 1 && !c.window && c.consumers == 2 && c.split.splits < 2 &&
+      items > sms && !(problem.causal && c.fp8_cache)) {
     c.sorted_order = true;
-    c.workspace_bytes = size_t(items) * sizeof(int);
+    c.dynamic_order = !c.fp8_cache && (problem.causal || problem.head_dim == 128);
+    c.workspace_bytes = size_t(items + kOrderTrailer) * sizeof(int);
   }
   c.own_sweeps = c.consumers == 3 && !c.window && problem.causal &&
                  mean_keys_per_block(c.block_m >> c.params.pack_shift, problem.seqlen_q, problem.seqlen_k, true) <

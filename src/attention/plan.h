@@ -70,9 +70,14 @@ struct ForwardPlan {
   int block_m = 128, block_n = 128;
   SplitPlan split;
   bool own_sweeps = false;   // three consumers on short causal sweeps sweep their own keys
-  // A variable-length batch without a mask, of more than one round of items, unsplit: the
-  // work list sorted by cost (work_order.cuh), one int an item in the workspace.
+  // A variable-length batch of several sequences and more than one round of items, unsplit,
+  // no window: the work list sorted by cost (work_order.cuh), one int an item (and
+  // kOrderTrailer) in the workspace.
   bool sorted_order = false;
+  // The CTAs take the sorted list's items from a counter as they finish (WorkList::next_item,
+  // the kernels of Config::kDynamic), not in the snake's turns: D = 128, or causal. Not with an
+  // FP8 KV cache, whose widening warps walk the list too.
+  bool dynamic_order = false;
   size_t workspace_bytes = 0;  // split partials, FP8's V^T, or the sorted order
 };
 

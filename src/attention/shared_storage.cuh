@@ -17,8 +17,8 @@ template <typename T>
 constexpr bool kIsFp8 = std::is_same_v<T, __nv_fp8_e4m3>;
 template <typename T>
 using OutType = std::conditional_t<kIsFp8<T>, __nv_bfloat16, T>;
-template <typename T, int D, bool kWide, int kNumConsumers, bool kFp8Kv = false>
-using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>, kFp8Kv>;
+template <typename T, int D, bool kWide, int kNumConsumers, bool kFp8Kv = false, bool kDynamicList = false>
+using ConfigOf = Config<D, kWide, kNumConsumers, kIsFp8<T>, kFp8Kv, kDynamicList>;
 // The type the tensor cores multiply in: T, or fp16 for bf16 queries over an FP8 KV cache. Its
 // codes widen to fp16 in one instruction a pair, where bf16 takes four, and the widening bounds
 // the decode (kv_dequant.cuh); the consumers then turn Q into fp16 in place (q_to_half) and O
@@ -56,6 +56,13 @@ struct SharedStorage {
   uint64_t k_empty[Cfg::kStages];
   uint64_t v_empty[Cfg::kStages];
   uint64_t v_landed;  // a V tile that ends past its sequence: landed, its tail not yet zeroed
+  // A work list taken from its counter (Config::kDynamic): the positions the scheduler
+  // thread hands the producer and the consumers, a ring of two (a negative one: no more).
+  //   item_full[i]   scheduler, position written             -> producer, consumers: read it
+  //   item_empty[i]  producer and each consumer warp, read   -> scheduler, before slot i again
+  uint64_t item_full[2];
+  uint64_t item_empty[2];
+  int item_position[2];
 };
 
 // An FP8 KV cache (Cfg::kFp8Cache): K and V land as e4m3 tiles, [kBlockN keys][D] bytes

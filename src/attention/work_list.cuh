@@ -36,6 +36,9 @@ struct WorkList {
   // A variable-length batch's list sorted by cost (work_order.cuh): position w takes item
   // order[w] of the order by pair. Null: the list's own order. Never with the tail split.
   const int* order = nullptr;
+  // With `order`, in the kernels of Config::kDynamic: the counter from which a CTA takes its
+  // next position once it has finished its first, order[total()] positions in all.
+  int* next_item = nullptr;
 
   WorkList() = default;
   WorkList(const TileScheduler& s, int first_tail_item, int parts, int kv_splits, int heads_per_kv)

@@ -4,12 +4,13 @@
 // the longest one's query blocks, and those past a short sequence's end are skipped. In the
 // snake order of tile_scheduler.cuh the items of a long sequence pile up on some CTAs while
 // others idle: up to 1.86x the ideal load on the mixed-lengths grid, where the forward read
-// 0.54 of FA3 (results/evidence/varlen_balance_sim/). That simulation balances within 1.09 of
-// ideal once the items run longest first. The lengths are on the GPU, so before the
-// attention kernel one CTA reads them and writes the list's permutation: position w of the
-// snake takes item order[w] of the order by pair, items sorted by their K/V tiles (most
-// first, the empty ones last), ties in the order by pair so that a round still works on few
-// (batch, head) pairs and shares their K/V in L2. Any permutation gives the same results.
+// 0.54 of FA3 (results/evidence/varlen_balance_sim/). Before the attention kernel one CTA
+// reads the lengths and writes the list's permutation: position w takes item order[w] of the
+// order by pair, the pairs sorted by their sequence's K/V tiles (most first, the blocks past
+// their sequences last), ties in the order by pair so that CTAs working at the same time work
+// on few (batch, head) pairs and share their K/V in L2; under the causal mask a pair's blocks
+// from its last. The attention kernel's CTAs then take the positions in turn from a counter
+// (WorkList::next_item). Any permutation gives the same results.
 #pragma once
 
 #include "../common/params.h"
@@ -18,8 +19,9 @@
 
 namespace hattn::fwd {
 
-// One CTA of kOrderThreads: order[w] for every position w < o.total. A stable counting sort
-// by class, highest first. Each warp counts the classes of its own contiguous share of the
+// One CTA of kOrderThreads: order[w] for every position w < o.total, and the trailer
+// (kOrderTrailer). A stable counting sort of the items in order_item's order by class,
+// highest first. Each warp counts the classes of its own contiguous share of the
 // list; a scan over (class descending, warp ascending) turns the counts into each warp's first
 // slot per class; then each warp walks its share 32 items at a time, in order, and a lane's
 // slot is its warp's next slot of the class plus the lanes before it of the same class.
@@ -30,8 +32,8 @@ __global__ void __launch_bounds__(kOrderThreads, 1) order_items_kernel(const Fea
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int share = (o.total + kOrderWarps * 32 - 1) / (kOrderWarps * 32) * 32;  // items per warp
   const int begin = min(warp * share, o.total), end = min(begin + share, o.total);
-  auto class_of = [&](int w) {
-    const int pair = w / o.m_blocks;
+  auto class_of = [&](int v) {
+    const int w = order_item(o, v), pair = w / o.m_blocks;
     const Sequence seq = sequence_of<true>(p, pair / o.heads);
     return order_class(o, w - pair * o.m_blocks, seq.seqlen_q, seq.seqlen_k);
   };
@@ -54,6 +56,10 @@ __global__ void __launch_bounds__(kOrderThreads, 1) order_items_kernel(const Fea
     class_start[c] += above;
     __syncthreads();
   }
+  if (c == 0) {
+    order[o.total] = class_start[1];  // the items inside their sequences (classes 1 and up)
+    order[o.total + 1] = 0;           // the counter, for this launch
+  }
   int next = class_start[c] - count;  // the inclusive sum of c and above, less c's own count
   for (int v = 0; v < kOrderWarps; ++v) {
     const int n = slots[v * kOrderBins + c];
@@ -71,7 +77,7 @@ __global__ void __launch_bounds__(kOrderThreads, 1) order_items_kernel(const Fea
       const int cls = class_of(w);
       const unsigned peers = __match_any_sync(lanes, cls);
       const int rank = __popc(peers & ((1u << lane) - 1));
-      order[mine[cls] + rank] = w;
+      order[mine[cls] + rank] = order_item(o, w);
       __syncwarp(lanes);  // every peer has read the class's next slot
       if (rank == 0) mine[cls] += __popc(peers);
     }
