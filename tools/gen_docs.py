@@ -395,13 +395,16 @@ def status_table():
     # lineage run's grid.
     forward_runs = [("forward, bf16, the FlashAttention-3 grid", "pybench_production.csv", "grid"),
                     ("forward, varlen: mixed lengths", "pybench_production_varlen_mixed.csv", "varlen-mixed"),
+                    ("forward, varlen: many short sequences (50..2000)", "pybench_production_varlen_short.csv",
+                     "varlen-short"),
                     ("decoding: one query, GQA 8, the grid's small caches", "pybench_production_decode.csv", "grid")]
     if not (ROOT / "results" / forward_runs[0][1]).exists():
         forward_runs[0] = ("forward, bf16, the FlashAttention-3 grid", "pybench.csv", "grid")
     for what, name, tag in forward_runs:
         fwd = [r for r in read(name) if r["tag"] == tag]
         meta_path = ROOT / "results" / name.replace(".csv", ".json")
-        commit = json.loads(meta_path.read_text())["meta"]["commit"] if meta_path.exists() else ""
+        meta = json.loads(meta_path.read_text())["meta"] if meta_path.exists() else {}
+        commit = meta.get("commit", "")
         best = {}
         for r in fwd:
             if r["kind"] == "hattn" and r["status"] == "ok" and r["ratio"]:
@@ -417,7 +420,7 @@ def status_table():
         out.append(f"| {what} ({len(ratios)} points; ours: {ours}) | "
                    f"{', '.join(anchors)}{'' if 'FA3' in anchors else '; FA3 not in the run'} | {min(ratios):.2f} | "
                    f"{statistics.median(ratios):.2f} | {sum(x >= 1.0 for x in ratios)} of {len(ratios)} | "
-                   f"`results/{name}` at `{commit[:7]}` |")
+                   f"`results/{name}` at `{commit[:7]}`{gpu_note(meta.get('gpu', ''))} |")
     bwd_anchor = lambda r: not r["name"].startswith("hattn") and r.get("status") != "not given"
     for what, name in (("backward, bf16 (dq, dk, dv)", "pybench_backward.csv"),
                        ("backward, bf16, beside FA3", "pybench_backward_fa3.csv"),
