@@ -151,7 +151,8 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   // points took 0.76-0.96 of the snake's time with eight or more sequences (but 1.03 with four
   // at D = 256), D = 128 without a mask 0.97. D = 256 without a mask took 1.03-1.06 so and keeps
   // the sorted list in the snake's turns (0.84-1.00 of the unsorted one's time), which under
-  // the causal mask took up to 1.39x (results/evidence/trials_0bf69c9/, .../dynamic_work_list/).
+  // the causal mask took up to 1.39x (results/evidence/trials_0bf69c9/,
+  // results/evidence/dynamic_work_list/).
   if (problem.is_varlen() && problem.batch > 1 && !c.window && c.consumers == 2 && c.split.splits < 2 &&
       items > sms && !(problem.causal && c.fp8_cache)) {
     c.sorted_order = true;
