@@ -692,8 +692,17 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
             "variable-length (cu_seqlens) batches only"};
   // "auto", as for the forward (resolve_entry): the newest kernel that supports the problem (the
   // production backward bwd_sm90, dense or variable-length, at every head dim).
-  // Softcapping: only the kernels that say so (each kernel's supports() does not ask).
+  // Windows, variable-length batches, softcapping: only the kernels that say so (as for the
+  // forward, supports() below; each kernel's own supports() does not ask).
   auto supports = [&](const BackwardKernel& k) -> Status {
+    if (p.has_window() && !k.features.window)
+      return {StatusCode::not_supported, std::string(k.name) +
+                                             ": no sliding window (window_left / window_right); the lineage runs the "
+                                             "causal mask or none, bwd_sm90 runs windows"};
+    if (p.is_varlen() && !k.features.varlen)
+      return {StatusCode::not_supported, std::string(k.name) +
+                                             ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the lineage "
+                                             "runs dense batches, bwd_sm90 runs those"};
     if (p.softcap > 0.f && !k.features.softcap)
       return {StatusCode::not_supported, std::string(k.name) +
                                              ": no softcap (bwd_sm90 has it)"};

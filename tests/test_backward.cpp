@@ -151,9 +151,12 @@ TEST(BackwardValidation, KernelNamesInLineageOrder) {
   EXPECT_EQ(backward_kernel_names(), want);
 }
 
+BackwardProblem valid_varlen_backward();
+
 // B05 (and B06, B05's loop made lean) take dense batches at D <= 128, as every lineage step
-// does (a variable-length batch goes to bwd_sm90). Its supports() directly: backward() refuses
-// seqlens_k and block_table before asking it.
+// does. Its own supports() refuses the head dims; resolve_backward_kernel refuses centrally a
+// variable-length batch by the kernel's name (it goes to bwd_sm90) and, for every kernel,
+// keys in use ("backward: ...").
 TEST(BackwardValidation, TmaDqSupports) {
   const BackwardKernel& b05 = backward_tma_dq();
   EXPECT_STREQ(b05.name, "bwd_05_tma_dq");
@@ -161,24 +164,22 @@ TEST(BackwardValidation, TmaDqSupports) {
   EXPECT_TRUE(b05.supports(b).ok()) << b05.supports(b).to_string();
   b.forward.head_dim = 64;
   EXPECT_TRUE(b05.supports(b).ok()) << b05.supports(b).to_string();
-  auto expect_refused = [&](const BackwardProblem& problem, const std::string& argument) {
-    const Status s = b05.supports(problem);
+  auto expect_refused = [&](const BackwardProblem& problem, const std::string& prefix, const std::string& argument) {
+    std::string resolved;
+    const Status s = resolve_backward_kernel(problem, "bwd_05_tma_dq", &resolved);
     EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
-    EXPECT_EQ(s.message().rfind("bwd_05_tma_dq: ", 0), 0u) << s.message();
+    EXPECT_EQ(s.message().rfind(prefix, 0), 0u) << s.message();
     EXPECT_NE(s.message().find(argument), std::string::npos) << "should name " << argument << ": " << s.message();
   };
   b = valid_backward();
   b.forward.head_dim = 256;
-  expect_refused(b, "head_dim 256");
-  b = valid_backward();
-  b.forward.cu_seqlens_q = b.forward.cu_seqlens_k = static_cast<const int32_t*>(fake(10));
-  expect_refused(b, "cu_seqlens_q");
-  b = valid_backward();
-  b.forward.seqlens_k = static_cast<const int32_t*>(fake(10));
-  expect_refused(b, "seqlens_k");
-  b = valid_backward();
-  b.forward.block_table = static_cast<const int32_t*>(fake(11));
-  expect_refused(b, "block_table");
+  const Status own = b05.supports(b);
+  EXPECT_EQ(own.code(), StatusCode::not_supported) << own.to_string();
+  EXPECT_NE(own.message().find("bwd_05_tma_dq: head_dim 256"), std::string::npos) << own.message();
+  expect_refused(valid_varlen_backward(), "bwd_05_tma_dq: ", "cu_seqlens_q");
+  b = valid_varlen_backward();
+  b.forward.seqlens_k = static_cast<const int32_t*>(fake(12));
+  expect_refused(b, "backward: ", "seqlens_k");
 }
 
 // A variable-length batch of 3 sequences, 100 + 20 + 7 queries and 120 + 1 + 9 keys, packed

@@ -338,32 +338,6 @@ __global__ void __launch_bounds__(256) zero_unowned_rows_kernel(T* dst, const in
   }
 }
 
-// What the production backward refuses (backward() refuses it before asking any kernel): keys
-// in use (seqlens_k), a paged KV cache, cache entries (kv_batch_idx) and left padding
-// (leftpad_k). Its varlen instantiations assume all absent (sequence_at).
-inline Status refuse_kv_cache(const BackwardProblem& problem, const char* name) {
-  const AttentionProblem& p = problem.forward;
-  if (p.seqlens_k != nullptr || p.is_paged() || p.kv_batch_idx != nullptr || p.leftpad_k != nullptr)
-    return {StatusCode::not_supported,
-            std::string(name) + ": no seqlens_k, paged KV cache (block_table), kv_batch_idx or leftpad_k"};
-  return Status::Ok();
-}
-
-// What every step of the backward lineage refuses beyond the base contract (dense batches,
-// causal or not, GQA): a sliding window and a variable-length batch (the production backward
-// bwd_sm90 runs both), and the KV cache's arguments.
-inline Status refuse_beyond_dense(const BackwardProblem& problem, const char* name) {
-  if (problem.forward.has_window())
-    return {StatusCode::not_supported, std::string(name) +
-                                           ": no sliding window (window_left / window_right); the lineage runs the "
-                                           "causal mask or none, bwd_sm90 runs windows"};
-  if (problem.forward.is_varlen())
-    return {StatusCode::not_supported, std::string(name) +
-                                           ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the lineage "
-                                           "runs dense batches, bwd_sm90 runs those"};
-  return refuse_kv_cache(problem, name);
-}
-
 // Launches `kernel` on `grid` with `smem` bytes of dynamic shared memory (raising the kernel's
 // limit to that first).
 template <typename Kernel, typename... Args>

@@ -322,7 +322,7 @@ Status supports(const BackwardProblem& problem) {
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(head_dim) +
                 " is not supported (D <= 128: dK and dV of 64 keys take D registers a thread; bwd_02_mma_sync runs D = 256)"};
-  return refuse_beyond_dense(problem, kName);
+  return Status::Ok();  // windows, varlen and KV caches: refused centrally (api.cpp)
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {

@@ -515,7 +515,7 @@ Status supports(const BackwardProblem& problem) {
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) +
                 " is not supported (64 and 128 only; bwd_12_dkdv_pipeline runs D = 256)"};
-  return refuse_beyond_dense(problem, kName);
+  return Status::Ok();  // windows, varlen and KV caches: refused centrally (api.cpp)
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {

@@ -30,7 +30,7 @@ Status supports(const BackwardProblem& problem) {
   if (problem.deterministic && p.head_dim == bwd::two_pass::kD && p.heads_q != p.heads_kv)
     return {StatusCode::not_supported,
             std::string(kName) + ": deterministic=true with GQA (heads_q != heads_kv) is not supported at D = 256"};
-  return refuse_kv_cache(problem, kName);
+  return Status::Ok();  // keys in use, pages, cache entries, left padding: refused by backward() for every kernel
 }
 
 // The deterministic mode's turn counters (BackwardParams::dq_turns, dkdv_turns): per query block
@@ -153,7 +153,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
 const BackwardKernel& backward_sm90() {
   static const BackwardKernel kernel{
       kName, "the production backward: B15's kernel split by role, B12's two passes at D = 256 (src/attention/backward/)",
-      supports, launch, Features{.softcap = true, .deterministic = Features::Deterministic::yes}};
+      supports, launch,
+      Features{.window = true, .varlen = true, .softcap = true, .deterministic = Features::Deterministic::yes}};
   return kernel;
 }
 
