@@ -196,8 +196,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     }
   };
 
-  // A list taken from its counter: the round-th position as the producer hands it over
-  // (producer.cuh), a negative one ending the list.
+  // A list taken from its counter: the round-th position as the scheduler thread hands it out
+  // (hand_out_positions, producer.cuh), a negative one ending the list.
   auto take = [&](int round) {
     if constexpr (!Cfg::kDynamic) return sched.position(round);
     const int slot = round % 2;

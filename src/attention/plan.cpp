@@ -149,9 +149,9 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   // sequence has no lengths to balance. Taken from the counter (dynamic_order, kernels of
   // their own) at D = 128 and under the causal mask: on the mixed-lengths grid the causal
   // points took 0.76-0.96 of the snake's time with eight or more sequences (but 1.03 with four
-  // at D = 256), D = 128 without a mask 0.97. D = 256 without a mask took 1.03-1.06 so and keeps
-  // the sorted list in the snake's turns (0.84-1.00 of the unsorted one's time), which under
-  // the causal mask took up to 1.39x (results/evidence/trials_0bf69c9/,
+  // at D = 256), D = 128 without a mask 0.97. Without a mask D = 256 took 1.03-1.06 from the
+  // counter, so it keeps the sorted list in the snake's turns (0.84-1.00 of the unsorted one's
+  // time), which under the causal mask took up to 1.39x (results/evidence/trials_0bf69c9/,
   // results/evidence/dynamic_work_list/).
   if (problem.is_varlen() && problem.batch > 1 && !c.window && c.consumers == 2 && c.split.splits < 2 &&
       items > sms && !(problem.causal && c.fp8_cache)) {

@@ -77,11 +77,11 @@ __device__ __forceinline__ void load_staged_tile(uint8_t* dst, const CUtensorMap
 
 // The scheduler thread of a list taken from its counter (Config::kDynamic, WorkList::
 // next_item): lane 0 of the producer warpgroup's second warp, beside the producer thread,
-// whose registers are too few for it. It hands the producer and the consumers their positions, the
-// round-th through slot round % 2: first the CTA's own (as in the snake's first turn), then
-// the counter's plus the grid's size, each taken once every reader has the position before
-// the last; a negative one once the list's positions are gone (from order[total] on they are
-// items past their sequences, never taken).
+// whose registers are too few for it. It hands the producer and the consumers their
+// positions, the round-th through slot round % 2: first the CTA's own (as in the snake's
+// first turn), then the counter's plus the grid's size, each taken once every reader has the
+// position before the last; a negative one once the list's positions are gone (from
+// order[total] on they are items past their sequences, never taken).
 template <typename T, typename Cfg>
 __device__ __forceinline__ void hand_out_positions(StorageOf<T, Cfg>& smem, const WorkList& sched) {
   const int end = __ldg(sched.order + sched.total());

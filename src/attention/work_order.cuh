@@ -9,8 +9,9 @@
 // order by pair, the pairs sorted by their sequence's K/V tiles (most first, the blocks past
 // their sequences last), ties in the order by pair so that CTAs working at the same time work
 // on few (batch, head) pairs and share their K/V in L2; under the causal mask a pair's blocks
-// from its last. The attention kernel's CTAs then take the positions in turn from a counter
-// (WorkList::next_item). Any permutation gives the same results.
+// from its last. The attention kernel's CTAs then take the positions from a counter as they
+// finish (WorkList::next_item, where the plan says so: dynamic_order), else in the snake's
+// turns. Any permutation gives the same results.
 #pragma once
 
 #include "../common/params.h"
