@@ -518,9 +518,9 @@ TEST(Varlen, WorkOrderIsAStableSortByCost) {
       if (order[i] != fwd::order_item(o, expected[i]) && mismatches++ == 0) first = i;
     EXPECT_EQ(mismatches, 0) << "first at position " << first << ": " << order[first] << ", expected "
                              << fwd::order_item(o, expected[first]) << " (class " << cls[expected[first]] << ")";
-    EXPECT_EQ(order[o.total], inside) << "items inside their sequences";
+    EXPECT_EQ(order[o.total + fwd::kOrderInside], inside) << "items inside their sequences";
     if (!dynamic || inside >= sm_count())
-      EXPECT_EQ(order[o.total + 1], dynamic ? inside : 0) << "the counter after the launch";
+      EXPECT_EQ(order[o.total + fwd::kOrderCounter], dynamic ? inside : 0) << "the counter after the launch";
     const harness::CheckResult r = harness::check_outputs(w, harness::sample_rows(shape, 2000, 5));
     EXPECT_TRUE(r.passed) << r.summary();
   }

@@ -23,6 +23,7 @@
 #include "../ptx/wgmma.cuh"
 #include "epilogue.cuh"
 #include "kv_dequant.cuh"
+#include "scheduler.cuh"
 #include "shared_storage.cuh"
 #include "softmax.cuh"
 #include "work_list.cuh"
@@ -196,16 +197,10 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     }
   };
 
-  // A list taken from its counter: the round-th position as the scheduler thread hands it out
-  // (hand_out_positions, producer.cuh), a negative one ending the list.
+  // The round-th position: the snake's, or as the scheduler thread hands it out (scheduler.cuh).
   auto take = [&](int round) {
     if constexpr (!Cfg::kDynamic) return sched.position(round);
-    const int slot = round % 2;
-    ptx::mbarrier_wait(&smem.item_full[slot], (round / 2) % 2);  // acquire: the producer's write
-    const int w = smem.item_position[slot];
-    __syncwarp();  // every lane has read it before its warp's release
-    if (lane == 0) ptx::mbarrier_arrive(&smem.item_empty[slot]);
-    return w < 0 ? sched.total() : w;
+    return take_position<true>(smem, sched, round, lane);
   };
   for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {
     const PartItem item = sched.item<kFastDivide, kOrdered>(w);

@@ -159,7 +159,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
                 kernel_params.heads_per_kv);
   list.own_sweeps = fp.own_sweeps;
   list.order = order;
-  if constexpr (kDynamicList) list.next_item = order + list.total() + 1;  // the trailer's counter (work_order.h)
+  if constexpr (kDynamicList) list.next_item = order + list.total() + kOrderCounter;  // work_order.h
   const dim3 grid(unsigned(grid_plan.ctas), 1u, 1u);  // one CTA per SM (its threads take all 65536 registers)
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, o_map, kernel_params, list);
   s = launch_status(kName);

@@ -1,6 +1,7 @@
 // The production forward's kernel: a persistent, warp-specialized CTA per SM. This file is the
 // role dispatch; the roles live beside it:
 //   producer.cuh   the producer warpgroup: one thread loads Q and the K/V ring with TMA
+//   scheduler.cuh  a varlen batch's sorted list: the thread that takes positions from a counter
 //   consumer.cuh   the consumer warpgroups: S = Q K^T, the softmax, O += P V, in turns
 //   softmax.cuh    the online softmax (running max and sum, exp2 with the folded scale)
 //   mask.cuh       the causal mask, the sliding window, the sequence's keys, softcapping
@@ -22,6 +23,7 @@
 #include "consumer.cuh"
 #include "kv_dequant.cuh"
 #include "producer.cuh"
+#include "scheduler.cuh"
 #include "shared_storage.cuh"
 #include "work_list.cuh"
 

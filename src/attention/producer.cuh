@@ -10,7 +10,7 @@
 //   v_full[s]    producer's TMA (or the zeroing) -> consumers, before PV(t) reads V(t)
 //   v_empty[s]   every consumer warp, after PV   -> producer, before stage s takes V again
 //   v_landed     producer's TMA                  -> producer, before it zeroes a V tile's tail
-//   item_full[i], item_empty[i]: a list taken from its counter (hand_out_positions)
+//   item_full[i], item_empty[i]: a list taken from its counter (scheduler.cuh)
 #pragma once
 
 #include <cuda.h>
@@ -19,6 +19,7 @@
 #include "../common/sequence.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "../ptx/tma.cuh"
+#include "scheduler.cuh"
 #include "shared_storage.cuh"
 #include "work_list.cuh"
 
@@ -75,28 +76,6 @@ __device__ __forceinline__ void load_staged_tile(uint8_t* dst, const CUtensorMap
   ptx::cp_async_bulk_tensor_4d_g2s(dst, map, 0, first_key, head_kv, batch, full);
 }
 
-// The scheduler thread of a list taken from its counter (Config::kDynamic, WorkList::
-// next_item): lane 0 of the producer warpgroup's second warp, beside the producer thread,
-// whose registers are too few for it. It hands the producer and the consumers their
-// positions, the round-th through slot round % 2: first the CTA's own (as in the snake's
-// first turn), then the counter's plus the grid's size, each taken once every reader has the
-// position before the last; a negative one once the list's positions are gone (from
-// order[total] on they are items past their sequences, never taken).
-template <typename T, typename Cfg>
-__device__ __forceinline__ void hand_out_positions(StorageOf<T, Cfg>& smem, const WorkList& sched) {
-  const int end = __ldg(sched.order + sched.total());
-#pragma unroll 1
-  for (int round = 0;; ++round) {
-    const int slot = round % 2;
-    // WAR: the producer and every consumer warp have read the position the slot held.
-    if (round >= 2) ptx::mbarrier_wait(&smem.item_empty[slot], (round / 2 - 1) % 2);
-    const int w = round == 0 ? int(blockIdx.x) : atomicAdd(sched.next_item, 1) + int(gridDim.x);
-    smem.item_position[slot] = w < end ? w : -1;
-    ptx::mbarrier_arrive(&smem.item_full[slot]);  // release: the write is seen with the phase
-    if (w >= end) return;
-  }
-}
-
 // The producer thread's whole life: every item of the CTA's share of the work list.
 template <typename T, int D, typename Cfg, bool kRuntimeBounds, bool kWindow>
 __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorMap& q_map,
@@ -115,15 +94,10 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
   int kv = 0;      // K/V tiles loaded so far: the ring position
   int uses = 0;    // items loaded so far: Q's phase
   int landed = 0;  // V tiles whose tail was zeroed so far: v_landed's phase
-  // A list taken from its counter: the round-th position as the scheduler thread hands it
-  // out (hand_out_positions), a negative one ending the list.
+  // The round-th position: the snake's, or as the scheduler thread hands it out (scheduler.cuh).
   auto take = [&](int round) {
     if constexpr (!Cfg::kDynamic) return sched.position(round);
-    const int slot = round % 2;
-    ptx::mbarrier_wait(&smem.item_full[slot], (round / 2) % 2);  // acquire: the scheduler's write
-    const int w = smem.item_position[slot];
-    ptx::mbarrier_arrive(&smem.item_empty[slot]);
-    return w < 0 ? sched.total() : w;
+    return take_position<false>(smem, sched, round, 0);
   };
   for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {
     const PartItem item = sched.item<kFastDivide, kOrdered>(w);

@@ -58,8 +58,8 @@ __global__ void __launch_bounds__(kOrderThreads, 1) order_items_kernel(const Fea
     __syncthreads();
   }
   if (c == 0) {
-    order[o.total] = class_start[1];  // the items inside their sequences (classes 1 and up)
-    order[o.total + 1] = 0;           // the counter, for this launch
+    order[o.total + kOrderInside] = class_start[1];  // the items inside their sequences (classes 1 and up)
+    order[o.total + kOrderCounter] = 0;              // the counter, for this launch
   }
   int next = class_start[c] - count;  // the inclusive sum of c and above, less c's own count
   for (int v = 0; v < kOrderWarps; ++v) {

@@ -19,9 +19,11 @@ struct OrderPlan {
   bool by_rank;    // causal, and the host chose the order by rank (tile_scheduler.cuh)
 };
 
-// The workspace the ordering kernel writes: order[total], then the number of items inside
-// their sequences (the list's first ones), then the counter the attention kernel's CTAs take
-// their next items from (WorkList::next_item), zeroed here.
+// The workspace the ordering kernel writes: order[total], then a trailer of kOrderTrailer ints
+// at order + total: the number of items inside their sequences (the list's first ones), then
+// the counter the attention kernel's CTAs take their next items from (WorkList::next_item),
+// zeroed there.
+constexpr int kOrderInside = 0, kOrderCounter = 1;  // the trailer's slots
 constexpr int kOrderTrailer = 2;
 
 // Cost classes: a pair's K/V tiles (all of its sequence's) plus one, the same for each of its

@@ -1,0 +1,55 @@
+// The scheduler thread of the production forward's kernels that take a variable-length
+// batch's sorted work list from a counter (Config::kDynamic; work_order.cuh writes the list,
+// its count and the zeroed counter), and how the producer and the consumers take each position
+// from it.
+//
+// Barriers (who arrives -> who waits), a ring of two slots (SharedStorage::item_position):
+//   item_full[i]   the scheduler, position written            -> producer, consumers: read it
+//   item_empty[i]  the producer thread, each consumer warp     -> the scheduler, before slot i again
+#pragma once
+
+#include "../ptx/mbarrier.cuh"
+#include "shared_storage.cuh"
+#include "work_list.cuh"
+#include "work_order.h"
+
+namespace hattn::fwd {
+
+#ifdef __CUDACC__
+// The scheduler thread: lane 0 of the producer warpgroup's second warp, beside the producer
+// thread, whose registers are too few for it. It hands out the round-th position through slot
+// round % 2: first the CTA's own (as in the snake's first turn), then the counter's
+// (WorkList::next_item) plus the grid's size, each taken once every reader has the position
+// before the last; a negative one once the list's positions are gone (from order[total] on
+// they are items past their sequences, never taken).
+template <typename T, typename Cfg>
+__device__ __forceinline__ void hand_out_positions(StorageOf<T, Cfg>& smem, const WorkList& sched) {
+  const int end = __ldg(sched.order + sched.total() + kOrderInside);
+#pragma unroll 1
+  for (int round = 0;; ++round) {
+    const int slot = round % 2;
+    // WAR: the producer and every consumer warp have read the position the slot held.
+    if (round >= 2) ptx::mbarrier_wait(&smem.item_empty[slot], (round / 2 - 1) % 2);
+    const int w = round == 0 ? int(blockIdx.x) : atomicAdd(sched.next_item, 1) + int(gridDim.x);
+    smem.item_position[slot] = w < end ? w : -1;
+    ptx::mbarrier_arrive(&smem.item_full[slot]);  // release: the write is seen with the phase
+    if (w >= end) return;
+  }
+}
+
+// The round-th position as the scheduler thread handed it out: wait for its slot, read it,
+// release the slot. One release a reader: the producer thread (kWarp false), or lane 0 of each
+// consumer warp once the warp's lanes have read (kWarp, `lane` the thread's lane). A negative
+// position (no more) reads as sched.total(), which ends the caller's loop.
+template <bool kWarp, typename Storage>
+__device__ __forceinline__ int take_position(Storage& smem, const WorkList& sched, int round, int lane) {
+  const int slot = round % 2;
+  ptx::mbarrier_wait(&smem.item_full[slot], (round / 2) % 2);  // acquire: the scheduler's write
+  const int w = smem.item_position[slot];
+  if constexpr (kWarp) __syncwarp();  // every lane has read it before its warp's release
+  if (!kWarp || lane == 0) ptx::mbarrier_arrive(&smem.item_empty[slot]);
+  return w < 0 ? sched.total() : w;
+}
+#endif
+
+}  // namespace hattn::fwd
