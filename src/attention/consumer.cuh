@@ -197,14 +197,22 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     }
   };
 
-  // The round-th position: the snake's, or as the scheduler thread hands it out (scheduler.cuh).
+  // The round-th position: the snake's, or as the scheduler thread hands it out with its item
+  // and sequence (scheduler.cuh).
+  TakenItem taken;
   auto take = [&](int round) {
     if constexpr (!Cfg::kDynamic) return sched.position(round);
-    return take_position<true>(smem, sched, round, lane);
+    taken = take_position<true>(smem, sched, round, lane);
+    return taken.w;
   };
   for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {
-    const PartItem item = sched.item<kFastDivide, kOrdered>(w);
-    const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
+    const PartItem item = [&] {
+      if constexpr (!Cfg::kDynamic) return sched.item<kFastDivide, kOrdered>(w);
+      PartItem it;
+      static_cast<WorkItem&>(it) = taken.item;
+      return it;
+    }();
+    const Sequence seq = Cfg::kDynamic ? taken.seq : sequence_of<kRuntimeBounds>(p, item.batch);
     const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = items.block_of(item) * kBlockM;
     if (kRuntimeBounds && m_block >= seq.seqlen_q << pack_shift) continue;  // past a short sequence of a varlen batch

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     if (threadIdx.x == 0)
       produce<T, D, Cfg, kRuntimeBounds, kWindow>(smem, q_map, k_map, v_map, p, sched, items);
     else if (kDynamicList && threadIdx.x == 32)
-      hand_out_positions<T, Cfg>(smem, sched);  // a list taken from its counter
+      hand_out_positions<T, Cfg>(smem, sched, p);  // a list taken from its counter
     if constexpr (kFp8Kv) {
       if (warp_in_wg > 0) dequantize<T, D, Cfg, kRuntimeBounds, kWindow>(smem, p, sched, items, int(threadIdx.x) - 32);
     }

@@ -94,14 +94,22 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
   int kv = 0;      // K/V tiles loaded so far: the ring position
   int uses = 0;    // items loaded so far: Q's phase
   int landed = 0;  // V tiles whose tail was zeroed so far: v_landed's phase
-  // The round-th position: the snake's, or as the scheduler thread hands it out (scheduler.cuh).
+  // The round-th position: the snake's, or as the scheduler thread hands it out with its item
+  // and sequence (scheduler.cuh).
+  TakenItem taken;
   auto take = [&](int round) {
     if constexpr (!Cfg::kDynamic) return sched.position(round);
-    return take_position<false>(smem, sched, round, 0);
+    taken = take_position<false>(smem, sched, round, 0);
+    return taken.w;
   };
   for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {
-    const PartItem item = sched.item<kFastDivide, kOrdered>(w);
-    const Sequence seq = sequence_of<kRuntimeBounds>(p, item.batch);
+    const PartItem item = [&] {
+      if constexpr (!Cfg::kDynamic) return sched.item<kFastDivide, kOrdered>(w);
+      PartItem it;
+      static_cast<WorkItem&>(it) = taken.item;
+      return it;
+    }();
+    const Sequence seq = Cfg::kDynamic ? taken.seq : sequence_of<kRuntimeBounds>(p, item.batch);
     const KvTileRange range = items.tiles(item, seq);
     const int n_tiles = range.last - range.first;
     if (n_tiles == 0) continue;

@@ -10,6 +10,7 @@
 
 #include "../ptx/mbarrier.cuh"
 #include "shared_storage.cuh"
+#include "../common/sequence.cuh"
 #include "work_list.cuh"
 #include "work_order.h"
 
@@ -21,9 +22,12 @@ namespace hattn::fwd {
 // round % 2: first the CTA's own (as in the snake's first turn), then the counter's
 // (WorkList::next_item) plus the grid's size, each taken once every reader has the position
 // before the last; a negative one once the list's positions are gone (from order[total] on
-// they are items past their sequences, never taken).
+// they are items past their sequences, never taken). With the position it writes the item
+// and its sequence: the readers then start an item without global loads (the list's entry,
+// then the sequence's offsets) on their path.
 template <typename T, typename Cfg>
-__device__ __forceinline__ void hand_out_positions(StorageOf<T, Cfg>& smem, const WorkList& sched) {
+__device__ __forceinline__ void hand_out_positions(StorageOf<T, Cfg>& smem, const WorkList& sched,
+                                                   const FeatureParams& p) {
   const int end = __ldg(sched.order + sched.total() + kOrderInside);
 #pragma unroll 1
   for (int round = 0;; ++round) {
@@ -31,24 +35,33 @@ __device__ __forceinline__ void hand_out_positions(StorageOf<T, Cfg>& smem, cons
     // WAR: the producer and every consumer warp have read the position the slot held.
     if (round >= 2) ptx::mbarrier_wait(&smem.item_empty[slot], (round / 2 - 1) % 2);
     const int w = round == 0 ? int(blockIdx.x) : atomicAdd(sched.next_item, 1) + int(gridDim.x);
-    smem.item_position[slot] = w < end ? w : -1;
-    ptx::mbarrier_arrive(&smem.item_full[slot]);  // release: the write is seen with the phase
+    TakenItem taken;
+    taken.w = -1;
+    if (w < end) {
+      taken.w = w;
+      taken.item = sched.item_order.item(__ldg(sched.order + w));
+      taken.seq = sequence_of<true>(p, taken.item.batch);
+    }
+    smem.item_slot[slot] = taken;
+    ptx::mbarrier_arrive(&smem.item_full[slot]);  // release: the writes are seen with the phase
     if (w >= end) return;
   }
 }
 
-// The round-th position as the scheduler thread handed it out: wait for its slot, read it,
-// release the slot. One release a reader: the producer thread (kWarp false), or lane 0 of each
-// consumer warp once the warp's lanes have read (kWarp, `lane` the thread's lane). A negative
-// position (no more) reads as sched.total(), which ends the caller's loop.
+// The round-th position as the scheduler thread handed it out, with its item and sequence:
+// wait for its slot, read it, release the slot. One release a reader: the producer thread
+// (kWarp false), or lane 0 of each consumer warp once the warp's lanes have read (kWarp,
+// `lane` the thread's lane). A negative position (no more) reads as sched.total(), which ends
+// the caller's loop.
 template <bool kWarp, typename Storage>
-__device__ __forceinline__ int take_position(Storage& smem, const WorkList& sched, int round, int lane) {
+__device__ __forceinline__ TakenItem take_position(Storage& smem, const WorkList& sched, int round, int lane) {
   const int slot = round % 2;
-  ptx::mbarrier_wait(&smem.item_full[slot], (round / 2) % 2);  // acquire: the scheduler's write
-  const int w = smem.item_position[slot];
+  ptx::mbarrier_wait(&smem.item_full[slot], (round / 2) % 2);  // acquire: the scheduler's writes
+  TakenItem taken = smem.item_slot[slot];
   if constexpr (kWarp) __syncwarp();  // every lane has read it before its warp's release
   if (!kWarp || lane == 0) ptx::mbarrier_arrive(&smem.item_empty[slot]);
-  return w < 0 ? sched.total() : w;
+  if (taken.w < 0) taken.w = sched.total();
+  return taken;
 }
 #endif
 

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../common/sequence.cuh"
+#include "../common/tile_scheduler.cuh"
 #include "config.h"
 
 namespace hattn::fwd {
@@ -41,6 +43,14 @@ struct RingPosition {
 
 // Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
 // 128B-swizzled.
+// A position of a work list taken from its counter, with its item and the item's sequence, as
+// the scheduler thread hands it out (scheduler.cuh).
+struct TakenItem {
+  int w;
+  WorkItem item;
+  Sequence seq;
+};
+
 template <typename T, typename Cfg>
 struct SharedStorage {
   alignas(kAtomBytes) T q[Cfg::kColBlocks][Cfg::kBlockM * Cfg::kAtomCols];
@@ -57,12 +67,13 @@ struct SharedStorage {
   uint64_t v_empty[Cfg::kStages];
   uint64_t v_landed;  // a V tile that ends past its sequence: landed, its tail not yet zeroed
   // A work list taken from its counter (Config::kDynamic): the positions the scheduler
-  // thread hands the producer and the consumers, a ring of two (a negative one: no more).
-  //   item_full[i]   scheduler, position written             -> producer, consumers: read it
+  // thread hands the producer and the consumers, with their items and sequences, a ring of
+  // two (a negative position: no more).
+  //   item_full[i]   scheduler, slot written                 -> producer, consumers: read it
   //   item_empty[i]  producer and each consumer warp, read   -> scheduler, before slot i again
   uint64_t item_full[2];
   uint64_t item_empty[2];
-  int item_position[2];
+  TakenItem item_slot[2];
 };
 
 // An FP8 KV cache (Cfg::kFp8Cache): K and V land as e4m3 tiles, [kBlockN keys][D] bytes
