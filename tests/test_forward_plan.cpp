@@ -151,6 +151,26 @@ TEST(ForwardPlan, GqaPackingWhenItAtLeastHalvesTheBlocks) {
   EXPECT_EQ(pack_gqa_shift(dense(4, 1, 4096, 24, 4, 128, false)), 0);  // group 6
 }
 
+TEST(ForwardPlan, PlansThePersistentGridOnItsOwnTiles) {
+  // Causal D = 64 at 1k: two consumers, 128-row blocks; 16 x 32 pairs of 8 blocks fill the grid.
+  const ForwardPlan grid = plan_of(grid_point(64, 1024, true));
+  EXPECT_EQ(grid.launch.sched.m_blocks, 1024 / grid.block_m);
+  EXPECT_EQ(grid.launch.sched.pairs, 16 * 32);
+  EXPECT_EQ(grid.launch.ctas, kH200Sms);
+  // Without a mask D = 64 takes three consumers: 192-row blocks, 6 of them at 1k.
+  const ForwardPlan full = plan_of(grid_point(64, 1024, false));
+  EXPECT_EQ(full.block_m, 192);
+  EXPECT_EQ(full.launch.sched.m_blocks, 6);
+  EXPECT_FALSE(full.launch.sched.by_rank);  // by rank only under a mask
+  // Packed decoding: items per K/V head, a block of 128 rows holds 16 positions of 8 heads.
+  const ForwardPlan packed = plan_of(dense(4, 1, 4096, 32, 4, 128, false));
+  EXPECT_EQ(packed.launch.sched.heads_q, 4);
+  EXPECT_EQ(packed.launch.sched.m_blocks, 1);
+  EXPECT_EQ(packed.launch.ctas, 16);  // one item a CTA before split-KV's parts
+  // Two long causal sequences: the order by rank evens out the few pairs' blocks.
+  EXPECT_TRUE(plan_of(dense(1, 16384, 16384, 4, 4, 128, true)).launch.sched.by_rank);
+}
+
 TEST(ForwardPlan, WindowTakesTheWindowKernelsWithoutPackingOrTail) {
   AttentionProblem p = dense(4, 1, 4096, 32, 4, 128, false);
   p.window_left = 256;

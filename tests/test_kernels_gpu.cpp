@@ -482,13 +482,9 @@ TEST(Varlen, WorkOrderIsAStableSortByCost) {
     const bool dynamic = c.causal || c.d == 128;
     ASSERT_EQ(plan.dynamic_order, dynamic) << "the plan's choice of the counter";
     const int heads = plan.params.pack_shift > 0 ? shape.heads_kv : shape.heads_q;
-    const int positions = plan.block_m >> plan.params.pack_shift;
-    const int m_blocks = (shape.seqlen_q + positions - 1) / positions;
-    const PersistentLaunch launch =
-        plan_persistent_launch(shape.batch, heads, shape.seqlen_q, shape.seqlen_k, c.causal, positions, plan.block_n,
-                               sm_count(), -1, -1);
+    const int m_blocks = plan.launch.sched.m_blocks;
     const fwd::OrderPlan o{m_blocks * shape.batch * heads, m_blocks, heads, plan.block_m, plan.params.pack_shift,
-                           plan.block_n, c.causal, launch.sched.by_rank};
+                           plan.block_n, c.causal, plan.launch.sched.by_rank};
     std::vector<int> expected(o.total), cls(o.total);
     int inside = 0;
     for (int v = 0; v < o.total; ++v) {

@@ -99,11 +99,7 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
       return {s.code(), std::string(kName) + ": V^T: " + s.message()};
     }
   }
-  // Packed items are per K/V head, and their blocks hold kBlockM / group query positions.
-  PersistentLaunch grid_plan =
-      plan_persistent_launch(problem.batch, params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
-                             problem.seqlen_q, problem.seqlen_k, problem.causal, Cfg::kBlockM >> params.pack_shift,
-                             Cfg::kBlockN, sms, params.window_left, params.window_right);
+  PersistentLaunch grid_plan = fp.launch;  // planned on fp.block_m x fp.block_n, this kernel's tiles
   FeatureParams kernel_params = params;
   const int splits = split.splits;
   const int64_t rows_all = split.rows_all;

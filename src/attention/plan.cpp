@@ -104,10 +104,18 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   c.params.pack_shift = c.window || c.fp8 ? 0 : pack_gqa_shift(problem);  // the window's kernels do not pack
   c.mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c.params.pack_shift, problem.seqlen_q,
                                     problem.seqlen_k, problem.causal, c.params.window_left, c.params.window_right);
+  // Packed items are per K/V head, and their blocks hold block_m / group query positions.
+  auto plan_launch = [&] {
+    c.launch = plan_persistent_launch(problem.batch, c.params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
+                                      problem.seqlen_q, problem.seqlen_k, problem.causal,
+                                      c.block_m >> c.params.pack_shift, c.block_n, sms, c.params.window_left,
+                                      c.params.window_right);
+  };
   if (c.fp8) {  // one shape per head dim (64, 128, 256): 128-key tiles, two consumers, the dense kernel
     c.dense_batch = c.dense = true;
     c.block_n = 128;
     c.workspace_bytes = vt_bytes(problem);  // V^T's copy
+    plan_launch();
     return Status::Ok();
   }
   // A paged cache keeps the 128- (D = 256: 64-) key tiles, so that a tile never spans two pages.
@@ -162,6 +170,7 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   c.own_sweeps = c.consumers == 3 && !c.window && problem.causal &&
                  mean_keys_per_block(c.block_m >> c.params.pack_shift, problem.seqlen_q, problem.seqlen_k, true) <
                      kOwnSweepMaxKeys;
+  plan_launch();
   return Status::Ok();
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "../common/params.h"
+#include "../common/tile_scheduler.cuh"
 #include "config.h"
 #include "hattn/hattn.h"
 
@@ -79,6 +80,10 @@ struct ForwardPlan {
   // FP8 KV cache, whose widening warps walk the list too.
   bool dynamic_order = false;
   size_t workspace_bytes = 0;  // split partials, FP8's V^T, or the sorted order
+  // The persistent grid and the work order by pair or by rank (tile_scheduler.cuh), as the
+  // problem's items are planned; the launch then numbers split-KV's parts inside the blocks,
+  // or hands a sorted list positions of the order by pair.
+  PersistentLaunch launch{};
 };
 
 // log2 of the query heads per K/V head when a work item takes all of them as rows (GQA
