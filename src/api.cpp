@@ -264,29 +264,33 @@ Status check_device_and_pointers(std::initializer_list<std::pair<const char*, co
 
 namespace {
 
+// What `features` lack of `problem`, named for kernel `name`; `production` names the kernel that
+// has every feature of its direction (the forward's or the backward's). Ok when nothing lacks.
+Status refuse_missing_features(const char* name, const Features& features, const AttentionProblem& problem,
+                               const char* production) {
+  const char* missing = nullptr;
+  if (problem.has_window() && !features.window)
+    missing = "no sliding window (window_left / window_right)";
+  else if (problem.is_varlen() && !features.varlen)
+    missing = "no variable-length batch (cu_seqlens_q / cu_seqlens_k)";
+  else if ((problem.seqlens_k != nullptr || problem.is_paged()) && !features.paged)
+    missing = "no seqlens_k or paged KV cache (block_table)";
+  else if ((problem.kv_batch_idx != nullptr || problem.leftpad_k != nullptr) && !features.paged)
+    missing = "no kv_batch_idx or leftpad_k (KV cache entries, left padding)";
+  else if (problem.softcap > 0.f && !features.softcap)
+    missing = "no softcap";
+  else if (problem.dtype == DType::e4m3 && !features.fp8)
+    missing = "no e4m3 (FP8) inputs";
+  else if (problem.has_fp8_cache() && !features.fp8_cache)
+    missing = "no e4m3 KV cache (kv_dtype)";
+  if (missing == nullptr) return Status::Ok();
+  return {StatusCode::not_supported, std::string(name) + ": " + missing + "; " + production + " has it"};
+}
+
 // The kernel's own supports(), after the features only some kernels have.
 Status supports(const KernelEntry& entry, const AttentionProblem& problem) {
-  if (problem.has_window() && !entry.features.window)
-    return {StatusCode::not_supported, std::string(entry.name) +
-                                           ": no sliding window (window_left / window_right); the production forward fwd_sm90 has it"};
-  if (problem.is_varlen() && !entry.features.varlen)
-    return {StatusCode::not_supported,
-            std::string(entry.name) + ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the production forward fwd_sm90 has it"};
-  if ((problem.seqlens_k != nullptr || problem.is_paged()) && !entry.features.paged)
-    return {StatusCode::not_supported, std::string(entry.name) +
-                                           ": no seqlens_k or paged KV cache (block_table); the production forward fwd_sm90 has them"};
-  if ((problem.kv_batch_idx != nullptr || problem.leftpad_k != nullptr) && !entry.features.paged)
-    return {StatusCode::not_supported,
-            std::string(entry.name) + ": no kv_batch_idx or leftpad_k (KV cache entries, left padding); the "
-                                      "production forward fwd_sm90 has them"};
-  if (problem.softcap > 0.f && !entry.features.softcap)
-    return {StatusCode::not_supported, std::string(entry.name) + ": no softcap; the production forward fwd_sm90 has it"};
-  if (problem.dtype == DType::e4m3 && !entry.features.fp8)
-    return {StatusCode::not_supported, std::string(entry.name) + ": no e4m3 (FP8) inputs; the production forward fwd_sm90 has them"};
-  if (problem.has_fp8_cache() && !entry.features.fp8_cache)
-    return {StatusCode::not_supported,
-            std::string(entry.name) + ": no e4m3 KV cache (kv_dtype); the production forward fwd_sm90 has it"};
-  return entry.supports(problem);
+  const Status s = refuse_missing_features(entry.name, entry.features, problem, "the production forward fwd_sm90");
+  return s.ok() ? entry.supports(problem) : s;
 }
 
 Status resolve(const AttentionProblem& problem, const std::string& kernel, const KernelEntry** out) {
@@ -693,19 +697,10 @@ Status resolve_backward(const BackwardProblem& problem, const std::string& name,
   // "auto", as for the forward (resolve_entry): the newest kernel that supports the problem (the
   // production backward bwd_sm90, dense or variable-length, at every head dim).
   // Windows, variable-length batches, softcapping: only the kernels that say so (as for the
-  // forward, supports() below; each kernel's own supports() does not ask).
+  // forward, refuse_missing_features; each kernel's own supports() does not ask).
   auto supports = [&](const BackwardKernel& k) -> Status {
-    if (p.has_window() && !k.features.window)
-      return {StatusCode::not_supported, std::string(k.name) +
-                                             ": no sliding window (window_left / window_right); the lineage runs the "
-                                             "causal mask or none, bwd_sm90 runs windows"};
-    if (p.is_varlen() && !k.features.varlen)
-      return {StatusCode::not_supported, std::string(k.name) +
-                                             ": no variable-length batch (cu_seqlens_q / cu_seqlens_k); the lineage "
-                                             "runs dense batches, bwd_sm90 runs those"};
-    if (p.softcap > 0.f && !k.features.softcap)
-      return {StatusCode::not_supported, std::string(k.name) +
-                                             ": no softcap (bwd_sm90 has it)"};
+    const Status s = refuse_missing_features(k.name, k.features, p, "the production backward bwd_sm90");
+    if (!s.ok()) return s;
     if (problem.deterministic) {
       using D = Features::Deterministic;
       const D d = k.features.deterministic;
