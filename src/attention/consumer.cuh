@@ -59,8 +59,6 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   // wgmma k steps, 32 bytes of a row each (k16 for 16-bit types, k32 for e4m3): over D for S,
   // over the tile's keys for PV (P's A fragments).
   constexpr int kSSteps = D * int(sizeof(T)) / 32, kPSteps = kBlockN * int(sizeof(T)) / 32;
-  constexpr bool kFastDivide = !kWindow;
-  constexpr bool kOrdered = ItemSweep<Cfg::kBlockM, Cfg::kBlockN, kRuntimeBounds, kWindow>::kOrdered;
   // Own sweeps: under the causal mask a consumer's 64 rows end before its block's last row.
   // With three consumers on 192-row blocks and 128-key tiles, one or two of them see none of
   // the last tile's keys on most items (a tenth of the work at S = 2k); each then computes
@@ -206,13 +204,9 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
     return taken.w;
   };
   for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {
-    const PartItem item = [&] {
-      if constexpr (!Cfg::kDynamic) return sched.item<kFastDivide, kOrdered>(w);
-      PartItem it;
-      static_cast<WorkItem&>(it) = taken.item;
-      return it;
-    }();
-    const Sequence seq = Cfg::kDynamic ? taken.seq : sequence_of<kRuntimeBounds>(p, item.batch);
+    const auto at = items.template locate<Cfg::kDynamic>(w, taken);
+    const PartItem& item = at.item;
+    const Sequence& seq = at.seq;
     const int causal_offset = kRuntimeBounds ? seq.seqlen_k - seq.seqlen_q : p.causal_offset;  // the sequence's diagonal
     const int m_block = items.block_of(item) * kBlockM;
     if (kRuntimeBounds && m_block >= seq.seqlen_q << pack_shift) continue;  // past a short sequence of a varlen batch

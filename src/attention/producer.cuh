@@ -103,13 +103,9 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
     return taken.w;
   };
   for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {
-    const PartItem item = [&] {
-      if constexpr (!Cfg::kDynamic) return sched.item<kFastDivide, kOrdered>(w);
-      PartItem it;
-      static_cast<WorkItem&>(it) = taken.item;
-      return it;
-    }();
-    const Sequence seq = Cfg::kDynamic ? taken.seq : sequence_of<kRuntimeBounds>(p, item.batch);
+    const auto at = items.template locate<Cfg::kDynamic>(w, taken);
+    const PartItem& item = at.item;
+    const Sequence& seq = at.seq;
     const KvTileRange range = items.tiles(item, seq);
     const int n_tiles = range.last - range.first;
     if (n_tiles == 0) continue;

@@ -8,9 +8,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../common/sequence.cuh"
-#include "../common/tile_scheduler.cuh"
 #include "config.h"
+#include "work_list.cuh"
 
 namespace hattn::fwd {
 
@@ -43,14 +42,6 @@ struct RingPosition {
 
 // Every tile is [kColBlocks][rows][kAtomCols]: TMA writes one 128-byte-wide box per block,
 // 128B-swizzled.
-// A position of a work list taken from its counter, with its item and the item's sequence, as
-// the scheduler thread hands it out (scheduler.cuh).
-struct TakenItem {
-  int w;
-  WorkItem item;
-  Sequence seq;
-};
-
 template <typename T, typename Cfg>
 struct SharedStorage {
   alignas(kAtomBytes) T q[Cfg::kColBlocks][Cfg::kBlockM * Cfg::kAtomCols];

@@ -71,6 +71,14 @@ struct WorkList {
   }
 };
 
+// A position of a work list taken from its counter, with its item and the item's sequence, as
+// the scheduler thread hands it out (scheduler.cuh).
+struct TakenItem {
+  int w;
+  WorkItem item;
+  Sequence seq;
+};
+
 #ifdef __CUDACC__
 // Where an item lies: its query block, its K/V head, and the K/V tiles it sweeps. Split-KV
 // numbers the parts of a query block inside the item's m_block (block * splits + part), and
@@ -93,6 +101,26 @@ struct ItemSweep {
   const FeatureParams& p;
   const WorkList& list;
   Mask<kBlockM, kBlockN, kRuntimeBounds, kWindow> mask;
+
+  // The item at list position w and its sequence: worked out from the list and the sequence's
+  // offsets, or (kTaken: the kernels of Config::kDynamic) as the scheduler thread handed them
+  // out with the position (scheduler.cuh).
+  struct Located {
+    PartItem item;
+    Sequence seq;
+  };
+  template <bool kTaken>
+  __device__ __forceinline__ Located locate(int w, const TakenItem& taken) const {
+    Located at;
+    if constexpr (kTaken) {
+      static_cast<WorkItem&>(at.item) = taken.item;
+      at.seq = taken.seq;
+    } else {
+      at.item = list.template item<kFastDivide, kOrdered>(w);
+      at.seq = sequence_of<kRuntimeBounds>(p, at.item.batch);
+    }
+    return at;
+  }
 
   __device__ __forceinline__ int split_div(int n) const { return kFastDivide ? list.splits.div(n) : n / p.splits; }
   __device__ __forceinline__ int split_mod(int n) const { return kFastDivide ? list.splits.mod(n) : n % p.splits; }
