@@ -3,14 +3,15 @@
 // its count and the zeroed counter), and how the producer and the consumers take each position
 // from it.
 //
-// Barriers (who arrives -> who waits), a ring of two slots (SharedStorage::item_position):
-//   item_full[i]   the scheduler, position written            -> producer, consumers: read it
+// Barriers (who arrives -> who waits), a ring of two slots (SharedStorage::item_slot, each a
+// TakenItem: the position, its item and the item's sequence):
+//   item_full[i]   the scheduler, slot written                -> producer, consumers: read it
 //   item_empty[i]  the producer thread, each consumer warp     -> the scheduler, before slot i again
 #pragma once
 
+#include "../common/sequence.cuh"
 #include "../ptx/mbarrier.cuh"
 #include "shared_storage.cuh"
-#include "../common/sequence.cuh"
 #include "work_list.cuh"
 #include "work_order.h"
 
