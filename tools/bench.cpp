@@ -72,6 +72,9 @@ void usage() {
       "  --varlen equal|mixed every shape as a variable-length batch (production forward only) of its B\n"
       "                      sequences: all of length S (compare with the dense run), or of lengths\n"
       "                      drawn from [S/4, 7S/4] (fixed seed; FLOPs count the real lengths)\n"
+      "  --varlen short      instead of the grid, one batch per head dim of sequences of 50..2000\n"
+      "                      tokens, 65536 in all (fixed seed; python -m hattn.bench --varlen short's\n"
+      "                      kind of batch, not its lengths)\n"
       "  --seqlen-q N        queries per sequence (default: S, as many as keys); e.g. 1 for decoding\n"
       "  --num-splits N      split-KV parts: 0 automatic (default), 1 off, N (production forward only)\n"
       "  --page-size N       K and V in a paged cache of N-key pages, shuffled (production forward only)\n"
@@ -202,7 +205,7 @@ int parse(int argc, char** argv, Config* c) {
         ok = s == "on" || s == "off";
         c->pack_gqa = s == "on";
       } else if (a == "--varlen") {
-        ok = s == "equal" || s == "mixed";
+        ok = s == "equal" || s == "mixed" || s == "short";
         c->varlen = s;
       } else if (a == "--csv") {
         c->csv = s;
@@ -538,10 +541,32 @@ std::vector<Shape> grid(const Config& cfg) {
     const std::vector<int> lens_q = cfg.seqlen_q > 0 ? std::vector<int>(lens.size(), cfg.seqlen_q) : lens;
     harness::set_varlen(sh, lens_q, lens);
   };
+  // --varlen short: many short sequences, one batch per head dim (the grid's lengths unused).
+  const bool short_batches = cfg.varlen == "short";
+  auto short_lengths = [](int d) {
+    constexpr int kShortest = 50, kLongest = 2000, kTokens = 65536;
+    std::mt19937 rng(7919u + uint32_t(d));
+    std::vector<int> lens;
+    for (int tokens = 0; tokens < kTokens; tokens += lens.back())
+      lens.push_back(std::uniform_int_distribution<int>(kShortest, kLongest)(rng));
+    return lens;
+  };
   for (int d : cfg.dims)
     for (bool causal : cfg.causal)
-      for (int s : cfg.seqlens) {
+      for (int s : short_batches ? std::vector<int>{0} : cfg.seqlens) {
         Shape sh;
+        if (short_batches) {
+          const std::vector<int> lens = short_lengths(d);
+          sh.batch = int(lens.size());
+          sh.seqlen_q = sh.seqlen_k = *std::max_element(lens.begin(), lens.end());
+          sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
+          sh.head_dim = d;
+          sh.causal = causal;
+          sh.dtype = cfg.dtype;
+          harness::set_varlen(&sh, lens, lens);
+          shapes.push_back(sh);
+          continue;
+        }
         sh.batch = std::max(1, cfg.tokens / s);
         sh.seqlen_q = sh.seqlen_k = s;
         if (cfg.seqlen_q > 0) sh.seqlen_q = cfg.seqlen_q;
@@ -616,8 +641,10 @@ int main(int argc, char** argv) {
                 cfg.window_left, cfg.window_right);
   if (varlen)
     std::printf("# variable-length batches (%s): each shape's B sequences packed along the rows%s\n", cfg.varlen.c_str(),
-                cfg.varlen == "mixed" ? ", of lengths from [S/4, 7S/4]; S is the longest, FLOPs count the real lengths"
-                                      : ", all of length S");
+                cfg.varlen == "mixed"   ? ", of lengths from [S/4, 7S/4]; S is the longest, FLOPs count the real lengths"
+                : cfg.varlen == "short" ? ": one batch per head dim of 50..2000 tokens each, 65536 in all; S is the "
+                                          "longest, FLOPs count the real lengths"
+                                        : ", all of length S");
 
   if (cfg.backward)
     std::printf("# the backward (dq, dk, dv) of every shape, after a forward; FLOPs 2.5x the forward's; dq checked "
