@@ -482,9 +482,10 @@ TEST(Varlen, WorkOrderIsAStableSortByCost) {
     const bool dynamic = c.causal || c.d == 128;
     ASSERT_EQ(plan.dynamic_order, dynamic) << "the plan's choice of the counter";
     const int heads = plan.params.pack_shift > 0 ? shape.heads_kv : shape.heads_q;
-    const int m_blocks = plan.launch.sched.m_blocks;
-    const fwd::OrderPlan o{m_blocks * shape.batch * heads, m_blocks, heads, plan.block_m, plan.params.pack_shift,
-                           plan.block_n, c.causal, plan.launch.sched.by_rank};
+    const fwd::OrderPlan& o = plan.order;
+    const int m_blocks = o.m_blocks;
+    ASSERT_EQ(o.total, m_blocks * shape.batch * heads);
+    ASSERT_EQ(o.causal, c.causal);
     std::vector<int> expected(o.total), cls(o.total);
     int inside = 0;
     for (int v = 0; v < o.total; ++v) {

@@ -136,13 +136,11 @@ Status launch_typed(const AttentionProblem& problem, const ForwardPlan& fp, cuda
   void* order_scratch = nullptr;  // taken here, given back here
   if (fp.sorted_order) {
     if (!(s = take_workspace(problem, fp.workspace_bytes, stream, "work order", &order, &order_scratch)).ok()) return s;
-    const OrderPlan o{grid_plan.sched.total(), grid_plan.sched.m_blocks, grid_plan.sched.heads_q, Cfg::kBlockM,
-                      params.pack_shift, Cfg::kBlockN, problem.causal, grid_plan.sched.by_rank};
     s = cuda_status(cudaFuncSetAttribute(order_items_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          kOrderSmemBytes),
                     std::string(kName) + ": cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the work order");
     if (s.ok()) {
-      order_items_kernel<<<1, kOrderThreads, kOrderSmemBytes, stream>>>(kernel_params, o, order);
+      order_items_kernel<<<1, kOrderThreads, kOrderSmemBytes, stream>>>(kernel_params, fp.order, order);
       s = launch_status(kName);
     }
     if (!s.ok()) {

@@ -7,7 +7,6 @@
 #include "../common/tile_scheduler.cuh"
 #include "config.h"
 #include "fp8_transpose.cuh"
-#include "work_order.h"
 
 namespace hattn::fwd {
 
@@ -171,6 +170,9 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
                  mean_keys_per_block(c.block_m >> c.params.pack_shift, problem.seqlen_q, problem.seqlen_k, true) <
                      kOwnSweepMaxKeys;
   plan_launch();
+  if (c.sorted_order)  // the list as launched: by pair (or by rank), never split
+    c.order = OrderPlan{c.launch.sched.total(), c.launch.sched.m_blocks, c.launch.sched.heads_q, c.block_m,
+                        c.params.pack_shift, c.block_n, problem.causal, c.launch.sched.by_rank};
   return Status::Ok();
 }
 

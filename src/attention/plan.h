@@ -11,6 +11,7 @@
 #include "../common/tile_scheduler.cuh"
 #include "config.h"
 #include "hattn/hattn.h"
+#include "work_order.h"
 
 namespace hattn::fwd {
 
@@ -84,6 +85,8 @@ struct ForwardPlan {
   // problem's items are planned; the launch then numbers split-KV's parts inside the blocks,
   // or hands a sorted list positions of the order by pair.
   PersistentLaunch launch{};
+  // With sorted_order: what order_items_kernel needs of this plan (work_order.h).
+  OrderPlan order{};
 };
 
 // log2 of the query heads per K/V head when a work item takes all of them as rows (GQA
