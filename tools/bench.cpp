@@ -541,32 +541,31 @@ std::vector<Shape> grid(const Config& cfg) {
     const std::vector<int> lens_q = cfg.seqlen_q > 0 ? std::vector<int>(lens.size(), cfg.seqlen_q) : lens;
     harness::set_varlen(sh, lens_q, lens);
   };
-  // --varlen short: many short sequences, one batch per head dim (the grid's lengths unused).
-  const bool short_batches = cfg.varlen == "short";
-  auto short_lengths = [](int d) {
+  if (cfg.varlen == "short") {  // instead of the grid: many short sequences, one batch per head dim
     constexpr int kShortest = 50, kLongest = 2000, kTokens = 65536;
-    std::mt19937 rng(7919u + uint32_t(d));
-    std::vector<int> lens;
-    for (int tokens = 0; tokens < kTokens; tokens += lens.back())
-      lens.push_back(std::uniform_int_distribution<int>(kShortest, kLongest)(rng));
-    return lens;
-  };
+    for (int d : cfg.dims) {
+      std::mt19937 rng(7919u + uint32_t(d));
+      std::vector<int> lens;
+      for (int tokens = 0; tokens < kTokens; tokens += lens.back())
+        lens.push_back(std::uniform_int_distribution<int>(kShortest, kLongest)(rng));
+      for (bool causal : cfg.causal) {
+        Shape sh;
+        sh.batch = int(lens.size());
+        sh.seqlen_q = sh.seqlen_k = *std::max_element(lens.begin(), lens.end());
+        sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
+        sh.head_dim = d;
+        sh.causal = causal;
+        sh.dtype = cfg.dtype;
+        harness::set_varlen(&sh, lens, lens);
+        shapes.push_back(sh);
+      }
+    }
+    return shapes;
+  }
   for (int d : cfg.dims)
     for (bool causal : cfg.causal)
-      for (int s : short_batches ? std::vector<int>{0} : cfg.seqlens) {
+      for (int s : cfg.seqlens) {
         Shape sh;
-        if (short_batches) {
-          const std::vector<int> lens = short_lengths(d);
-          sh.batch = int(lens.size());
-          sh.seqlen_q = sh.seqlen_k = *std::max_element(lens.begin(), lens.end());
-          sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
-          sh.head_dim = d;
-          sh.causal = causal;
-          sh.dtype = cfg.dtype;
-          harness::set_varlen(&sh, lens, lens);
-          shapes.push_back(sh);
-          continue;
-        }
         sh.batch = std::max(1, cfg.tokens / s);
         sh.seqlen_q = sh.seqlen_k = s;
         if (cfg.seqlen_q > 0) sh.seqlen_q = cfg.seqlen_q;
