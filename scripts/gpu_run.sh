@@ -45,6 +45,10 @@
 #                            (tools/trial_ratio.py: NAME.txt; min, median and max in the summary)
 #   ncu FLAGS                ncu's duration, tensor-pipe share, L2 hit rate, reduction sectors and
 #                            barrier/long-scoreboard stalls of every kernel of one hattn-bench call
+#   ncu-fa3 FLAGS            ncu's sections (speed of light, pipes, warp states, scheduler, memory)
+#                            over one forward of hattn and one of FlashAttention-3 on the same
+#                            tensors (tools/ncu_vs_fa3.py FLAGS: --dim, --seqlen, --causal); the
+#                            report, its raw metrics (NAME.csv) and tools/ncu_summary.py's table
 #   sanitize [FILTER | KERNEL:I,J,... | contract:N]
 #                            compute-sanitizer memcheck, racecheck, synccheck and initcheck over a
 #                            few GPU tests (default: shapes 4, 7 and 12 of every forward kernel);
@@ -136,6 +140,9 @@ for step in "${steps[@]}"; do
         exit 2
       fi ;;
     ncu) [ ${#args[@]} -gt 0 ] || { echo "gpu_run.sh ncu: give hattn-bench flags for one small call"; exit 2; } ;;
+    ncu-fa3)
+      [ -f .anchors/flash_attn_3_sm90.so.xz ] || [ -n "${HATTN_FA3_LIB:-}" ] ||
+        { echo "gpu_run.sh ncu-fa3: needs FlashAttention-3 (.anchors/flash_attn_3_sm90.so.xz or HATTN_FA3_LIB)"; exit 2; } ;;
     trial)
       if [[ "${args[0]:-}" != *.tar.xz ]] || [ ! -f "${args[0]}" ]; then
         echo "gpu_run.sh trial: ARCHIVE is a prebuilt .tar.xz that is here (got: ${args[0]:-nothing})"
@@ -155,7 +162,7 @@ for step in "${steps[@]}"; do
       [ ${#args[@]} -eq 0 ] || [ ${#args[@]} -eq 3 ] ||
         { echo "gpu_run.sh capstone: MODEL SIZE REPS, or nothing for the two default runs"; exit 2; } ;;
     bench | bench-backward | python) ;;
-    *) echo "gpu_run.sh: unknown step '$name' (test, bench, bench-backward, ab, trial, ncu, sanitize, python, py, capstone)"
+    *) echo "gpu_run.sh: unknown step '$name' (test, bench, bench-backward, ab, trial, ncu, ncu-fa3, sanitize, python, py, capstone)"
       exit 2 ;;
   esac
   # The step's label names its files: the step (and a py step's module), numbered when repeated.
@@ -359,6 +366,25 @@ step_ncu() {  # LABEL FLAGS
   ncu --metrics "$metrics" "$bench_bin" "$@" --reps 1 >"$out/$label.txt" 2>&1
   note "$label: rc=$? -> $out/$label.txt"
   grep -E "^  [a-z_ ]*[(<]|^  void|duration|tensor_op" "$out/$label.txt" | head -40
+}
+
+step_ncu_fa3() {  # LABEL FLAGS
+  local label=$1 sections=() section
+  shift
+  ensure_python
+  sass_wait
+  for section in SpeedOfLight ComputeWorkloadAnalysis WarpStateStats SchedulerStats \
+    MemoryWorkloadAnalysis InstructionStats LaunchStats Occupancy; do
+    sections+=(--section "$section")
+  done
+  # Clocks locked to base (ncu's default): both libraries are seen at the same clock.
+  timeout "$timeout_s" ncu --profile-from-start off "${sections[@]}" -f -o "$out/$label" \
+    python3 tools/ncu_vs_fa3.py --fa3 "$HATTN_FA3_LIB" "$@" >"$out/$label.log" 2>&1
+  note "$label ($*): rc=$? -> $out/$label.ncu-rep"
+  ncu -i "$out/$label.ncu-rep" --page raw --csv >"$out/$label.csv" 2>>"$out/$label.log"
+  ncu -i "$out/$label.ncu-rep" --page details >"$out/$label.txt" 2>>"$out/$label.log"
+  grep -E "TFLOP/s|max \|" "$out/$label.log"
+  python3 tools/ncu_summary.py "$out/$label.csv" | tee "$out/${label}_summary.txt"
 }
 
 step_sanitize() {  # LABEL [FILTER | KERNEL:I,J,...]
