@@ -213,6 +213,28 @@ TEST(ForwardPlan, VarlenAndPagedTakeRunTimeBoundsAndKeepNarrowPagedTiles) {
   EXPECT_GT(pg.split.splits, 1);
 }
 
+// Under the causal mask a varlen batch of several sequences picks its consumers by its mean
+// lengths, not by its longest sequence: at D = 64, 61 sequences of 50..2000 (65,536 tokens, the
+// longest 1,995) keep two, sorted and taken from the counter; four sequences of 8k keep three.
+TEST(ForwardPlan, CausalVarlenPicksConsumersByItsMeanLength) {
+  auto varlen = [](int b, int max_len, int total) {
+    AttentionProblem p = dense(b, max_len, max_len, 32, 32, 64, true);
+    p.cu_seqlens_q = static_cast<const int32_t*>(fake_ptr(5));
+    p.cu_seqlens_k = static_cast<const int32_t*>(fake_ptr(6));
+    p.total_q = p.total_k = total;
+    return p;
+  };
+  const ForwardPlan many_short = plan_of(varlen(61, 1995, 65536));
+  EXPECT_EQ(many_short.consumers, 2);
+  EXPECT_TRUE(many_short.sorted_order);
+  EXPECT_TRUE(many_short.dynamic_order);
+  EXPECT_EQ(plan_of(varlen(4, 8192, 32768)).consumers, 3);
+  AttentionProblem no_mask = varlen(61, 1995, 65536);
+  no_mask.causal = false;
+  EXPECT_EQ(plan_of(no_mask).consumers, 3);
+  EXPECT_EQ(plan_of(varlen(1, 1995, 1995)).consumers, 3);  // one sequence: its own length
+}
+
 // A varlen batch whose items fill more than one round of the SMs sorts its work list by cost
 // (work_order.cuh): one int an item of workspace, and the trailer. Its CTAs take the items
 // from a counter at D = 128 and under the causal mask. Not with a window, three consumers

@@ -27,7 +27,7 @@ ROWS = [
 ]
 PIPE = re.compile(r"^sm__[\w.]*pipe_tensor[\w.]*pct_of_peak_sustained_\w+$")
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
-TO_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 
 
 def number(text: str) -> float | None:
