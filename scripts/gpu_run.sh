@@ -48,7 +48,8 @@
 #   ncu-fa3 FLAGS            ncu's sections (speed of light, pipes, warp states, scheduler, memory)
 #                            over one forward of hattn and one of FlashAttention-3 on the same
 #                            tensors (tools/ncu_vs_fa3.py FLAGS: --dim, --seqlen, --causal); the
-#                            report, its raw metrics (NAME.csv) and tools/ncu_summary.py's table
+#                            report, its raw metrics (NAME.csv), each kernel's SASS with its stall
+#                            samples (NAME_sass.csv) and tools/ncu_summary.py's table
 #   sanitize [FILTER | KERNEL:I,J,... | contract:N]
 #                            compute-sanitizer memcheck, racecheck, synccheck and initcheck over a
 #                            few GPU tests (default: shapes 4, 7 and 12 of every forward kernel);
@@ -374,7 +375,7 @@ step_ncu_fa3() {  # LABEL FLAGS
   ensure_python
   sass_wait
   for section in SpeedOfLight ComputeWorkloadAnalysis WarpStateStats SchedulerStats \
-    MemoryWorkloadAnalysis InstructionStats LaunchStats Occupancy; do
+    MemoryWorkloadAnalysis InstructionStats LaunchStats Occupancy SourceCounters; do
     sections+=(--section "$section")
   done
   # Clocks locked to base (ncu's default): both libraries are seen at the same clock.
@@ -383,6 +384,9 @@ step_ncu_fa3() {  # LABEL FLAGS
   note "$label ($*): rc=$? -> $out/$label.ncu-rep"
   ncu -i "$out/$label.ncu-rep" --page raw --csv >"$out/$label.csv" 2>>"$out/$label.log"
   ncu -i "$out/$label.ncu-rep" --page details >"$out/$label.txt" 2>>"$out/$label.log"
+  # Each kernel's SASS with its warp-state samples: where its warps wait.
+  ncu -i "$out/$label.ncu-rep" --page source --print-source sass --csv >"$out/${label}_sass.csv" 2>>"$out/$label.log" ||
+    note "$label: ncu --page source failed (see $label.log)"
   grep -E "TFLOP/s|max \|" "$out/$label.log"
   python3 tools/ncu_summary.py "$out/$label.csv" | tee "$out/${label}_summary.txt"
 }
