@@ -25,7 +25,7 @@ ROWS = [
     ("grid", "launch__grid_size"),
     ("block", "launch__block_size"),
 ]
-PIPE = re.compile(r"^sm__[\w.]*pipe_tensor[\w.]*pct_of_peak_sustained_\w+$")
+PIPE = re.compile(r"^sm__(pipe_tensor_cycles_active|inst_executed_pipe_tensor_op_gmma)\.avg\.pct_of_peak_sustained_active$")
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
 TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 
