@@ -35,6 +35,15 @@ def test_dry_run_numbers_repeated_steps_and_keeps_words():
     assert shlex.split(lines[2].split(":", 1)[1]) == ["python", "python/tests", "-k", "a or b"]
 
 
+def test_dry_run_takes_ncu_fa3_when_fa3_is_named():
+    env = dict(os.environ, HATTN_FA3_LIB="/nowhere/fa3.so")
+    r = run("--dry-run", "ncu-fa3", "--dim", "128", "--causal", "+", "ncu-fa3", "--seqlen", "16384", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()[1:]
+    assert lines[0] == "ncu_fa3: ncu-fa3 --dim 128 --causal"
+    assert lines[1] == "ncu_fa3_2: ncu-fa3 --seqlen 16384"
+
+
 def test_dry_run_names_a_steps_environment_in_its_label():
     r = run("--dry-run", "test", "+", "HATTN_TRIAL=units", "test", "*cache*", "+", "A=1", "B=x.y", "bench")
     assert r.returncode == 0, r.stderr

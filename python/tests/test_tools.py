@@ -1,6 +1,7 @@
-"""tools/ctest_summary.py, tools/evidence_index.py, tools/check_figures.py and tools/trial_ratio.py
-(CPU only): what test.sh prints of a ctest run, how citations of results/evidence are read, which
-collisions of text the figure checker reports, and how a trial's times are set beside main's."""
+"""tools/ctest_summary.py, tools/evidence_index.py, tools/check_figures.py, tools/trial_ratio.py,
+tools/ncu_summary.py and tools/sass_stalls.py (CPU only): what test.sh prints of a ctest run, how
+citations of results/evidence are read, which collisions of text the figure checker reports, how
+a trial's times are set beside main's, and how ncu's exports are read."""
 
 import importlib.util
 import pathlib
@@ -19,6 +20,8 @@ ctest_summary = load("ctest_summary")
 evidence_index = load("evidence_index")
 check_figures = load("check_figures")
 trial_ratio = load("trial_ratio")
+ncu_summary = load("ncu_summary")
+sass_stalls = load("sass_stalls")
 
 LOG = """\
    1/4 Test    #1: Reference.TwoKeys ....................................   Passed    0.03 sec
@@ -146,3 +149,52 @@ def test_trial_ratio_matches_points_and_leaves_out_failed_or_missing_ones(tmp_pa
     assert lines[3] == "kernel=k head_dim=64 seqlen_k=8192: only in main"
     assert lines[4] == "kernel=k head_dim=64 seqlen_k=16384: only in the trial"
     assert [round(r, 6) for r in ratios] == [0.5, 1.1]
+
+
+NCU_RAW = """\
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","gpu__time_duration.sum","launch__registers_per_thread","sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active","sm__pipe_tensor_cycles_active.max.pct_of_peak_sustained_active","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio","smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
+"","","","","","","","","","","","ms","register/thread","%","%","inst","inst"
+"0","1","python3","h","void hattn::fwd::forward_kernel<bf16, 128>(CUtensorMap_st, Params)","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","1.5","168","72.4","73.0","0.82","1.64"
+"1","1","python3","h","void at::fill<int>(int)","1","7","(128, 1, 1)","(1, 1, 1)","0","9.0","0.002","16","0","0","0","0"
+"2","1","python3","h","void cutlass::device_kernel<flash::Fwd>(Params)","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","1.25","168","82.2","83.0","0.48","1.56"
+"""
+
+
+def test_ncu_summary_reads_units_and_leaves_out_small_kernels(tmp_path, capsys):
+    path = tmp_path / "raw.csv"
+    path.write_text(NCU_RAW)
+    ncu_summary.main(str(path))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| | `hattn::fwd::forward_kernel<bf16, 128>` | `cutlass::device_kernel<flash::Fwd>` |"
+    assert "| duration (us) | 1,500 | 1,250 |" in lines  # milliseconds read as such
+    assert "| pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active % | 72.4 | 82.2 |" in lines
+    assert not any(".max." in line for line in lines)
+    stalls = [line for line in lines if line.startswith("| stall:")]
+    assert stalls == ["| stall: wait | 1.64 | 1.56 |", "| stall: barrier | 0.82 | 0.48 |"]  # the larger first
+    assert not any("fill" in line for line in lines)  # under 2% of the longest kernel's time
+
+
+def _source_rows(samples):
+    header = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+              '"stall_barrier","stall_wait","stall_barrier (Not Issued)"')
+    rows = [f'"{0x1000 + 16 * i:#x}","  {sass}","{n}","10","{barrier}","{n - barrier}","0"'
+            for i, (sass, n, barrier) in enumerate(samples)]
+    return header + "\n" + "\n".join(rows)
+
+
+def test_sass_stalls_ranks_lines_and_reasons_per_kernel(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "sass.csv"
+    path.write_text('"Kernel Name","ours"\n' + _source_rows([
+        ("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24", 10, 0),
+        ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 60, 60),
+        ("@P1 MUFU.EX2 R1, R1", 30, 0),
+    ]) + '\n"Kernel Name","tiny"\n' + _source_rows([("EXIT", 1, 0)]) + "\n")
+    monkeypatch.setattr("sys.argv", ["sass_stalls.py", str(path), "--top", "2"])
+    sass_stalls.main()
+    out = capsys.readouterr().out
+    assert "## ours" in out and "tiny" not in out  # under 5% of all samples
+    assert "by reason: barrier 60.0%, wait 40.0%" in out
+    assert "by opcode: WARPGROUP 60.0%, MUFU 30.0%, HGMMA 10.0%" in out  # the predicate skipped
+    table = [line for line in out.splitlines() if line.startswith("| 0x")]
+    assert table == ["| 0x0010 | `WARPGROUP.DEPBAR.LE gsb0, 0x0` | 60.0% | barrier 100% |",
+                     "| 0x0020 | `@P1 MUFU.EX2 R1, R1` | 30.0% | wait 100% |"]
