@@ -37,11 +37,20 @@ def number(text: str) -> float | None:
         return None
 
 
-def short_name(name: str) -> str:
-    name = re.sub(r"\(.*$", "", name)  # the parameter list
+def short_name(name: str, width: int = 60) -> str:
+    """A kernel's name without `void` and its parameter list, cut to `width` in the middle. The
+    parameter list opens at the first parenthesis outside the template arguments, which may
+    hold their own ("(int)128" in ncu's source page)."""
+    depth = 0
+    for i, c in enumerate(name):
+        depth += (c == "<") - (c == ">")
+        if c == "(" and depth == 0:
+            name = name[:i]
+            break
     name = re.sub(r"^void\s+", "", name)
-    if len(name) > 60:
-        name = name[:28] + "..." + name[-29:]
+    if len(name) > width:
+        half = (width - 3) // 2
+        name = name[:half] + "..." + name[len(name) - (width - 3 - half):]
     return name
 
 

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import pathlib
 import re
+import sys
 from collections import Counter
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from ncu_summary import short_name  # noqa: E402  (a sibling script)
 
 REASON = re.compile(r"^stall_(\w+)$")  # the all-samples columns; "(Not Issued)" ones are left out
 
@@ -33,11 +38,6 @@ def kernels(path: str):
                 rows.append(row)
     if name is not None:
         yield name, header, rows
-
-
-def short_name(name: str) -> str:
-    name = re.sub(r"^void\s+", "", re.sub(r"\(CUtensorMap.*$|\(int, .*$|\(.*\)$", "", name))
-    return name if len(name) <= 90 else name[:44] + "..." + name[-43:]
 
 
 def count(text: str) -> int:
@@ -71,7 +71,7 @@ def main() -> None:
             opcode = [w for w in opcode if not w.startswith("@")]
             by_opcode[opcode[0].split(".")[0] if opcode else "?"] += count(r[col[col_samples]])
         total = totals[name] or 1
-        print(f"## {short_name(name)}\n")
+        print(f"## {short_name(name, 90)}\n")
         print(f"{totals[name]:,} samples, {len(rows):,} SASS lines")
         print("by reason: " + ", ".join(f"{k} {v / total:.1%}" for k, v in by_reason.most_common(10) if v))
         print("by opcode: " + ", ".join(f"{k} {v / total:.1%}" for k, v in by_opcode.most_common(12) if v))
