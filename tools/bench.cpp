@@ -74,7 +74,7 @@ void usage() {
       "                      drawn from [S/4, 7S/4] (fixed seed; FLOPs count the real lengths)\n"
       "  --varlen short      instead of the grid, one batch per head dim of sequences of 50..2000\n"
       "                      tokens, 65536 in all (fixed seed; python -m hattn.bench --varlen short's\n"
-      "                      kind of batch, not its lengths)\n"
+      "                      kind of batch, not its lengths); the other flags apply as to the grid\n"
       "  --seqlen-q N        queries per sequence (default: S, as many as keys); e.g. 1 for decoding\n"
       "  --num-splits N      split-KV parts: 0 automatic (default), 1 off, N (production forward only)\n"
       "  --page-size N       K and V in a paged cache of N-key pages, shuffled (production forward only)\n"
@@ -541,6 +541,29 @@ std::vector<Shape> grid(const Config& cfg) {
     const std::vector<int> lens_q = cfg.seqlen_q > 0 ? std::vector<int>(lens.size(), cfg.seqlen_q) : lens;
     harness::set_varlen(sh, lens_q, lens);
   };
+  // A point's shape from every flag but --varlen: `batch` sequences of `s` tokens.
+  auto point = [&](int d, bool causal, int batch, int s) {
+    Shape sh;
+    sh.batch = batch;
+    sh.seqlen_q = sh.seqlen_k = s;
+    if (cfg.seqlen_q > 0) sh.seqlen_q = cfg.seqlen_q;
+    sh.num_splits = cfg.num_splits;
+    sh.pack_gqa = cfg.pack_gqa;
+    sh.softcap = cfg.softcap;
+    if (cfg.page_size > 0) {
+      sh.page_size = cfg.page_size;
+      sh.seqlens_k_used.assign(size_t(sh.batch), s);
+    }
+    sh.heads_q = std::max(1, cfg.hidden / d);
+    sh.heads_kv = std::max(1, sh.heads_q / cfg.gqa);
+    sh.head_dim = d;
+    sh.causal = causal;
+    sh.window_left = cfg.window_left;
+    sh.window_right = causal && cfg.window_right > 0 ? 0 : cfg.window_right;  // causal's right edge
+    sh.dtype = cfg.dtype;
+    sh.fp8_cache = cfg.fp8_cache;
+    return sh;
+  };
   if (cfg.varlen == "short") {  // instead of the grid: many short sequences, one batch per head dim
     constexpr int kShortest = 50, kLongest = 2000, kTokens = 65536;
     for (int d : cfg.dims) {
@@ -549,14 +572,8 @@ std::vector<Shape> grid(const Config& cfg) {
       for (int tokens = 0; tokens < kTokens; tokens += lens.back())
         lens.push_back(std::uniform_int_distribution<int>(kShortest, kLongest)(rng));
       for (bool causal : cfg.causal) {
-        Shape sh;
-        sh.batch = int(lens.size());
-        sh.seqlen_q = sh.seqlen_k = *std::max_element(lens.begin(), lens.end());
-        sh.heads_q = sh.heads_kv = std::max(1, cfg.hidden / d);
-        sh.head_dim = d;
-        sh.causal = causal;
-        sh.dtype = cfg.dtype;
-        harness::set_varlen(&sh, lens, lens);
+        Shape sh = point(d, causal, int(lens.size()), *std::max_element(lens.begin(), lens.end()));
+        harness::set_varlen(&sh, lens, lens);  // the batch and the longest lengths too
         shapes.push_back(sh);
       }
     }
@@ -565,25 +582,7 @@ std::vector<Shape> grid(const Config& cfg) {
   for (int d : cfg.dims)
     for (bool causal : cfg.causal)
       for (int s : cfg.seqlens) {
-        Shape sh;
-        sh.batch = std::max(1, cfg.tokens / s);
-        sh.seqlen_q = sh.seqlen_k = s;
-        if (cfg.seqlen_q > 0) sh.seqlen_q = cfg.seqlen_q;
-        sh.num_splits = cfg.num_splits;
-        sh.pack_gqa = cfg.pack_gqa;
-        sh.softcap = cfg.softcap;
-        if (cfg.page_size > 0) {
-          sh.page_size = cfg.page_size;
-          sh.seqlens_k_used.assign(size_t(sh.batch), s);
-        }
-        sh.heads_q = std::max(1, cfg.hidden / d);
-        sh.heads_kv = std::max(1, sh.heads_q / cfg.gqa);
-        sh.head_dim = d;
-        sh.causal = causal;
-        sh.window_left = cfg.window_left;
-        sh.window_right = causal && cfg.window_right > 0 ? 0 : cfg.window_right;  // causal's right edge
-        sh.dtype = cfg.dtype;
-        sh.fp8_cache = cfg.fp8_cache;
+        Shape sh = point(d, causal, std::max(1, cfg.tokens / s), s);
         packed(&sh, s, d);
         shapes.push_back(sh);
         if (cfg.with_fp8_cache && !sh.fp8_cache) {  // the same shape over an e4m3 cache, right after
