@@ -380,7 +380,7 @@ step_ncu_fa3() {  # LABEL FLAGS
   done
   # Clocks locked to base (ncu's default): both libraries are seen at the same clock.
   timeout "$timeout_s" ncu --profile-from-start off "${sections[@]}" -f -o "$out/$label" \
-    python3 tools/ncu_vs_fa3.py --fa3 "$HATTN_FA3_LIB" "$@" >"$out/$label.log" 2>&1
+    python3 tools/ncu_vs_fa3.py "$@" >"$out/$label.log" 2>&1
   note "$label ($*): rc=$? -> $out/$label.ncu-rep"
   ncu -i "$out/$label.ncu-rep" --page raw --csv >"$out/$label.csv" 2>>"$out/$label.log"
   ncu -i "$out/$label.ncu-rep" --page details >"$out/$label.txt" 2>>"$out/$label.log"

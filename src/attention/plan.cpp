@@ -101,8 +101,9 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   // The window's kernels only where a window edge binds beyond what causal already does.
   c.window = c.params.window_left >= 0 || (!problem.causal && c.params.window_right >= 0);
   c.params.pack_shift = c.window || c.fp8 ? 0 : pack_gqa_shift(problem);  // the window's kernels do not pack
-  c.mean_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c.params.pack_shift, problem.seqlen_q,
-                                    problem.seqlen_k, problem.causal, c.params.window_left, c.params.window_right);
+  const int sweep_block = Config<128, false, 2>::kBlockM >> c.params.pack_shift;  // the block the sweeps are judged on
+  c.mean_keys = mean_keys_per_block(sweep_block, problem.seqlen_q, problem.seqlen_k, problem.causal,
+                                    c.params.window_left, c.params.window_right);
   // Packed items are per K/V head, and their blocks hold block_m / group query positions.
   auto plan_launch = [&] {
     c.launch = plan_persistent_launch(problem.batch, c.params.pack_shift > 0 ? problem.heads_kv : problem.heads_q,
@@ -139,8 +140,7 @@ Status make_plan(const AttentionProblem& problem, int sms, ForwardPlan* plan) {
   // the mixed lengths 5..7000 0.995-1.002 (results/evidence/varlen_mean_sweep/).
   double sweep_keys = c.mean_keys;
   if (problem.is_varlen() && problem.batch > 1 && problem.causal && !c.window)
-    sweep_keys = mean_keys_per_block(Config<128, false, 2>::kBlockM >> c.params.pack_shift,
-                                     std::max(1, problem.total_q / problem.batch),
+    sweep_keys = mean_keys_per_block(sweep_block, std::max(1, problem.total_q / problem.batch),
                                      std::max(1, problem.total_k / problem.batch), true);
   const bool three = !(problem.causal || c.window) || sweep_keys >= kThreeConsumerMinCausalKeys;
   c.consumers = problem.head_dim == 64 && three && !c.fp8_cache ? 3 : 2;
