@@ -219,14 +219,15 @@ TEST(Reference, LowPrecisionEmulationIsCloseButNotExact) {
 // forward, for every element of q, k and v: GQA (two query heads per K/V head), a causal mask
 // with Sq > Sk (the first rows see no key: no gradient), a window, and softcapping (a cap of
 // 0.5 on scores of about that size: tanh well off its linear part).
-// 2^-13 scale times the largest row norms of q and k, over every batch entry, row and head.
+// ceil(D / 32) 2^-13 scale times the largest row norms of q and k, over every batch entry, row
+// and head (D = 64: two k32 steps).
 TEST(Reference, Fp8ScoreErrorTakesTheLargestRowNorms) {
   Tensors t(2, 3, 4, 2, 1);
   t.q_row(0, 0, 0)[0] = 3.f;  // norm 3
   t.q_row(1, 2, 1)[5] = 4.f;  // norm 5, the largest of q
   t.q_row(1, 2, 1)[9] = -3.f;
   t.k_row(1, 3, 0)[1] = 2.f;  // norm 2, the only one of k
-  EXPECT_DOUBLE_EQ(fp8_score_error(t.problem(0.5f, false)), 0x1p-13 * 0.5 * 5 * 2);
+  EXPECT_DOUBLE_EQ(fp8_score_error(t.problem(0.5f, false)), 2 * 0x1p-13 * 0.5 * 5 * 2);
 }
 
 // 2^-14 per k32 step of the keys (ceil(Sk / 32)) times the largest |v| over the whole tensor.

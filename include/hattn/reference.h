@@ -44,10 +44,12 @@ void attention_row_fp64(const HostProblem& p, int b, int h, int i, double* out, 
 void attention_row_lowp(const HostProblem& p, DType dtype, int b, int h, int i, float* out, float* lse);
 
 // How far Hopper's FP8 wgmma may move a score: its adder keeps about 14 bits, not fp32's 24
-// (DeepSeek-V3's report measured it; FlashAttention-3's FP8 shares it), so a score is off by up
-// to about 2^-13 of scale x sum_d |q_d k_d| <= scale |q| |k|, which moves the LSE as much:
-// 2^-13 scale times the largest row norms of q and k. attention_row_lowp sums in fp32, so
-// tests of the FP8 forward add this to the LSE's budget.
+// (DeepSeek-V3's report measured it; FlashAttention-3's FP8 shares it). Each k32 step of the
+// head dimension adds into a running sum no larger than scale |q| |k| (Cauchy-Schwarz over the
+// dimensions summed so far), losing up to 2^-13 of it; the losses of the ceil(D / 32) steps add
+// up (truncation keeps one sign) and move the LSE as much. So: ceil(D / 32) 2^-13 scale times the
+// largest row norms of q and k. attention_row_lowp sums in fp32, so tests of the FP8 forward
+// add this to the LSE's budget.
 double fp8_score_error(const HostProblem& p);
 
 // How far the same adder may move an output where P V adds into O inside the tensor cores

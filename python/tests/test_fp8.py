@@ -296,10 +296,12 @@ def run_and_check(batch, seqlen_q, seqlen_k, heads_q, heads_kv, causal, with_des
     assert torch.isfinite(lse[:, :, live]).all(), "lse must be finite on rows that see a key"
     lerr = (lse[:, :, live].double() - ref_lse[:, :, live]).abs().max().item()
     lowp_lerr = (lowp_lse[:, :, live].double() - ref_lse[:, :, live]).abs().max().item()
-    # Hopper's FP8 wgmma keeps about 14 bits while it sums q.k (DeepSeek-V3's report): a score,
-    # and so the LSE, may be off by 2^-13 of scale |q| |k| (the C++ test's allowance too).
+    # Hopper's FP8 wgmma keeps about 14 bits while it sums q.k (DeepSeek-V3's report): each k32
+    # step of the head dimension may lose 2^-13 of scale |q| |k|, and so may the LSE
+    # (ref::fp8_score_error, the C++ test's allowance too).
     scale = qf.shape[-1] ** -0.5
-    score_error = 2.0**-13 * scale * qf.norm(dim=-1).max().item() * kf.norm(dim=-1).max().item()
+    steps = (qf.shape[-1] + 31) // 32
+    score_error = steps * 2.0**-13 * scale * qf.norm(dim=-1).max().item() * kf.norm(dim=-1).max().item()
     lbound = 2 * lowp_lerr + 2e-4 + score_error
     assert lerr <= lbound, f"{label}: lse max error {lerr:.3e} > bound {lbound:.3e} (lowp: {lowp_lerr:.3e})"
     return out, lse
