@@ -41,3 +41,33 @@ def test_no_matching_kernel_is_an_error(tmp_path):
     listing = tmp_path / "x.sass"
     listing.write_text(LISTING)
     assert sass_loops.main([str(listing), "nope"]) == 1
+
+
+# --order: a wait, two GEMMs folded into one line, an arrive, exponentials and a pack.
+ORDER_LISTING = """\
+\t.section\t.text._Z11main_kernelILi128EEvv,"ax",@progbits
+        /*0000*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT ;
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], R24 ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0030*/              @!P6 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR8+0x30040], RZ ;
+        /*0040*/                   FFMA R2, R2, R3, -R4 ;
+        /*0050*/                   MUFU.EX2 R2, R2 ;
+        /*0060*/                   MUFU.EX2 R5, R5 ;
+        /*0070*/                   F2FP.BF16.F32.PACK_AB R152, R5, R2 ;
+"""
+
+
+def test_order_folds_runs_and_keeps_waits_arrives_and_exponentials(tmp_path, capsys):
+    listing = tmp_path / "x.sass"
+    listing.write_text(ORDER_LISTING)
+    assert sass_loops.main([str(listing), "main_kernel", "--order"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == [
+        "0000 HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT",
+        "    ... 1 more",
+        "0020 WARPGROUP.DEPBAR.LE gsb0, 0x1",
+        "0030 @!P6 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR8+0x30040], RZ",
+        "0050 MUFU.EX2 R2, R2",
+        "    ... 1 more",
+        "0070 F2FP.BF16.F32.PACK_AB R152, R5, R2",
+    ]

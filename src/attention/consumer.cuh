@@ -80,6 +80,14 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   // causal, 16k on the H200 (results/evidence/idle_consumers/run2/). Elsewhere it sweeps
   // the item like the others, or with own sweeps passes it on with wg_tiles = 0.
   constexpr bool kSkipsIdleConsumers = kRuntimeBounds && !kWindow;
+  // Where Q's release goes, and with it PV(t - 1)'s wait: ptxas lifts that wait as far up as
+  // the nearest mbarrier arrive or branch above it. With both releases right after S(t)'s
+  // wait, the row maxima and exponentials waited for PV(t - 1) too. Issued after the softmax,
+  // Q's release is still scheduled up to just below the row maxima, and the wait with it:
+  // where FlashAttention-3 waits. On an H100, D = 128 ran up to 7% faster, D = 256 1-2%;
+  // D = 64 (short PV) 0-2% slower, and the wait pinned below every exponential slower than
+  // this (results/evidence/ncu_vs_fa3/). The FP8 kernels keep both releases up: not timed.
+  constexpr bool kLateQRelease = D >= 128 && !kFp8;
   const int warpgroup = t.warpgroup, lane = t.lane, group = t.group, tig = t.tig, warp_row = t.warp_row;
   const int pack_shift = items.mask.shift();
 
@@ -295,14 +303,17 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
 #pragma unroll
       for (int i = 0; i < kNTiles * 4; ++i) ptx::fence_operand(s[i]);
       if (lane == 0) {
-        ptx::mbarrier_arrive(&smem.k_empty[stage]);                 // S(t) has read K(t)
-        if (tile + 1 == wg_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);  // our last S has read our Q rows
+        ptx::mbarrier_arrive(&smem.k_empty[stage]);  // S(t) has read K(t)
+        // Our last S has read our Q rows.
+        if (!kLateQRelease && tile + 1 == wg_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);
       }
 
       items.mask.softcap(s, score_factor);
       items.mask.template apply<kNTiles>(s, n_start, m_block + warp_row, row0, tig, causal_offset, seq);
       // Online softmax (a row lives in the 4 threads of a quad), beside PV(t - 1).
       softmax.update(s, scale_log2);
+      // Our last S has read our Q rows (kLateQRelease says why here).
+      if (kLateQRelease && lane == 0 && tile + 1 == wg_tiles) ptx::mbarrier_arrive(&smem.q_empty[warpgroup]);
 
       if constexpr (kHasPrevious) {
         ptx::wgmma_wait_group<0>();  // PV(t - 1) has completed: P(t - 1)'s registers are free
