@@ -181,7 +181,9 @@ double fp8_score_error(const HostProblem& p) {
     for (int d = 0; d < p.head_dim; ++d) sum += double(x[d]) * x[d];
     return sum;
   };
-  return 0x1p-13 * ((p.head_dim + 31) / 32) * p.scale * std::sqrt(largest_over_rows(p, p.q, p.q_strides, p.seqlen_q, p.heads_q, squared_norm)) *
+  const int k32_steps = (p.head_dim + 31) / 32;
+  return 0x1p-13 * k32_steps * p.scale *
+         std::sqrt(largest_over_rows(p, p.q, p.q_strides, p.seqlen_q, p.heads_q, squared_norm)) *
          std::sqrt(largest_over_rows(p, p.k, p.k_strides, p.seqlen_k, p.heads_kv, squared_norm));
 }
 
