@@ -87,8 +87,11 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   // where FlashAttention-3 waits. On an H100, D = 128 ran up to 7% faster, D = 256 1-2%;
   // D = 64 (short PV) 0-2% slower, and the wait pinned below every exponential slower than
   // this. FP8: D = 256 about 1% faster, D = 128 1-3% slower (its spills grew from 4 bytes to 8)
-  // (results/evidence/ncu_vs_fa3/).
-  constexpr bool kLateQRelease = kFp8 ? D == 256 : D >= 128;
+  // (results/evidence/ncu_vs_fa3/). Not in the run-time-bounds kernels: on mixed-length
+  // batches most points gained 2-6%, but 32 causal sequences, many a single tile long, lost
+  // 21% at D = 128 and 59% at D = 256, where the next item's Q then loads later
+  // (results/evidence/h100_6f0248a/).
+  constexpr bool kLateQRelease = !kRuntimeBounds && (kFp8 ? D == 256 : D >= 128);
   const int warpgroup = t.warpgroup, lane = t.lane, group = t.group, tig = t.tig, warp_row = t.warp_row;
   const int pack_shift = items.mask.shift();
 
