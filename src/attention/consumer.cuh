@@ -89,8 +89,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   // this. FP8: D = 256 about 1% faster, D = 128 1-3% slower (its spills grew from 4 bytes to 8)
   // (results/evidence/ncu_vs_fa3/). Not in the run-time-bounds kernels: on mixed-length
   // batches most points gained 2-6%, but 32 causal sequences, many a single tile long, lost
-  // 21% at D = 128 and 59% at D = 256, where the next item's Q then loads later
-  // (results/evidence/h100_6f0248a/).
+  // 21% at D = 128 and 59% at D = 256: the producer loads nothing of the next item, Q first,
+  // before the release (results/evidence/h100_6f0248a/).
   constexpr bool kLateQRelease = !kRuntimeBounds && (kFp8 ? D == 256 : D >= 128);
   const int warpgroup = t.warpgroup, lane = t.lane, group = t.group, tig = t.tig, warp_row = t.warp_row;
   const int pack_shift = items.mask.shift();
