@@ -31,8 +31,17 @@ def split_kernels(text):
     return kernels
 
 
+# One instruction of the listing: its address and its text up to the semicolon.
+INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def mnemonic(instruction):
+    """The instruction's name with its modifiers, without a predicate: "MUFU.EX2"."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0]
+
+
 def opcode(instruction):
-    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
+    return mnemonic(instruction).split(".")[0]
 
 
 def loops(lines):
@@ -43,7 +52,7 @@ def loops(lines):
         if m:
             labels[m.group(1)] = len(instrs)
             continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        m = INSTRUCTION.match(line)
         if m:
             instrs.append((int(m.group(1), 16), m.group(2).strip()))
     found = []
@@ -63,11 +72,11 @@ def order(lines):
     """["ADDR INSTRUCTION", "    ... N more"] for the instructions ORDER_OPCODES picks."""
     printed, last, repeats = [], None, 0
     for line in lines:
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        m = INSTRUCTION.match(line)
         if not m:
             continue
         text = m.group(2).strip()
-        name = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+        name = mnemonic(text)
         if not ORDER_OPCODES.match(name):
             continue
         if name == last:
