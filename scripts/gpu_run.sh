@@ -22,6 +22,9 @@
 #   --commit SHA      the commit recorded in the results (default: git rev-parse HEAD; a copied
 #                     working tree's .git may lag behind its files)
 #   --timeout S       seconds before a hung test, sanitizer or pytest run is killed (default 1200)
+#   --shards N        run the test step's hattn_tests as N processes at once on the one GPU
+#                     (GoogleTest's sharding; the fp64 references are computed on the CPU, so
+#                     the full suite is CPU-bound): NAME.log then joins the N shards' logs
 #   --no-sass         skip the disassembly summary (a couple of minutes of CPU beside the tests)
 #   --pack            at the end, pack everything in the output folder into gpu_run.tgz there,
 #                     beside summary.txt (two files to bring back: the device tool returns 8)
@@ -76,7 +79,7 @@ usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 # --- arguments ---------------------------------------------------------------------------------
 out=${OUT:-build/gpu_run}
-build=build-gpu prebuilt='' commit_given='' timeout_s=1200 sass=1 pack=0 dry_run=0
+build=build-gpu prebuilt='' commit_given='' timeout_s=1200 shards=1 sass=1 pack=0 dry_run=0
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -84,6 +87,7 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --commit) commit_given=$2; shift 2 ;;
     --timeout) timeout_s=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
     --no-sass) sass=0; shift ;;
     --pack) pack=1; shift ;;
     --dry-run) dry_run=1; shift ;;
@@ -270,12 +274,32 @@ tests_bin="$build/hattn_tests"
 
 # --- steps ---------------------------------------------------------------------------------------
 step_test() {  # LABEL [FILTER]
-  local log="$out/$1.log"
-  timeout "$timeout_s" "$tests_bin" --gtest_filter="${2:-*}" --gtest_brief=1 >"$log" 2>&1
-  local rc=$?
+  local log="$out/$1.log" rc=0 shard pids=()
+  if [ "$shards" -le 1 ]; then
+    timeout "$timeout_s" "$tests_bin" --gtest_filter="${2:-*}" --gtest_brief=1 >"$log" 2>&1
+    rc=$?
+  else
+    for ((shard = 0; shard < shards; shard++)); do
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard timeout "$timeout_s" "$tests_bin" \
+        --gtest_filter="${2:-*}" --gtest_brief=1 >"$log.$shard" 2>&1 &
+      pids+=($!)
+    done
+    for shard in "${!pids[@]}"; do wait "${pids[$shard]}" || rc=$?; done
+    for ((shard = 0; shard < shards; shard++)); do
+      echo "=== shard $shard of $shards"
+      cat "$log.$shard"
+    done >"$log"
+    rm -f "$log".[0-9]*
+    # One line for the whole step, summed over the shards, as a single process would print it.
+    awk '/^\[  PASSED  \] [0-9]+ test/ {p += $4} /^\[  FAILED  \] [0-9]+ test/ {f += $4}
+         /^\[  SKIPPED \] [0-9]+ test/ {k += $4} /^\[==========\] [0-9]+ tests? from/ {n += $2}
+         END {printf "[==========] %d tests ran in %s shards\n[  PASSED  ] %d tests.\n", n, '"$shards"', p
+              if (k) printf "[  SKIPPED ] %d tests.\n", k
+              if (f) printf "[  FAILED  ] %d tests, listed below\n", f}' "$log" >>"$log"
+  fi
   tail -5 "$log"
   grep -E "^\[  FAILED  \]" "$log" | head -20
-  note "$1 (${2:-*}): rc=$rc, $(grep -Eo '[0-9]+ tests?, listed below' "$log" | head -1 || true) $(grep -E '^\[  PASSED  \]' "$log")"
+  note "$1 (${2:-*}): rc=$rc, $(grep -Eo '[0-9]+ tests?, listed below' "$log" | tail -1 || true) $(grep -E '^\[  PASSED  \]' "$log" | tail -1)"
 }
 
 step_bench() {  # LABEL [FLAGS]: the defaults when no flags are given
