@@ -96,6 +96,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+[[ $shards =~ ^[1-9][0-9]*$ ]] || { echo "gpu_run.sh: --shards takes a count of processes, 1 or more (got: $shards)"; exit 2; }
 [ $# -gt 0 ] || set -- test + bench + bench-backward
 
 # Each step is stored as its words joined by the unit separator.
@@ -299,7 +300,7 @@ step_test() {  # LABEL [FILTER]
   fi
   tail -5 "$log"
   grep -E "^\[  FAILED  \]" "$log" | head -20
-  note "$1 (${2:-*}): rc=$rc, $(grep -Eo '[0-9]+ tests?, listed below' "$log" | tail -1 || true) $(grep -E '^\[  PASSED  \]' "$log" | tail -1)"
+  note "$1 (${2:-*}): rc=$rc, $(grep -Eo '^\[  FAILED  \] [0-9]+ tests?, listed below' "$log" | tail -1 || true) $(grep -E '^\[  PASSED  \]' "$log" | tail -1)"
 }
 
 step_bench() {  # LABEL [FLAGS]: the defaults when no flags are given

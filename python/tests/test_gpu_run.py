@@ -65,6 +65,7 @@ def test_dry_run_names_a_steps_environment_in_its_label():
     (["ncu"], "give hattn-bench flags"),
     (["sanitize", "contract:x"], "contract:N with N a count"),
     (["--zap"], "unknown option --zap"),
+    (["--shards", "0", "test"], "--shards takes a count"),
     (["X=1", "+", "test"], "a step of only VAR=VALUE words"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(args, message):
@@ -152,6 +153,33 @@ def test_a_steps_environment_reaches_its_binaries_only(tmp_path):
     assert calls.read_text().splitlines() == ["hattn_tests trial=units", "hattn_tests trial=none"]
     assert (out / "test_units.log").exists() and (out / "test.log").exists()
     assert "test_units: with HATTN_TRIAL=units" in r.stdout
+
+
+def test_shards_split_the_tests_and_sum_their_counts(tmp_path):
+    """--shards N: N hattn_tests processes, each given GoogleTest's shard variables; one log,
+    ending with the summed counts that the summary line quotes."""
+    calls = tmp_path / "calls.txt"
+    body = (f'echo "shard ${{GTEST_SHARD_INDEX}} of ${{GTEST_TOTAL_SHARDS}} $*" >>{calls}\n'
+            'echo "[==========] 4 tests from 1 test suite ran. (1 ms total)"\n'
+            'echo "[  PASSED  ] 3 tests."\necho "[  SKIPPED ] 1 test, listed below:"\n')
+    archive = _prebuilt(tmp_path, body, "exit 0\n")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
+    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    out = tmp_path / "out"
+    r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
+            "--shards", "3", "test", "*Window*", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(calls.read_text().splitlines()) == [
+        f"shard {i} of 3 --gtest_filter=*Window* --gtest_brief=1" for i in range(3)]
+    log = (out / "test.log").read_text()
+    assert log.count("=== shard") == 3
+    assert log.rstrip().splitlines()[-3:] == [
+        "[==========] 12 tests ran in 3 shards", "[  PASSED  ] 9 tests.", "[  SKIPPED ] 3 tests."]
+    assert not list(out.glob("test.log.*"))  # the shards' own logs are joined into test.log
+    assert "test (*Window*): rc=0,  [  PASSED  ] 9 tests." in r.stdout  # skipped are not failed
 
 
 def test_pack_leaves_two_files_in_the_output_folder(tmp_path):
