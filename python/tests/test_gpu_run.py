@@ -112,7 +112,7 @@ echo "# TFLOP/s"; echo "table row"
     env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
     out = tmp_path / "out"
     r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
-            "test", "*Window*", "+", "bench", "+", "bench-backward", "--gqa", "4",
+            "--shards", "1", "test", "*Window*", "+", "bench", "+", "bench-backward", "--gqa", "4",
             "+", "ab", "--kernels", "fwd_sm90,16_coalesced_store", "--dims", "128",
             "+", "sanitize", "+", "ncu", "--dims", "64", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -148,7 +148,7 @@ def test_a_steps_environment_reaches_its_binaries_only(tmp_path):
     env.pop("HATTN_TRIAL", None)
     out = tmp_path / "out"
     r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
-            "HATTN_TRIAL=units", "test", "+", "test", env=env)
+            "--shards", "1", "HATTN_TRIAL=units", "test", "+", "test", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert calls.read_text().splitlines() == ["hattn_tests trial=units", "hattn_tests trial=none"]
     assert (out / "test_units.log").exists() and (out / "test.log").exists()
@@ -180,6 +180,14 @@ def test_shards_split_the_tests_and_sum_their_counts(tmp_path):
         "[==========] 12 tests ran in 3 shards", "[  PASSED  ] 9 tests.", "[  SKIPPED ] 3 tests."]
     assert not list(out.glob("test.log.*"))  # the shards' own logs are joined into test.log
     assert "test (*Window*): rc=0,  [  PASSED  ] 9 tests." in r.stdout  # skipped are not failed
+    # Without --shards: half the cores (nproc), at most 8.
+    for cores, shards in (("6", 3), ("40", 8), ("1", 1)):
+        calls.unlink()
+        _stub(tools / "nproc", f"echo {cores}\n")
+        r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
+                "test", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert len(calls.read_text().splitlines()) == shards, cores
 
 
 def test_pack_leaves_two_files_in_the_output_folder(tmp_path):
@@ -193,7 +201,7 @@ def test_pack_leaves_two_files_in_the_output_folder(tmp_path):
     env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
     out = tmp_path / "out"
     r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass", "--pack",
-            "test", env=env)
+            "--shards", "1", "test", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["gpu_run.tgz", "summary.txt"]
     with tarfile.open(out / "gpu_run.tgz") as tar:
