@@ -1,7 +1,8 @@
 """tools/ctest_summary.py, tools/evidence_index.py, tools/check_figures.py, tools/trial_ratio.py,
-tools/ncu_summary.py and tools/sass_stalls.py (CPU only): what test.sh prints of a ctest run, how
-citations of results/evidence are read, which collisions of text the figure checker reports, how
-a trial's times are set beside main's, and how ncu's exports are read."""
+tools/ncu_summary.py, tools/sass_stalls.py and tools/fatbin_cubins.py (CPU only): what test.sh
+prints of a ctest run, how citations of results/evidence are read, which collisions of text the
+figure checker reports, how a trial's times are set beside main's, how ncu's exports are read,
+and how cubins are taken out of a library's fat binary."""
 
 import importlib.util
 import pathlib
@@ -22,6 +23,7 @@ check_figures = load("check_figures")
 trial_ratio = load("trial_ratio")
 ncu_summary = load("ncu_summary")
 sass_stalls = load("sass_stalls")
+fatbin_cubins = load("fatbin_cubins")
 
 LOG = """\
    1/4 Test    #1: Reference.TwoKeys ....................................   Passed    0.03 sec
@@ -199,3 +201,54 @@ def test_sass_stalls_ranks_lines_and_reasons_per_kernel(tmp_path, capsys, monkey
     table = [line for line in out.splitlines() if line.startswith("| 0x")]
     assert table == ["| 0x0010 | `WARPGROUP.DEPBAR.LE gsb0, 0x0` | 60.0% | barrier 100% |",
                      "| 0x0020 | `@P1 MUFU.EX2 R1, R1` | 30.0% | wait 100% |"]
+
+
+def _elf_with_section(name: bytes, body: bytes) -> bytes:
+    """A minimal 64-bit little-endian ELF file: a null section, `name` holding `body`, and the
+    section-name table."""
+    import struct
+    names = b"\0" + name + b"\0.shstrtab\0"
+    header_size, body_at = 64, 64
+    names_at = body_at + len(body)
+    shoff = (names_at + len(names) + 7) // 8 * 8
+    elf = bytearray(b"\x7fELF" + bytes([2, 1, 1]) + bytes(9))
+    elf += struct.pack("<HHIQQQIHHHHHH", 3, 0x3E, 1, 0, 0, shoff, 0, header_size, 0, 0, 64, 3, 2)
+    elf += body + names + bytes(shoff - names_at - len(names))
+    for sh_name, offset, size in ((0, 0, 0), (1, body_at, len(body)), (len(name) + 2, names_at, len(names))):
+        elf += struct.pack("<IIQQQQIIQQ", sh_name, 1 if size else 0, 0, 0, offset, size, 0, 0, 1, 0)
+    return bytes(elf)
+
+
+def _fatbin(*payloads) -> bytes:
+    """One fat binary whose entries are (kind, payload) pairs, each with a 64-byte header naming sm_90."""
+    import struct
+    entries = b""
+    for kind, payload in payloads:
+        header = bytearray(64)
+        struct.pack_into("<HHIQ", header, 0, kind, 0x101, 64, len(payload))
+        struct.pack_into("<I", header, 0x1C, 90)
+        entries += bytes(header) + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(entries)) + entries
+
+
+def test_fatbin_cubins_writes_each_cubin_and_skips_the_rest(tmp_path, capsys):
+    cubin = b"\x7fELF" + b"cubin for sm_90"
+    fatbins = _fatbin((1, b"// ptx text"), (2, cubin), (2, b"\x28\xb5compressed")) + bytes(8)
+    library = tmp_path / "lib.so"
+    library.write_bytes(_elf_with_section(b".nv_fatbin", fatbins + _fatbin((2, cubin + b" again"))))
+    assert fatbin_cubins.main([str(library), str(tmp_path / "out")]) == 0
+    written = sorted((tmp_path / "out").iterdir())
+    assert [p.name for p in written] == ["entry001_sm90.cubin", "entry003_sm90.cubin"]
+    assert written[0].read_bytes() == cubin and written[1].read_bytes() == cubin + b" again"
+    assert "entry 2 (sm_90): compressed, skipped" in capsys.readouterr().out
+
+
+def test_fatbin_cubins_refuses_what_holds_no_device_code(tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("not an ELF file")
+    plain = tmp_path / "plain.so"
+    plain.write_bytes(_elf_with_section(b".text", b"\x90" * 16))
+    assert fatbin_cubins.main([str(text), str(tmp_path / "a")]) == 1
+    assert fatbin_cubins.main([str(plain), str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert "not a 64-bit little-endian ELF file" in err and "no .nv_fatbin section" in err
