@@ -79,6 +79,16 @@ def _stub(path, body):
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+def _gpu_tools(tmp_path, record=""):
+    """A folder of stand-ins for nvidia-smi (an H200; `record` first) and nvcc, and an
+    environment whose PATH finds them first."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _stub(tools / "nvidia-smi", record + 'echo "NVIDIA H200, 1980 MHz"\n')
+    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
+    return tools, dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+
+
 def _prebuilt(tmp_path, tests_body, bench_body):
     """A prebuilt archive (scripts/prebuild.sh's files) whose binaries are scripts."""
     bins = tmp_path / "bins"
@@ -103,13 +113,9 @@ if [ "${1:-}" = --list ]; then printf 'forward kernels:\\n  01_naive\\nbackward 
 for a in "$@"; do [ "${prev:-}" = --csv ] && echo "kernel,tflops" >"$a"; prev=$a; done
 echo "# TFLOP/s"; echo "table row"
 """)
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    _stub(tools / "nvidia-smi", record + 'echo "NVIDIA H200, 1980 MHz"\n')
-    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
+    tools, env = _gpu_tools(tmp_path, record)
     _stub(tools / "compute-sanitizer", record + 'echo "========= ERROR SUMMARY: 0 errors"\n')
     _stub(tools / "ncu", record)
-    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
     out = tmp_path / "out"
     r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
             "--shards", "1", "test", "*Window*", "+", "bench", "+", "bench-backward", "--gqa", "4",
@@ -140,11 +146,7 @@ def test_a_steps_environment_reaches_its_binaries_only(tmp_path):
     calls = tmp_path / "calls.txt"
     record = f'echo "$(basename "$0") trial=${{HATTN_TRIAL:-none}}" >>{calls}\n'
     archive = _prebuilt(tmp_path, record + 'echo "[  PASSED  ] 1 test."\n', record)
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
-    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
-    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    _, env = _gpu_tools(tmp_path)
     env.pop("HATTN_TRIAL", None)
     out = tmp_path / "out"
     r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
@@ -163,11 +165,7 @@ def test_shards_split_the_tests_and_sum_their_counts(tmp_path):
             'echo "[==========] 4 tests from 1 test suite ran. (1 ms total)"\n'
             'echo "[  PASSED  ] 3 tests."\necho "[  SKIPPED ] 1 test, listed below:"\n')
     archive = _prebuilt(tmp_path, body, "exit 0\n")
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
-    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
-    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    tools, env = _gpu_tools(tmp_path)
     out = tmp_path / "out"
     r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
             "--shards", "3", "test", "*Window*", env=env)
@@ -194,11 +192,7 @@ def test_pack_leaves_two_files_in_the_output_folder(tmp_path):
     """--pack: the device tool brings back at most 8 files, so everything goes into gpu_run.tgz,
     beside summary.txt, inside the output folder ($OUT) itself."""
     archive = _prebuilt(tmp_path, 'echo "[  PASSED  ] 3 tests."\n', "exit 0\n")
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
-    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
-    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    _, env = _gpu_tools(tmp_path)
     out = tmp_path / "out"
     r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass", "--pack",
             "--shards", "1", "test", env=env)
@@ -228,11 +222,7 @@ def test_trial_times_main_and_the_trial_in_turn_and_gives_their_ratio(tmp_path):
     main = _prebuilt(tmp_path / "m", "exit 0\n", _bench_stub("2.0", record))
     trial = _prebuilt(tmp_path / "t", record + 'echo "[  PASSED  ] 2 tests."\n', _bench_stub("1.0", record))
     trial = trial.rename(tmp_path / "my-trial.tar.xz")
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    _stub(tools / "nvidia-smi", 'echo "NVIDIA H200, 1980 MHz"\n')
-    _stub(tools / "nvcc", 'echo "Build cuda_13.0"\n')
-    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}")
+    _, env = _gpu_tools(tmp_path)
     out, build = tmp_path / "out", tmp_path / "build"
     r = run("--out", str(out), "--build", str(build), "--prebuilt", str(main), "--no-sass",
             "trial", str(trial), "--test", "*Backward*", "--backward", "--dims", "64", env=env)
