@@ -8,26 +8,24 @@ section by its mangled name; RANGES: comma-separated hex START-END (END exclusiv
 instructions to count. Prints each opcode's count (predicates and modifiers dropped) in both.
 """
 import collections
+import pathlib
 import re
 import sys
 
-
-def kernel_lines(listing, regex):
-    text = open(listing).read()
-    starts = [m for m in re.finditer(r"^\.text\.(\S+):", text, re.M) if re.search(regex, m.group(1))]
-    if len(starts) != 1:
-        sys.exit(f"{listing}: {len(starts)} kernels match {regex!r}; want one")
-    end = text.find("\n.text.", starts[0].end())
-    return text[starts[0].end():end if end >= 0 else None].splitlines()
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tools"))
+from sass_loops import INSTRUCTION, opcode, split_kernels  # noqa: E402  (the listing's parsing, once)
 
 
 def mix(listing, regex, ranges):
+    kernels = [lines for name, lines in split_kernels(open(listing).read()).items() if re.search(regex, name)]
+    if len(kernels) != 1:
+        sys.exit(f"{listing}: {len(kernels)} kernels match {regex!r}; want one")
     spans = [tuple(int(x, 16) for x in r.split("-")) for r in ranges.split(",")]
     counts = collections.Counter()
-    for line in kernel_lines(listing, regex):
-        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+    for line in kernels[0]:
+        m = INSTRUCTION.match(line)
         if m and any(lo <= int(m.group(1), 16) < hi for lo, hi in spans):
-            counts[m.group(2)] += 1
+            counts[opcode(m.group(2).strip())] += 1
     return counts
 
 
