@@ -22,9 +22,9 @@
 #   --commit SHA      the commit recorded in the results (default: git rev-parse HEAD; a copied
 #                     working tree's .git may lag behind its files)
 #   --timeout S       seconds before a hung test, sanitizer or pytest run is killed (default 1200)
-#   --shards N        run the test step's hattn_tests as N processes at once on the one GPU
-#                     (GoogleTest's sharding; the fp64 references are computed on the CPU, so
-#                     the full suite is CPU-bound); NAME.log then joins the N shards' logs.
+#   --shards N        run the test and trial steps' hattn_tests as N processes at once on the
+#                     one GPU (GoogleTest's sharding; the fp64 references are computed on the
+#                     CPU, so the full suite is CPU-bound); the log then joins the N shards' logs.
 #                     Default: half the CPU cores, at most 8 (8 shards ran the whole suite in
 #                     under 500 s on a 16-core H100 machine: results/evidence/h100_270ac8d/)
 #   --no-sass         skip the disassembly summary (a couple of minutes of CPU beside the tests)
@@ -281,33 +281,45 @@ bench_bin="$build/hattn-bench"
 tests_bin="$build/hattn_tests"
 
 # --- steps ---------------------------------------------------------------------------------------
-step_test() {  # LABEL [FILTER]
-  local log="$out/$1.log" rc=0 shard pids=()
+# BIN LOG FILTER: hattn_tests, in --shards processes at once when more than one; its exit status.
+run_gtests() {
+  local bin=$1 log=$2 filter=$3 rc=0 shard pids=()
   if [ "$shards" -le 1 ]; then
-    timeout "$timeout_s" "$tests_bin" --gtest_filter="${2:-*}" --gtest_brief=1 >"$log" 2>&1
-    rc=$?
-  else
-    for ((shard = 0; shard < shards; shard++)); do
-      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard timeout "$timeout_s" "$tests_bin" \
-        --gtest_filter="${2:-*}" --gtest_brief=1 >"$log.$shard" 2>&1 &
-      pids+=($!)
-    done
-    for shard in "${!pids[@]}"; do wait "${pids[$shard]}" || rc=$?; done
-    for ((shard = 0; shard < shards; shard++)); do
-      echo "=== shard $shard of $shards"
-      cat "$log.$shard"
-    done >"$log"
-    rm -f "$log".[0-9]*
-    # One line for the whole step, summed over the shards, as a single process would print it.
-    awk '/^\[  PASSED  \] [0-9]+ test/ {p += $4} /^\[  FAILED  \] [0-9]+ test/ {f += $4}
-         /^\[  SKIPPED \] [0-9]+ test/ {k += $4} /^\[==========\] [0-9]+ tests? from/ {n += $2}
-         END {printf "[==========] %d tests ran in %s shards\n[  PASSED  ] %d tests.\n", n, '"$shards"', p
-              if (k) printf "[  SKIPPED ] %d tests.\n", k
-              if (f) printf "[  FAILED  ] %d tests, listed below\n", f}' "$log" >>"$log"
+    timeout "$timeout_s" "$bin" --gtest_filter="$filter" --gtest_brief=1 >"$log" 2>&1
+    return
   fi
+  for ((shard = 0; shard < shards; shard++)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard timeout "$timeout_s" "$bin" \
+      --gtest_filter="$filter" --gtest_brief=1 >"$log.$shard" 2>&1 &
+    pids+=($!)
+  done
+  for shard in "${!pids[@]}"; do wait "${pids[$shard]}" || rc=$?; done
+  for ((shard = 0; shard < shards; shard++)); do
+    echo "=== shard $shard of $shards"
+    cat "$log.$shard"
+  done >"$log"
+  rm -f "$log".[0-9]*
+  # One line for the whole run, summed over the shards, as a single process would print it.
+  awk '/^\[  PASSED  \] [0-9]+ test/ {p += $4} /^\[  FAILED  \] [0-9]+ test/ {f += $4}
+       /^\[  SKIPPED \] [0-9]+ test/ {k += $4} /^\[==========\] [0-9]+ tests? from/ {n += $2}
+       END {printf "[==========] %d tests ran in %s shards\n[  PASSED  ] %d tests.\n", n, '"$shards"', p
+            if (k) printf "[  SKIPPED ] %d tests.\n", k
+            if (f) printf "[  FAILED  ] %d tests, listed below\n", f}' "$log" >>"$log"
+  return $rc
+}
+
+# LOG: gtest's failed count (when any) and passed count, for a step's note.
+gtest_counts() {
+  { grep -Eo '^\[  FAILED  \] [0-9]+ tests?, listed below' "$1" | tail -1
+    grep -E '^\[  PASSED  \]' "$1" | tail -1; } | paste -sd ' ' -
+}
+
+step_test() {  # LABEL [FILTER]
+  local log="$out/$1.log" rc=0
+  run_gtests "$tests_bin" "$log" "${2:-*}" || rc=$?
   tail -5 "$log"
   grep -E "^\[  FAILED  \]" "$log" | head -20
-  note "$1 (${2:-*}): rc=$rc, $(grep -Eo '^\[  FAILED  \] [0-9]+ tests?, listed below' "$log" | tail -1 || true) $(grep -E '^\[  PASSED  \]' "$log" | tail -1)"
+  note "$1 (${2:-*}): rc=$rc, $(gtest_counts "$log")"
 }
 
 step_bench() {  # LABEL [FLAGS]: the defaults when no flags are given
@@ -367,10 +379,10 @@ step_trial() {  # LABEL ARCHIVE [--test FILTER] [FLAGS]
   fi
   note "$label: the trial's binaries, built at $(cat "$dir/prebuild_commit.txt" 2>/dev/null || echo unknown)"
   if [ "${1:-}" = --test ]; then
-    timeout "$timeout_s" "$dir/hattn_tests" --gtest_filter="$2" --gtest_brief=1 >"$out/${label}_test.log" 2>&1
-    rc=$?
+    rc=0
+    run_gtests "$dir/hattn_tests" "$out/${label}_test.log" "$2" || rc=$?
     grep -E "^\[  FAILED  \]" "$out/${label}_test.log" | head -20
-    note "$label test ($2): rc=$rc, $(grep -E '^\[  PASSED  \]' "$out/${label}_test.log")"
+    note "$label test ($2): rc=$rc, $(gtest_counts "$out/${label}_test.log")"
     shift 2
   fi
   sass_wait

@@ -177,7 +177,7 @@ def test_shards_split_the_tests_and_sum_their_counts(tmp_path):
     assert log.rstrip().splitlines()[-3:] == [
         "[==========] 12 tests ran in 3 shards", "[  PASSED  ] 9 tests.", "[  SKIPPED ] 3 tests."]
     assert not list(out.glob("test.log.*"))  # the shards' own logs are joined into test.log
-    assert "test (*Window*): rc=0,  [  PASSED  ] 9 tests." in r.stdout  # skipped are not failed
+    assert "test (*Window*): rc=0, [  PASSED  ] 9 tests." in r.stdout  # skipped are not failed
     # Without --shards: half the cores (nproc), at most 8.
     for cores, shards in (("6", 3), ("40", 8), ("1", 1)):
         calls.unlink()
@@ -237,6 +237,13 @@ def test_trial_times_main_and_the_trial_in_turn_and_gives_their_ratio(tmp_path):
     assert "seqlen_k=1024: main 2.0000 ms, trial 1.0000 ms, trial/main 0.500" in table
     assert "trial/main time over 2 points: min 0.500, median 0.750, max 1.000" in table
     assert "trial_my_trial test (*Backward*): rc=0, [  PASSED  ] 2 tests." in r.stdout
+    # With --shards the trial's tests are sharded as the test step's are.
+    calls.unlink()
+    r = run("--out", str(out), "--build", str(build), "--prebuilt", str(main), "--no-sass", "--shards", "2",
+            "trial", str(trial), "--test", "*Backward*", "--backward", "--dims", "64", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[==========] 0 tests ran in 2 shards" in (out / "trial_my_trial_test.log").read_text()
+    assert "trial_my_trial test (*Backward*): rc=0, [  PASSED  ] 4 tests." in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
