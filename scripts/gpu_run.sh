@@ -437,7 +437,7 @@ step_ncu_fa3() {  # LABEL FLAGS
 
 step_sanitize() {  # LABEL [FILTER | KERNEL:I,J,...]
   local label=$1 filter=${2:-'AllKernels/KernelTest.MatchesFp64Reference/*_4_*:*MatchesFp64Reference/*_7_*:*MatchesFp64Reference/*_12_*'}
-  if [[ $filter =~ ^[a-z0-9_]+:[0-9,]+$ ]]; then
+  if [[ $filter != contract:* && $filter =~ ^[a-z0-9_]+:[0-9,]+$ ]]; then
     # Backward kernel KERNEL on the backward suite's dense shapes I, J, ... (their test indices
     # shift as kernels and shapes are added, so they are looked up in the binary's list).
     local kernel=${filter%%:*} names picks i
@@ -482,7 +482,10 @@ ensure_python() {
     built=$(cat "$wheel.commit" 2>/dev/null || echo unknown)
     note "pip install $wheel (built at $built): rc=$rc"
     # The package's Python comes from the wheel, the tests from the tree: say when they differ.
-    [ "${built%+dirty}" = "${HATTN_COMMIT:0:12}" ] ||
+    # (Either may be the shorter: --commit takes an abbreviated hash.)
+    local short=${built%+dirty}
+    [ "${#HATTN_COMMIT}" -lt "${#short}" ] && short=${short:0:${#HATTN_COMMIT}}
+    [ -n "$short" ] && [ "$short" = "${HATTN_COMMIT:0:${#short}}" ] ||
       note "WARNING: the wheel was built at $built, the run is recorded as $HATTN_COMMIT (rebuild: scripts/build_wheel.sh)"
   else
     if [ -f "$build/CMakeCache.txt" ]; then

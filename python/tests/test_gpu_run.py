@@ -142,6 +142,28 @@ echo "# TFLOP/s"; echo "table row"
     assert "sanitize memcheck: rc=0 (ERROR SUMMARY: 0 errors)" in summary
 
 
+def test_sanitize_contract_runs_the_randomized_cases_under_each_tool(tmp_path):
+    """sanitize contract:N: the Python contract test, N forward and N / 4 backward cases, under
+    each of the four tools (contract:N is not read as a backward KERNEL:I,J)."""
+    calls = tmp_path / "calls.txt"
+    archive = _prebuilt(tmp_path, "exit 0\n", "exit 0\n")
+    tools, env = _gpu_tools(tmp_path)
+    _stub(tools / "compute-sanitizer",
+          f'echo "$2 $HATTN_CONTRACT_CASES $HATTN_CONTRACT_BWD_CASES ${{*:5}}" >>{calls}\n'
+          'echo "========= ERROR SUMMARY: 0 errors"\n')
+    # python3: the interpreter tag for the wheel's name, else nothing (pip installs nothing).
+    _stub(tools / "python3", 'if [ "$1" = -c ]; then echo cp312; fi\n')
+    out = tmp_path / "out"
+    r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
+            "sanitize", "contract:10", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert calls.read_text().splitlines() == [
+        f"{tool} 10 3 python3 -m pytest -q python/tests/test_contract.py"
+        for tool in ("memcheck", "racecheck", "synccheck", "initcheck")]
+    assert "no such kernel or shapes" not in r.stdout
+    assert "sanitize initcheck: rc=0 (ERROR SUMMARY: 0 errors)" in r.stdout
+
+
 def test_a_steps_environment_reaches_its_binaries_only(tmp_path):
     calls = tmp_path / "calls.txt"
     record = f'echo "$(basename "$0") trial=${{HATTN_TRIAL:-none}}" >>{calls}\n'
