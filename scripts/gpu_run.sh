@@ -61,6 +61,8 @@
 #                            KERNEL:I,J picks the backward suite's dense shapes I, J (0-based) of
 #                            backward kernel KERNEL; contract:N runs the Python package's
 #                            randomized contract test instead, N forward and N/4 backward cases
+#                            (initcheck then reports torch's reads of outputs that every element
+#                            of was written: results/evidence/sanitize_contract_270ac8d/)
 #   python [PYTEST ARGS]     install the Python package (dist/'s wheel for this Python when
 #                            present, from scripts/build_wheel.sh; else built here with the
 #                            lineage), then pytest (default: python/tests)
