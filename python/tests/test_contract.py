@@ -1,17 +1,25 @@
-"""A randomized test over the forward's contract (issue 55): each case draws a problem from
-everything hattn.attention takes, runs "auto" and checks it against the fp64 reference with
-FlashAttention's criterion (at most twice the error of a plain same-precision implementation,
-plus half an ulp at the largest output; helpers.error_bound). NaN fails.
+"""A randomized test over the contract (issue 55): each case draws a problem from everything
+the ops take, runs "auto" and checks it against the fp64 reference with FlashAttention's
+criterion (at most twice the error of a plain same-precision implementation, plus half an ulp at
+the largest output; helpers.error_bound). NaN fails, and so does an output element left
+unwritten (the output's memory holds NaN before the call).
 
-The draw covers batch 1-3, lengths 1-300 (equal or not), D 64/128/256, bf16 and fp16, GQA 1-8,
-causal or not, sliding windows, softcap, keys in use per sequence (seqlens_k, some sequences
-with none), split counts, input magnitudes 1-10 and three layouts: contiguous, a strided view
-of a wider buffer, and BHSD storage. GPU only: it skips with the reason elsewhere.
+hattn.attention, forward and backward: batch 1-3, lengths 1-300 (equal or not), D 64/128/256,
+bf16 and fp16, GQA 1-8, causal or not, sliding windows, softcap, keys in use per sequence
+(seqlens_k, some sequences with none), split counts, input magnitudes 1-10 and three layouts:
+contiguous, a strided view of a wider buffer, and BHSD storage; a quarter of the backward cases
+deterministic. Then CASES // 4 cases each of: KV caches (paged with shuffled block tables,
+kv_batch_idx, dense cache entries with left padding, NaN outside the keys), variable-length
+batches with empty sequences (attention_varlen), and FP8 (attention_fp8, with or without
+descales). GPU only: it skips with the reason elsewhere.
 
-    HATTN_CONTRACT_SEED=N    the seed (printed in each case's id; default fixed)
-    HATTN_CONTRACT_CASES=N   how many cases (default 96: the quick part; the long part: 10000)
+    HATTN_CONTRACT_SEED=N       the seed (printed in each case's id; default fixed)
+    HATTN_CONTRACT_CASES=N      dense forward cases (default 96: the quick part; the long part:
+                                10000), and N // 4 of each of the three others
+    HATTN_CONTRACT_BWD_CASES=N  backward cases (default 32; the long part: 2000)
 """
 
+import functools
 import math
 import os
 import random
@@ -19,7 +27,9 @@ import random
 import hattn
 import pytest
 import torch
-from helpers import attention_ref, error_bound, lse_bound, requires_hopper, row_sum_atol
+from helpers import attention_ref, check_sequence, error_bound, gpu_varlen, lse_bound, requires_hopper, row_sum_atol
+from test_fp8 import run_and_check as fp8_run_and_check
+from test_paged import cache_entries, check_paged, check_sequences, make_paged
 
 pytestmark = requires_hopper
 
@@ -165,3 +175,150 @@ def test_backward_matches_fp64_reference(p):
         err = (g.double() - r).abs().max().item()
         bound = error_bound(r, n, p["dtype"]) + extra
         assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e}"
+
+
+
+# --- the rest of the contract: KV caches, variable-length batches, FP8 ---------------------------
+#
+# CASES // 4 problems each (the quick part: 24; the long part's 10,000: 2,500), checked with the
+# helpers of the features' own tests: each sequence against the fp64 reference on its keys alone
+# (check_sequence: FlashAttention's criterion; rows that see no key give 0 and -inf), FP8 against
+# its dequantized inputs (test_fp8.run_and_check).
+
+FEATURE_CASES = max(1, CASES // 4)
+
+
+def draw_lengths(rng: random.Random, batch: int, longest: int) -> list:
+    """Lengths 1 .. longest, about one in six of them 0 instead."""
+    return [0 if rng.random() < 1 / 6 else rng.randint(1, longest) for _ in range(batch)]
+
+
+def feature_id(p, *parts) -> str:
+    """A case's id: the seed, the problem's heads, D, dtype and options, then `parts`."""
+    options = [f"w{p['window'][0]}x{p['window'][1]}"] if p["window"] != (-1, -1) else []
+    options += ["causal"] if p["causal"] else []
+    options += [f"cap{p['softcap']:.0f}"] if p["softcap"] else []
+    dtype = "bf16" if p["dtype"] == torch.bfloat16 else "fp16"
+    return "-".join([f"seed{SEED}", f"H{p['heads_q']}x{p['heads_kv']}", f"D{p['head_dim']}", dtype, *options, *parts])
+
+
+def lengths_id(lens) -> str:
+    return "x".join(map(str, lens))
+
+
+def draw_cache(rng: random.Random) -> dict:
+    """A decoding or chunked-prefill problem over a KV cache of 1-4 sequences (0-1000 keys):
+    paged (a shuffled block table; with kv_batch_idx, its rows at shuffled places of a table with
+    two spare rows), or dense cache entries (bf16; with kv_batch_idx, 0-2 spare entries; left
+    padding of 0 .. the length), NaN everywhere outside the sequences' keys."""
+    p = draw(rng)
+    batch = rng.randint(1, 4)
+    lens = draw_lengths(rng, batch, 1000)
+    p.update(batch=batch, seqlen_q=rng.choice((1, 1, 2, 4, rng.randint(1, 64))), lens=lens,
+             paged=rng.random() < 0.5, page_size=rng.choice((128, 256)), entries=rng.random() < 0.5)  # fmt: skip
+    if not p["paged"]:
+        p.update(dtype=torch.bfloat16, pads=[rng.randint(0, n) if rng.random() < 0.5 else 0 for n in lens],
+                 spare=rng.randint(0, 2) if p["entries"] else 0)  # fmt: skip
+    return p
+
+
+CACHE_PARAMS = [draw_cache(random.Random(SEED * 100043 + i)) for i in range(FEATURE_CASES)]
+
+
+def cache_id(p) -> str:
+    kind = f"paged{p['page_size']}" if p["paged"] else f"entries-pad{lengths_id(p['pads'])}"
+    splits = [f"splits{p['num_splits']}"] if p["num_splits"] else []
+    return feature_id(p, f"Sq{p['seqlen_q']}", f"lens{lengths_id(p['lens'])}", kind,
+                      *(["idx"] if p["entries"] else []), *splits)  # fmt: skip
+
+
+@pytest.mark.parametrize("p", CACHE_PARAMS, ids=[cache_id(p) for p in CACHE_PARAMS])
+def test_kv_cache_matches_fp64_reference(p):
+    lens, seed = p["lens"], p["seed"]
+    options = dict(causal=p["causal"], window=p["window"], softcap=p["softcap"])
+    if p["paged"]:
+        q, k_cache, v_cache, table, seqlens_k = make_paged(
+            lens, p["seqlen_q"], p["heads_q"], p["heads_kv"], p["head_dim"], p["dtype"], p["page_size"], seed=seed
+        )  # fmt: skip
+        rows, index = table, None
+        if p["entries"]:
+            order = torch.randperm(len(lens) + 2, generator=torch.Generator().manual_seed(seed))[: len(lens)]
+            rows = torch.zeros(len(lens) + 2, table.shape[1], dtype=torch.int32, device="cuda")
+            rows[order.cuda()] = table
+            index = order.to(torch.int32).cuda()
+        out, lse = hattn.attention_paged(q, k_cache, v_cache, rows, seqlens_k, causal=p["causal"], return_lse=True,
+                                         window_size=p["window"], num_splits=p["num_splits"], kv_batch_idx=index,
+                                         softcap=p["softcap"])  # fmt: skip
+        torch.cuda.synchronize()
+        check_paged(q, k_cache, v_cache, table, lens, out, lse, **options)
+        return
+    entries = len(lens) + p["spare"]
+    index = random.Random(seed).sample(range(entries), len(lens)) if p["entries"] else list(range(len(lens)))
+    k, v = cache_entries(entries, max(max(lens), 1), lens, p["pads"], index, p["heads_kv"], p["head_dim"], seed=seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(len(lens), p["seqlen_q"], p["heads_q"], p["head_dim"], device="cuda", dtype=torch.bfloat16,
+                    generator=gen) + 0.5  # fmt: skip
+    i32 = functools.partial(torch.tensor, dtype=torch.int32, device="cuda")
+    out, lse = hattn.attention(q, k, v, causal=p["causal"], return_lse=True, window_size=p["window"],
+                               softcap=p["softcap"], seqlens_k=i32(lens), num_splits=p["num_splits"],
+                               kv_batch_idx=i32(index) if p["entries"] else None, leftpad_k=i32(p["pads"]))  # fmt: skip
+    torch.cuda.synchronize()
+    keys = [k[e, pad:n] for e, pad, n in zip(index, p["pads"], lens)]
+    values = [v[e, pad:n] for e, pad, n in zip(index, p["pads"], lens)]
+    check_sequences(q, keys, values, out, lse, **options)
+
+
+def draw_varlen(rng: random.Random) -> dict:
+    """A packed batch of 1-6 sequences of 0-400 queries and 0-400 keys (about two in five with
+    as many keys as queries)."""
+    p = draw(rng)
+    batch = rng.randint(1, 6)
+    lens_q = draw_lengths(rng, batch, 400)
+    lens_k = [n if rng.random() < 0.4 else m for n, m in zip(lens_q, draw_lengths(rng, batch, 400))]
+    return dict(p, batch=batch, lens_q=lens_q, lens_k=lens_k)
+
+
+VARLEN_PARAMS = [draw_varlen(random.Random(SEED * 100057 + i)) for i in range(FEATURE_CASES)]
+
+
+@pytest.mark.parametrize(
+    "p", VARLEN_PARAMS, ids=[feature_id(p, f"q{lengths_id(p['lens_q'])}", f"k{lengths_id(p['lens_k'])}")
+                             for p in VARLEN_PARAMS])  # fmt: skip
+def test_varlen_matches_fp64_reference(p):
+    lens_q, lens_k = p["lens_q"], p["lens_k"]
+    torch.manual_seed(p["seed"])  # gpu_varlen draws from the global generator
+    q, k, v, cu_q, cu_k, max_q, max_k = gpu_varlen(lens_q, lens_k, p["heads_q"], p["heads_kv"], p["head_dim"],
+                                                   p["dtype"])  # fmt: skip
+    poison = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # as in the dense forward test
+    del poison
+    out, lse = hattn.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=p["causal"], return_lse=True,
+                                      window_size=p["window"], softcap=p["softcap"])  # fmt: skip
+    torch.cuda.synchronize()
+    assert out.shape == q.shape and lse.shape == (p["heads_q"], sum(lens_q))
+    assert not torch.isnan(out).any(), "NaN in the output (an element left unwritten, or computed as NaN)"
+    q0 = k0 = 0
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        if sq:
+            check_sequence(out[q0 : q0 + sq], lse[:, q0 : q0 + sq], q[q0 : q0 + sq], k[k0 : k0 + sk],
+                           v[k0 : k0 + sk], p["causal"], None, p["window"], f"sequence {b}", p["softcap"])  # fmt: skip
+        q0, k0 = q0 + sq, k0 + sk
+
+
+def draw_fp8(rng: random.Random) -> dict:
+    """An e4m3 problem: 1-2 sequences, 1-300 queries, 1-600 keys, causal or not, descales or none
+    (FP8 has no window or softcap)."""
+    p = draw(rng)
+    return dict(p, batch=rng.randint(1, 2), seqlen_k=rng.randint(1, 600), with_descales=rng.random() < 0.7,
+                window=(-1, -1), softcap=0.0)  # fmt: skip
+
+
+FP8_PARAMS = [draw_fp8(random.Random(SEED * 100069 + i)) for i in range(FEATURE_CASES)]
+
+
+@pytest.mark.parametrize(
+    "p", FP8_PARAMS, ids=[feature_id(dict(p, dtype=torch.bfloat16), f"B{p['batch']}", f"Sq{p['seqlen_q']}",
+                                     f"Sk{p['seqlen_k']}", *(["descales"] if p["with_descales"] else []))
+                          for p in FP8_PARAMS])  # fmt: skip
+def test_fp8_matches_fp64_reference(p):
+    fp8_run_and_check(p["batch"], p["seqlen_q"], p["seqlen_k"], p["heads_q"], p["heads_kv"], p["causal"],
+                      p["with_descales"], seed=p["seed"], head_dim=p["head_dim"])  # fmt: skip
