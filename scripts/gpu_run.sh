@@ -5,14 +5,16 @@
 #   scripts/gpu_run.sh [OPTIONS] [STEP [ARGS...]] [+ STEP [ARGS...]]...
 #
 # With no step it runs `test + bench + bench-backward`: the GPU tests and the lineage's
-# benchmark. Steps run in the order given, separated by a lone `+`; each writes NAME.log (and
-# NAME.csv where it times), NAME_2... when a step comes again. A step may start with VAR=VALUE
-# words: environment for that step only (a trial's switch), whose values join its name
-# (HATTN_TRIAL=on bench ... writes bench_on.log). For example
+# benchmark. Steps run in the order given (or at once: --together), separated by a lone `+`;
+# each writes NAME.log (and NAME.csv where it times), NAME_2... when a step comes again. A step
+# may start with VAR=VALUE words: environment for that step only (a trial's switch), whose
+# values join its name (HATTN_TRIAL=on bench ... writes bench_on.log). For example
 #
 #   scripts/gpu_run.sh test '*Window*' + ab --kernels fwd_sm90,16_coalesced_store --dims 128
 #   scripts/gpu_run.sh --prebuilt .prebuilt/build-gpu.tar.xz python + py bench_backward --dims 64
 #   scripts/gpu_run.sh bench --dims 128 + HATTN_TRIAL=on bench --dims 128   # a trial's switch, read by its code
+#   scripts/gpu_run.sh --together test + HATTN_CONTRACT_CASES=10000 HATTN_CONTRACT_BWD_CASES=2000 \
+#     python python/tests/test_contract.py    # the C++ suite beside the long randomized contract
 #
 # Options (before the first step):
 #   --out DIR         the output folder (default: $OUT when set, else build/gpu_run)
@@ -28,6 +30,9 @@
 #                     Default: half the CPU cores, at most 8 (8 shards ran the whole suite in
 #                     under 500 s on a 16-core H100 machine: results/evidence/h100_270ac8d/)
 #   --no-sass         skip the disassembly summary (a couple of minutes of CPU beside the tests)
+#   --together        run the steps at once, each beside the others (the GPU tests' CPU-bound
+#                     shards beside pytest runs, say; never timings). A step's output goes to
+#                     LABEL.out; the summary keeps the steps' notes in their order
 #   --pack            at the end, pack everything in the output folder into gpu_run.tgz there,
 #                     beside summary.txt (two files to bring back: the device tool returns 8)
 #   --dry-run         print the steps and stop (no build)
@@ -83,7 +88,7 @@ usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 # --- arguments ---------------------------------------------------------------------------------
 out=${OUT:-build/gpu_run}
-build=build-gpu prebuilt='' commit_given='' timeout_s=1200 shards='' sass=1 pack=0 dry_run=0
+build=build-gpu prebuilt='' commit_given='' timeout_s=1200 shards='' sass=1 pack=0 dry_run=0 together=0
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -94,6 +99,7 @@ while [ $# -gt 0 ]; do
     --shards) shards=$2; shift 2 ;;
     --no-sass) sass=0; shift ;;
     --pack) pack=1; shift ;;
+    --together) together=1; shift ;;
     --dry-run) dry_run=1; shift ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "gpu_run.sh: unknown option $1 (see --help)"; exit 2 ;;
@@ -544,14 +550,47 @@ step_capstone() {  # LABEL [MODEL SIZE REPS]
   done
 }
 
-for i in "${!steps[@]}"; do
-  split_env "${steps[$i]}"
-  name=${w[0]//-/_}
+run_step() {  # I: step I with its environment, in this shell
+  split_env "${steps[$1]}"
+  local name=${w[0]//-/_} assignment
   for assignment in "${step_env[@]}"; do export "${assignment?}"; done  # this step only
-  [ ${#step_env[@]} -eq 0 ] || note "${labels[$i]}: with ${step_env[*]}"
-  "step_$name" "${labels[$i]}" "${w[@]:1}"
+  [ ${#step_env[@]} -eq 0 ] || note "${labels[$1]}: with ${step_env[*]}"
+  "step_$name" "${labels[$1]}" "${w[@]:1}"
   for assignment in "${step_env[@]}"; do unset "${assignment%%=*}"; done
-done
+}
+
+if [ "$together" = 1 ]; then
+  # The package is installed once, before the steps that use it start side by side.
+  for step in "${steps[@]}"; do
+    split_env "$step"
+    case ${w[0]} in
+      python | py | capstone) ensure_python ;;
+      sanitize) [[ ${w[1]:-} != contract:* ]] || ensure_python ;;
+    esac
+  done
+  pids=()
+  for i in "${!steps[@]}"; do
+    # Each step in a subshell: its notes and tables come back through files, in step order.
+    (
+      notes_before=${#summary[@]} tables_before=${#tables[@]}
+      sass_pid=''  # the disassembly is this shell's child: the main shell waits for it below
+      run_step "$i"
+      printf '%s\n' "${summary[@]:$notes_before}" >"$out/.notes_$i"
+      printf '%s\n' "${tables[@]:$tables_before}" >"$out/.tables_$i"
+    ) >"$out/${labels[$i]}.out" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  for i in "${!steps[@]}"; do
+    mapfile -t lines <"$out/.notes_$i" 2>/dev/null || lines=("${labels[$i]}: ended without its notes (see ${labels[$i]}.out)")
+    for line in "${lines[@]}"; do [ -z "$line" ] || summary+=("$line"); done
+    mapfile -t lines <"$out/.tables_$i" 2>/dev/null || lines=()
+    for line in "${lines[@]}"; do [ -z "$line" ] || tables+=("$line"); done
+    rm -f "$out/.notes_$i" "$out/.tables_$i"
+  done
+else
+  for i in "${!steps[@]}"; do run_step "$i"; done
+fi
 sass_wait
 
 echo

@@ -164,6 +164,33 @@ def test_sanitize_contract_runs_the_randomized_cases_under_each_tool(tmp_path):
     assert "sanitize initcheck: rc=0 (ERROR SUMMARY: 0 errors)" in r.stdout
 
 
+def test_together_runs_the_steps_at_once_and_keeps_their_notes_in_order(tmp_path):
+    """--together: each step starts before the other ends (each waits for the other's start,
+    so run one after the other they would time out), its output goes to LABEL.out, and the
+    summary lists the notes in the steps' order whichever ends first."""
+    started = tmp_path / "started"
+    started.mkdir()
+    wait_for = 'for i in $(seq 50); do [ -e {other} ] && break; sleep 0.1; done; [ -e {other} ] || exit 7\n'
+    tests = f"touch {started}/tests\n" + wait_for.format(other=started / "bench") + 'echo "[  PASSED  ] 2 tests."\n'
+    bench = (f"touch {started}/bench\n" + wait_for.format(other=started / "tests") +
+             'for a in "$@"; do [ "${prev:-}" = --csv ] && echo "kernel,tflops" >"$a"; prev=$a; done\n'
+             'echo "# TFLOP/s"; echo "table row"\n')  # fmt: skip
+    archive = _prebuilt(tmp_path, tests, bench)
+    _, env = _gpu_tools(tmp_path)
+    out = tmp_path / "out"
+    r = run("--out", str(out), "--build", str(tmp_path / "build"), "--prebuilt", str(archive), "--no-sass",
+            "--shards", "1", "--together", "HATTN_TRIAL=x", "test", "+", "bench", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = r.stdout[r.stdout.index("==== summary"):].splitlines()
+    notes = [line for line in summary if line.startswith(("test_x", "bench"))]
+    assert notes[0] == "test_x: with HATTN_TRIAL=x"
+    assert notes[1].startswith("test_x (*): rc=0") and notes[1].endswith("[  PASSED  ] 2 tests.")
+    assert notes[2].startswith("bench:")
+    assert "table row" in summary  # the bench step's table, through its file
+    assert (out / "test_x.out").exists() and (out / "bench.out").exists()
+    assert not list(out.glob(".notes_*")) and not list(out.glob(".tables_*"))
+
+
 def test_a_steps_environment_reaches_its_binaries_only(tmp_path):
     calls = tmp_path / "calls.txt"
     record = f'echo "$(basename "$0") trial=${{HATTN_TRIAL:-none}}" >>{calls}\n'
