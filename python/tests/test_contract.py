@@ -198,7 +198,7 @@ def feature_id(p, *parts) -> str:
     options = [f"w{p['window'][0]}x{p['window'][1]}"] if p["window"] != (-1, -1) else []
     options += ["causal"] if p["causal"] else []
     options += [f"cap{p['softcap']:.0f}"] if p["softcap"] else []
-    dtype = "bf16" if p["dtype"] == torch.bfloat16 else "fp16"
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(p["dtype"], "e4m3")
     return "-".join([f"seed{SEED}", f"H{p['heads_q']}x{p['heads_kv']}", f"D{p['head_dim']}", dtype, *options, *parts])
 
 
@@ -316,7 +316,7 @@ FP8_PARAMS = [draw_fp8(random.Random(SEED * 100069 + i)) for i in range(FEATURE_
 
 
 @pytest.mark.parametrize(
-    "p", FP8_PARAMS, ids=[feature_id(dict(p, dtype=torch.bfloat16), f"B{p['batch']}", f"Sq{p['seqlen_q']}",
+    "p", FP8_PARAMS, ids=[feature_id(dict(p, dtype=None), f"B{p['batch']}", f"Sq{p['seqlen_q']}",
                                      f"Sk{p['seqlen_k']}", *(["descales"] if p["with_descales"] else []))
                           for p in FP8_PARAMS])  # fmt: skip
 def test_fp8_matches_fp64_reference(p):
