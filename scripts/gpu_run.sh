@@ -490,10 +490,9 @@ ensure_python() {
     built=$(cat "$wheel.commit" 2>/dev/null || echo unknown)
     note "pip install $wheel (built at $built): rc=$rc"
     # The package's Python comes from the wheel, the tests from the tree: say when they differ.
-    # (Either may be the shorter: --commit takes an abbreviated hash.)
-    local short=${built%+dirty}
-    [ "${#HATTN_COMMIT}" -lt "${#short}" ] && short=${short:0:${#HATTN_COMMIT}}
-    [ -n "$short" ] && [ "$short" = "${HATTN_COMMIT:0:${#short}}" ] ||
+    # The same commit when one hash begins the other (--commit takes an abbreviated one).
+    local clean=${built%+dirty}
+    [[ -n $clean && ($HATTN_COMMIT == "$clean"* || $clean == "$HATTN_COMMIT"*) ]] ||
       note "WARNING: the wheel was built at $built, the run is recorded as $HATTN_COMMIT (rebuild: scripts/build_wheel.sh)"
   else
     if [ -f "$build/CMakeCache.txt" ]; then

@@ -27,7 +27,8 @@ import random
 import hattn
 import pytest
 import torch
-from helpers import attention_ref, check_sequence, error_bound, gpu_varlen, lse_bound, requires_hopper, row_sum_atol
+from helpers import (INPUT_MEAN, attention_ref, check_sequence, error_bound, gpu_varlen, lse_bound, requires_hopper,
+                     row_sum_atol)
 from test_fp8 import run_and_check as fp8_run_and_check
 from test_paged import cache_entries, check_paged, check_sequences, make_paged
 
@@ -76,11 +77,29 @@ def make(seqlen, heads, p, gen):
 CASE_PARAMS = [draw(random.Random(SEED * 100003 + i)) for i in range(CASES)]
 
 
+def nan_where_the_output_goes(q: torch.Tensor) -> None:
+    """Frees a block of q's size filled with NaN: torch's caching allocator hands it to the op's
+    output (800 of 800 calls on an H100: results/evidence/sanitize_contract_270ac8d/), so an
+    element the kernels leave unwritten stays NaN and fails the test's NaN check."""
+    poison = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+    del poison
+
+
+def dtype_id(p) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(p["dtype"], "e4m3")
+
+
+def options_id(p) -> list:
+    """The id's words for the window, the causal mask and softcapping."""
+    options = [f"w{p['window'][0]}x{p['window'][1]}"] if p["window"] != (-1, -1) else []
+    options += ["causal"] if p["causal"] else []
+    options += [f"cap{p['softcap']:.0f}"] if p["softcap"] else []
+    return options
+
+
 def case_id(p) -> str:
-    dtype = "bf16" if p["dtype"] == torch.bfloat16 else "fp16"
-    extras = [f"w{p['window'][0]}x{p['window'][1]}"] if p["window"] != (-1, -1) else []
-    extras += ["causal"] if p["causal"] else []
-    extras += [f"cap{p['softcap']:.0f}"] if p["softcap"] else []
+    dtype = dtype_id(p)
+    extras = options_id(p)
     extras += ["seqlensk"] if p["seqlens_k"] else []
     extras += ["det"] if p.get("deterministic") else []
     return (f"seed{SEED}-B{p['batch']}-Sq{p['seqlen_q']}-Sk{p['seqlen_k']}-H{p['heads_q']}x{p['heads_kv']}"
@@ -97,11 +116,7 @@ def test_forward_matches_fp64_reference(p):
     if p["seqlens_k"]:  # keys in use per sequence, some with none
         lens = [random.Random(p["seed"] + b).randint(0, p["seqlen_k"]) for b in range(p["batch"])]
         used = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    # NaN where the output will be: torch's caching allocator hands the freed block to the
-    # output (800 of 800 calls on an H100: results/evidence/sanitize_contract_270ac8d/), so an
-    # element the kernels leave unwritten stays NaN and fails below.
-    poison = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
-    del poison
+    nan_where_the_output_goes(q)
     out, lse = hattn.attention(q, k, v, causal=p["causal"], window_size=p["window"], softcap=p["softcap"],
                                return_lse=True, seqlens_k=used, num_splits=p["num_splits"])  # fmt: skip
     assert out.shape == q.shape and lse.shape == (p["batch"], p["heads_q"], p["seqlen_q"])
@@ -177,7 +192,6 @@ def test_backward_matches_fp64_reference(p):
         assert err <= bound, f"{name}: max error {err:.3e} > bound {bound:.3e}"
 
 
-
 # --- the rest of the contract: KV caches, variable-length batches, FP8 ---------------------------
 #
 # CASES // 4 problems each (the quick part: 24; the long part's 10,000: 2,500), checked with the
@@ -195,11 +209,8 @@ def draw_lengths(rng: random.Random, batch: int, longest: int) -> list:
 
 def feature_id(p, *parts) -> str:
     """A case's id: the seed, the problem's heads, D, dtype and options, then `parts`."""
-    options = [f"w{p['window'][0]}x{p['window'][1]}"] if p["window"] != (-1, -1) else []
-    options += ["causal"] if p["causal"] else []
-    options += [f"cap{p['softcap']:.0f}"] if p["softcap"] else []
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(p["dtype"], "e4m3")
-    return "-".join([f"seed{SEED}", f"H{p['heads_q']}x{p['heads_kv']}", f"D{p['head_dim']}", dtype, *options, *parts])
+    return "-".join([f"seed{SEED}", f"H{p['heads_q']}x{p['heads_kv']}", f"D{p['head_dim']}", dtype_id(p),
+                     *options_id(p), *parts])  # fmt: skip
 
 
 def lengths_id(lens) -> str:
@@ -246,6 +257,7 @@ def test_kv_cache_matches_fp64_reference(p):
             rows = torch.zeros(len(lens) + 2, table.shape[1], dtype=torch.int32, device="cuda")
             rows[order.cuda()] = table
             index = order.to(torch.int32).cuda()
+        nan_where_the_output_goes(q)
         out, lse = hattn.attention_paged(q, k_cache, v_cache, rows, seqlens_k, causal=p["causal"], return_lse=True,
                                          window_size=p["window"], num_splits=p["num_splits"], kv_batch_idx=index,
                                          softcap=p["softcap"])  # fmt: skip
@@ -257,11 +269,13 @@ def test_kv_cache_matches_fp64_reference(p):
     k, v = cache_entries(entries, max(max(lens), 1), lens, p["pads"], index, p["heads_kv"], p["head_dim"], seed=seed)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(len(lens), p["seqlen_q"], p["heads_q"], p["head_dim"], device="cuda", dtype=torch.bfloat16,
-                    generator=gen) + 0.5  # fmt: skip
+                    generator=gen) + INPUT_MEAN  # fmt: skip
     i32 = functools.partial(torch.tensor, dtype=torch.int32, device="cuda")
+    seqlens_k, entry_index, pads = i32(lens), i32(index) if p["entries"] else None, i32(p["pads"])
+    nan_where_the_output_goes(q)  # after every allocation before the call's own
     out, lse = hattn.attention(q, k, v, causal=p["causal"], return_lse=True, window_size=p["window"],
-                               softcap=p["softcap"], seqlens_k=i32(lens), num_splits=p["num_splits"],
-                               kv_batch_idx=i32(index) if p["entries"] else None, leftpad_k=i32(p["pads"]))  # fmt: skip
+                               softcap=p["softcap"], seqlens_k=seqlens_k, num_splits=p["num_splits"],
+                               kv_batch_idx=entry_index, leftpad_k=pads)  # fmt: skip
     torch.cuda.synchronize()
     keys = [k[e, pad:n] for e, pad, n in zip(index, p["pads"], lens)]
     values = [v[e, pad:n] for e, pad, n in zip(index, p["pads"], lens)]
@@ -289,8 +303,7 @@ def test_varlen_matches_fp64_reference(p):
     torch.manual_seed(p["seed"])  # gpu_varlen draws from the global generator
     q, k, v, cu_q, cu_k, max_q, max_k = gpu_varlen(lens_q, lens_k, p["heads_q"], p["heads_kv"], p["head_dim"],
                                                    p["dtype"])  # fmt: skip
-    poison = torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")  # as in the dense forward test
-    del poison
+    nan_where_the_output_goes(q)
     out, lse = hattn.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=p["causal"], return_lse=True,
                                       window_size=p["window"], softcap=p["softcap"])  # fmt: skip
     torch.cuda.synchronize()
