@@ -273,7 +273,7 @@ def test_trial_times_main_and_the_trial_in_turn_and_gives_their_ratio(tmp_path):
     trial = trial.rename(tmp_path / "my-trial.tar.xz")
     _, env = _gpu_tools(tmp_path)
     out, build = tmp_path / "out", tmp_path / "build"
-    r = run("--out", str(out), "--build", str(build), "--prebuilt", str(main), "--no-sass",
+    r = run("--out", str(out), "--build", str(build), "--prebuilt", str(main), "--no-sass", "--shards", "1",
             "trial", str(trial), "--test", "*Backward*", "--backward", "--dims", "64", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     log = calls.read_text().splitlines()
