@@ -1,8 +1,31 @@
 #!/usr/bin/env bash
-# The device call of this folder: the probe under racecheck (both modes) and initcheck limited
-# to its kernel by name, beside the long randomized contract (the package from dist/'s wheel).
-# Usage (repository root, on the GPU machine): device.sh OUT
+# The device calls of this folder (repository root, on the GPU machine):
+#   device.sh OUT          the probe in its three modes under racecheck, and initcheck limited
+#                          to its kernel by name, beside the long randomized contract (the
+#                          package from dist/'s wheel; LIMIT seconds, PYTEST_K a -k expression)
+#   device.sh branch OUT   racecheck over the varlen test that runs the dynamic work list's
+#                          kernels (Varlen.WorkOrderIsAStableSortByCost: D 128 and 256, causal
+#                          and not) with main's binaries and with the branch's
+#                          (.prebuilt/build-gpu.tar.xz, .prebuilt/item_slot_arrivals.tar.xz), at
+#                          once; then the branch as a trial: its varlen and dispatch tests, and
+#                          hattn-bench on varlen batches in the order main, trial, trial, main
 set -uo pipefail
+if [ "$1" = branch ]; then
+  o=$2
+  mkdir -p "$o"
+  for x in build-gpu item_slot_arrivals; do
+    mkdir -p "/tmp/rc_$x" && tar xJf ".prebuilt/$x.tar.xz" -C "/tmp/rc_$x" || exit 1
+    timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "/tmp/rc_$x/hattn_tests" \
+      --gtest_filter=Varlen.WorkOrderIsAStableSortByCost >"$o/racecheck_$x.log" 2>&1 &
+  done
+  wait
+  scripts/gpu_run.sh --out "$o/trial" --prebuilt .prebuilt/build-gpu.tar.xz --no-sass \
+    trial .prebuilt/item_slot_arrivals.tar.xz --test 'Varlen.*:Dispatch.*' \
+    --varlen mixed --dims 64,128,256 --seqlens 1024,4096 >"$o/trial.txt" 2>&1
+  tail -n 4 "$o"/racecheck_*.log "$o/trial.txt"
+  tar czf "$o/trial.tgz" -C "$o" trial && rm -rf "$o/trial"
+  exit 0
+fi
 o=$1
 mkdir -p "$o"
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv >"$o/machine.txt" 2>&1
