@@ -9,7 +9,8 @@
 //   racy    as warp, but the writer never waits for the readers: a true write-after-read
 //           race, which racecheck must report
 // Prints whether every reader saw every round's value. Build (repository root):
-//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -Isrc -std=c++20 probe.cu -o probe
+//   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -lineinfo -Isrc -std=c++20 \
+//     results/evidence/racecheck_item_slots/probe.cu -o probe
 #include <cstdio>
 #include <cstring>
 
