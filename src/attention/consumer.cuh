@@ -212,7 +212,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, Cfg>& smem, const CUten
   TakenItem taken;
   auto take = [&](int round) {
     if constexpr (!Cfg::kDynamic) return sched.position(round);
-    taken = take_position<true>(smem, sched, round, lane);
+    taken = take_position(smem, sched, round);
     return taken.w;
   };
   for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {

@@ -99,7 +99,7 @@ __device__ __forceinline__ void produce(StorageOf<T, Cfg>& smem, const CUtensorM
   TakenItem taken;
   auto take = [&](int round) {
     if constexpr (!Cfg::kDynamic) return sched.position(round);
-    taken = take_position<false>(smem, sched, round, 0);
+    taken = take_position(smem, sched, round);
     return taken.w;
   };
   for (int round = 0, w = take(0); w < sched.total(); w = take(++round)) {

@@ -5,8 +5,8 @@
 //
 // Barriers (who arrives -> who waits), a ring of two slots (SharedStorage::item_slot, each a
 // TakenItem: the position, its item and the item's sequence):
-//   item_full[i]   the scheduler, slot written                -> producer, consumers: read it
-//   item_empty[i]  the producer thread, each consumer warp     -> the scheduler, before slot i again
+//   item_full[i]   the scheduler, slot written                   -> the producer, consumers: read it
+//   item_empty[i]  the producer thread and every consumer thread  -> the scheduler, before slot i again
 #pragma once
 
 #include "../common/sequence.cuh"
@@ -50,17 +50,18 @@ __device__ __forceinline__ void hand_out_positions(StorageOf<T, Cfg>& smem, cons
 }
 
 // The round-th position as the scheduler thread handed it out, with its item and sequence:
-// wait for its slot, read it, release the slot. One release a reader: the producer thread
-// (kWarp false), or lane 0 of each consumer warp once the warp's lanes have read (kWarp,
-// `lane` the thread's lane). A negative position (no more) reads as sched.total(), which ends
-// the caller's loop.
-template <bool kWarp, typename Storage>
-__device__ __forceinline__ TakenItem take_position(Storage& smem, const WorkList& sched, int round, int lane) {
+// wait for its slot, read it, release the slot. Every reading thread releases it itself (the
+// producer thread and each consumer thread): an arrival releases its own thread's reads. Where
+// lane 0 of each consumer warp arrived for its lanes after __syncwarp, racecheck reported
+// hazards between the scheduler's writes of a slot and the consumers' reads of it
+// (results/evidence/racecheck_item_slots/). A negative position (no more) reads as
+// sched.total(), which ends the caller's loop.
+template <typename Storage>
+__device__ __forceinline__ TakenItem take_position(Storage& smem, const WorkList& sched, int round) {
   const int slot = round % 2;
   ptx::mbarrier_wait(&smem.item_full[slot], (round / 2) % 2);  // acquire: the scheduler's writes
   TakenItem taken = smem.item_slot[slot];
-  if constexpr (kWarp) __syncwarp();  // every lane has read it before its warp's release
-  if (!kWarp || lane == 0) ptx::mbarrier_arrive(&smem.item_empty[slot]);
+  ptx::mbarrier_arrive(&smem.item_empty[slot]);  // release: this thread's read is done
   if (taken.w < 0) taken.w = sched.total();
   return taken;
 }

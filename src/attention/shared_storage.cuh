@@ -61,7 +61,7 @@ struct SharedStorage {
   // thread hands the producer and the consumers, with their items and sequences, a ring of
   // two (a negative position: no more).
   //   item_full[i]   scheduler, slot written                 -> producer, consumers: read it
-  //   item_empty[i]  producer and each consumer warp, read   -> scheduler, before slot i again
+  //   item_empty[i]  producer and each consumer thread, read -> scheduler, before slot i again
   uint64_t item_full[2];
   uint64_t item_empty[2];
   TakenItem item_slot[2];
