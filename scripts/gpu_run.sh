@@ -56,8 +56,9 @@
 #   ncu FLAGS                ncu's duration, tensor-pipe share, L2 hit rate, reduction sectors and
 #                            barrier/long-scoreboard stalls of every kernel of one hattn-bench call
 #   ncu-fa3 FLAGS            ncu's sections (speed of light, pipes, warp states, scheduler, memory)
-#                            over one forward of hattn and one of FlashAttention-3 on the same
-#                            tensors (tools/ncu_vs_fa3.py FLAGS: --dim, --seqlen, --causal); the
+#                            over one forward (--backward: backward) of hattn and one of
+#                            FlashAttention-3 on the same tensors (tools/ncu_vs_fa3.py FLAGS:
+#                            --dim, --seqlen, --causal, --backward); the
 #                            report, its raw metrics (NAME.csv), each kernel's SASS with its stall
 #                            samples (NAME_sass.csv) and tools/ncu_summary.py's table
 #   sanitize [FILTER | KERNEL:I,J,... | contract:N]
