@@ -47,7 +47,7 @@ def main() -> None:
         from hattn.bench_backward import kernel_backward_fn
 
         dout = torch.randn(q.shape, device="cuda", dtype=q.dtype, generator=g)
-        out_fa3, lse_fa3 = fa3.forward(q, k, v, causal=args.causal)[:2]
+        out_fa3, lse_fa3 = fa3.forward(q, k, v, causal=args.causal)
         calls = {
             "hattn": kernel_backward_fn("auto", q, k, v, dout, args.causal),
             "fa3": lambda: fa3.backward(dout, q, k, v, out_fa3, lse_fa3, args.causal),
