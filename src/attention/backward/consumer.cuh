@@ -42,7 +42,6 @@
 #include "../../ptx/smem.cuh"
 #include "../../ptx/stmatrix.cuh"
 #include "../../ptx/tma.cuh"
-#include "../../ptx/turns.cuh"
 #include "../../ptx/wgmma.cuh"
 #include "config.h"
 #include "epilogue.cuh"
@@ -123,7 +122,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   constexpr int kCols = Storage::kDqCols;
   const int c0 = kDqByRows ? 0 : warpgroup * kCols, r0 = kDqByRows ? 64 * warpgroup : 0;
   float dq[kCols / 2];
-  // The scaled share into its block's tile, and the reduction (after waiting for the wgmma).
+  // The scaled share into its block's buffer, for the writer warp (after waiting for the wgmma).
   // Accumulator rows are 16 warp + g (+ 8), columns 8 nt + 2 t of the share: box nt / 4,
   // 16-byte chunk 2 (nt % 4) + t / 2 of the 128-byte row, stored at chunk ^ (row % 8) =
   // chunk ^ g (the box's swizzle): the lane's nt = 0 float offset XOR 8 (nt % 4).
@@ -323,7 +322,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   run_step(0, std::false_type{});
   for (int step = 1; step < steps; ++step) run_step(step, std::true_type{});
   issue_dq(steps - 1);
-  ptx::wgmma_wait_group<0>();  // the last block's dQ (its tile was freed at the last reduction's barrier)
+  ptx::wgmma_wait_group<0>();  // the last block's dQ
   store_dq(steps - 1);
   if (p.dk_accum == nullptr)
     store_dk_dv(smem, dk, dv, dk_map, dv_map, p, seq, warpgroup, n_wg, head_kv, key0, grad_scale);
