@@ -22,7 +22,15 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Named barriers (0 is __syncthreads); consumer.cuh says who meets at each.
 constexpr int kDsBarrier = 1;      // the 256 consumer threads: both dS^T tiles are written
-constexpr int kDqTileBarrier = 2;  // 2 and 3: a consumer warpgroup's dQ (at the end: dK, dV) tile is written
+constexpr int kDkDvTileBarrier = 2;  // 2 and 3: a consumer warpgroup's dK and dV tiles are written (the epilogue)
+// dQ's hand-off between a consumer warpgroup and its writer warp (128 + 32 threads), one barrier
+// per dQ buffer and warpgroup: 4 + 2 buffer + warpgroup.
+constexpr int kDqFullBarrier = 4;   // 4-7: the warpgroup's share is in the buffer (consumers arrive, the writer waits)
+constexpr int kDqEmptyBarrier = 8;  // 8-11: the writer's reduction has read it (the writer arrives, consumers wait)
+constexpr int kDqHandOffThreads = 128 + 32;
+// The producer warpgroup's warps: 0 loads Q, dO, K and V (one thread); 1 and 2 add consumer
+// warpgroup 0's and 1's dQ into the fp32 sum (dq_writer.cuh); 3 has no work.
+constexpr int kDqWriterWarp0 = 1;
 
 // setmaxnreg budgets: 24 + 2 x 240 = 504 = 3 x 168, the CTA's pool under __launch_bounds__(384, 1).
 constexpr int kProducerRegisters = 24;

@@ -2,8 +2,9 @@
 // S^T = K Q^T and dP^T = V dO^T, P^T and dS^T (scores.cuh), dV += P^T dO and dK += dS^T Q,
 // dS^T into shared memory, and the block's dQ = dS K over both warpgroups' keys (each
 // warpgroup half of D's columns, or with 128-query blocks half of the rows), issued at the top
-// of the next step and added into the fp32 dQ sum by TMA reductions while that step's S^T
-// runs. After the last block, dK and dV leave (epilogue.cuh).
+// of the next step and stored into a buffer while that step's S^T runs, which the warpgroup's
+// writer warp adds into the fp32 dQ sum (dq_writer.cuh). After the last block, dK and dV leave
+// (epilogue.cuh).
 //
 // Barriers (who arrives -> who waits):
 //   kv_full          the producer's expect_tx + TMA bytes -> the consumers, once
@@ -20,17 +21,13 @@
 //                    the last block (the epilogues): every wgmma of both warpgroups has
 //                    completed before they write dK and dV over K and V (the sums: and over
 //                    Q and dO).
-//   named 2 + wg     the warpgroup's 128 threads: its dQ tile written (and fenced), and the
-//                    reduction of two blocks before has read the tile it writes next (its
-//                    issuing thread waited for that first), before the issuing thread starts
-//                    the reduction; with one dQ tile (128-query blocks) also before the
-//                    tile's stores: the block before's reduction has read it (the issuing
-//                    thread waited); at the end, the warpgroup's dK and dV rows written (and
-//                    fenced) before its issuing thread stores them by TMA
-// Bulk-group waits (cp.async.bulk.wait_group.read, the issuing thread of each warpgroup):
-//   read 0           before the dQ tile barrier: every older reduction has read its tile; and
-//                    before the CTA exits (shared memory ends with the CTA), which covers the
-//                    dK and dV stores too
+//   named 2 + wg     the warpgroup's 128 threads, at the end: its dK and dV rows written (and
+//                    fenced) before its issuing thread stores them by TMA (epilogue.cuh)
+//   named 4-11       dQ's hand-off to the warpgroup's writer warp (dq_writer.cuh): the share
+//                    stored and fenced (the consumers arrive without waiting), and the buffer
+//                    read by the writer's reduction before the consumers store into it again
+// Bulk-group waits (cp.async.bulk.wait_group.read, the issuing thread of each warpgroup): at
+// the end, before the CTA exits (shared memory ends with the CTA), the dK and dV stores.
 #pragma once
 
 #include <cuda.h>
@@ -45,7 +42,6 @@
 #include "../../ptx/smem.cuh"
 #include "../../ptx/stmatrix.cuh"
 #include "../../ptx/tma.cuh"
-#include "../../ptx/turns.cuh"
 #include "../../ptx/wgmma.cuh"
 #include "config.h"
 #include "epilogue.cuh"
@@ -126,7 +122,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   constexpr int kCols = Storage::kDqCols;
   const int c0 = kDqByRows ? 0 : warpgroup * kCols, r0 = kDqByRows ? 64 * warpgroup : 0;
   float dq[kCols / 2];
-  // The scaled share into its block's tile, and the reduction (after waiting for the wgmma).
+  // The scaled share into its block's buffer, for the writer warp (after waiting for the wgmma).
   // Accumulator rows are 16 warp + g (+ 8), columns 8 nt + 2 t of the share: box nt / 4,
   // 16-byte chunk 2 (nt % 4) + t / 2 of the 128-byte row, stored at chunk ^ (row % 8) =
   // chunk ^ g (the box's swizzle): the lane's nt = 0 float offset XOR 8 (nt % 4).
@@ -134,13 +130,10 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   auto store_dq = [&](int step) {
 #pragma unroll
     for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
-    float* tiles = smem.dq[step % Storage::kDqBuffers][warpgroup][0];
-    if constexpr (Storage::kDqBuffers == 1) {
-      // WAR on the one tile: the block before's reduction has read it (issued a step ago, it
-      // usually has).
-      if (threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
-      ptx::bar_sync(kDqTileBarrier + warpgroup, 128);
-    }
+    const int buffer = step % Storage::kDqBuffers;
+    float* tiles = smem.dq[buffer][warpgroup][0];
+    // WAR: the writer's reduction of this buffer's last block has read it (dq_writer.cuh).
+    if (step >= Storage::kDqBuffers) ptx::bar_sync(kDqEmptyBarrier + 2 * buffer + warpgroup, kDqHandOffThreads);
     // Re-read each step, so that the compiler does not keep the four offsets it makes from it
     // live across the loop (at D = 128 it spilled them).
     uint32_t lane_offset = dq_lane;
@@ -160,49 +153,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
                               : make_float2(0.f, 0.f);
       }
     }
-  };
-  // The deterministic backward (p.dq_turns): the CTAs whose keys a query block sees add into
-  // its half in key order from the last key block down, each in its turn (ptx/turns.cuh,
-  // work.cuh's dq_turn). A block's turn is passed on once its adds have completed: later in
-  // the step that issued them, or at the end; so none is held at the next reduction.
-  int* dq_turn_held = nullptr;
-  auto pass_dq_turn = [&] {
-    if (dq_turn_held != nullptr) {
-      ptx::pass_turn(dq_turn_held);
-      dq_turn_held = nullptr;
-    }
-  };
-  // The reduction of a stored tile: issued after the next wgmmas where there are any, so that
-  // the fence's and the barrier's waits do not hold them back.
-  auto reduce_dq = [&](int step) {
-    const int m0 = block_row(step);
-    float* tiles = smem.dq[step % Storage::kDqBuffers][warpgroup][0];
-    ptx::fence_proxy_async_shared_cta();  // the stores above, before the reduction (async proxy) reads them
-    // WAR for the next block's stores into the other parity's tile: the reduction of the block
-    // before (the only one outstanding) has read it. A step after its issue it usually has.
-    // (With one tile, store_dq waited for that before its stores.)
-    if (Storage::kDqBuffers == 2 && threadIdx.x % 128 == 0) ptx::cp_async_bulk_wait_group_read<0>();
-    ptx::bar_sync(kDqTileBarrier + warpgroup, 128);  // the whole share is in the tile; the other tile is free
-    if (threadIdx.x % 128 == 0) {
-      // A block past the promised longest sequence (max_seqlen_q understated, the checking mode
-      // off) has no counter: it adds out of turn rather than wait on another block's.
-      if (p.dq_turns != nullptr && m0 / kRows < p.q_blocks) {
-        int first_key, last_key;  // the keys the block's last query sees
-        visible_keys<kVarlen>(f, seq, min(m0 + kRows, seqlen_q_of<kVarlen>(f, seq)) - 1, &first_key, &last_key);
-        dq_turn_held = p.dq_turns + ((int64_t(batch) * f.heads_q + head) * p.q_blocks + m0 / kRows) * kWarpgroups +
-                       warpgroup;
-        ptx::wait_turn(dq_turn_held, dq_turn(n0, last_key));
-      }
-#pragma unroll
-      for (int box = 0; box < kCols / 32; ++box)
-        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, seq.q_start + m0 + r0, head, seq.batch_coord,
-                                                tiles + box * 64 * 32);
-      ptx::cp_async_bulk_commit_group();
-    }
-  };
-  auto send_dq = [&](int step) {
-    store_dq(step);
-    reduce_dq(step);
+    ptx::fence_proxy_async_shared_cta();  // the stores above, before the writer's reduction (async proxy) reads them
+    ptx::bar_arrive(kDqFullBarrier + 2 * buffer + warpgroup, kDqHandOffThreads);  // to the writer, without waiting
   };
   // Every wgmma operand's descriptor is built once here; a k16 step adds a byte offset
   // (advance_smem_desc). Built per step from their addresses, the S^T and dP^T operands'
@@ -305,9 +257,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     ptx::wgmma_commit_group();
     if constexpr (kHasLast && kDpBehindDq) {
       ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T and dP^T may still run
-      send_dq(step - 1);
+      store_dq(step - 1);
     }
-    if constexpr (kHasLast && !kDpBehindDq) reduce_dq(step - 1);  // with S^T and dP^T running
     ptx::wgmma_wait_group<0>();                                   // S^T and dP^T are in registers
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
@@ -356,12 +307,6 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
           dk, ds_frag[kk], ptx::advance_smem_desc(q_n_desc, stage_bytes + kk * 16 * kSwizzleBytes), 1);
     ptx::wgmma_commit_group();
 
-    // The deterministic backward: the last block's dQ turn goes on here, a step's work after its
-    // reduction was issued (which has then mostly completed), not at the next block's reduction:
-    // each CTA of a block's chain then waits about a step less for the one before it.
-    if constexpr (kHasLast) {
-      if (threadIdx.x % 128 == 0) pass_dq_turn();
-    }
     ptx::bar_sync(kDsBarrier, kConsumerThreads);  // both warpgroups have stored and fenced their dS^T tiles
     ptx::wgmma_wait_group<0>();                   // dV, dK done: the fragments' registers are free
 #pragma unroll
@@ -377,9 +322,8 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   run_step(0, std::false_type{});
   for (int step = 1; step < steps; ++step) run_step(step, std::true_type{});
   issue_dq(steps - 1);
-  ptx::wgmma_wait_group<0>();  // the last block's dQ (its tile was freed at the last reduction's barrier)
-  send_dq(steps - 1);
-  if (threadIdx.x % 128 == 0) pass_dq_turn();
+  ptx::wgmma_wait_group<0>();  // the last block's dQ
+  store_dq(steps - 1);
   if (p.dk_accum == nullptr)
     store_dk_dv(smem, dk, dv, dk_map, dv_map, p, seq, warpgroup, n_wg, head_kv, key0, grad_scale);
   else

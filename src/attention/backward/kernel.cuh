@@ -1,7 +1,7 @@
 // The production backward's kernel: a CTA per 128 keys of one query head (blockIdx.x: the key
 // block, y: the head, z: the batch entry or sequence). It sets up shared memory and the
-// barriers, then splits by role: a producer warpgroup (producer.cuh) and two consumer
-// warpgroups (consumer.cuh).
+// barriers, then splits by role: a producer warpgroup (producer.cuh; its warps 1 and 2 the dQ
+// writers, dq_writer.cuh) and two consumer warpgroups (consumer.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -13,6 +13,7 @@
 #include "../../ptx/tma.cuh"
 #include "config.h"
 #include "consumer.cuh"
+#include "dq_writer.cuh"
 #include "epilogue.cuh"
 #include "producer.cuh"
 #include "shared_storage.cuh"
@@ -63,7 +64,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // __syncthreads below.
     if constexpr (SharedStorage<T, D, kVarlen>::kStoresSequence) smem.seq.value = seq;
   }
-  if (threadIdx.x == 128) ptx::prefetch_tensormap(&dq_map);  // the reductions' issuing thread of warpgroup 0
   __syncthreads();                                           // no thread waits on a barrier before it is initialized
   if (blocks.steps == 0) {  // CTA-uniform: no query sees these keys, their dK and dV are 0
     if (warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
@@ -75,9 +75,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (warpgroup < 0) {
-    // Every warp of the producer warpgroup must execute setmaxnreg; one thread then loads.
+    // Every warp of the producer warpgroup must execute setmaxnreg; one thread then loads, and
+    // two warps write dQ.
     ptx::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x == 0) produce(smem, q_map, k_map, v_map, dout_map, seq, blocks, n0, head, head_kv);
+    const int warp = int(threadIdx.x) / 32;
+    if (threadIdx.x == 0) {
+      produce(smem, q_map, k_map, v_map, dout_map, seq, blocks, n0, head, head_kv);
+    } else if (warp >= kDqWriterWarp0 && warp < kDqWriterWarp0 + kWarpgroups) {
+      write_dq(smem, dq_map, p, seq, blocks, warp - kDqWriterWarp0, n0, head, batch);
+    }
     return;
   }
   ptx::setmaxnreg_inc<kConsumerRegisters>();
