@@ -9,7 +9,30 @@
 #                          (.prebuilt/build-gpu.tar.xz, .prebuilt/item_slot_arrivals.tar.xz), at
 #                          once; then the branch as a trial: its varlen and dispatch tests, and
 #                          hattn-bench on varlen batches in the order main, trial, trial, main
+#   device.sh sanitize OUT the quick contract (24 forward cases, as gpu_run.sh's sanitize
+#                          contract:24) under memcheck, racecheck, synccheck and initcheck, the
+#                          four at once (dist/'s wheel installed; LIMIT seconds each); initcheck's
+#                          log kept as its first 20 KB and last 40 lines
 set -uo pipefail
+if [ "$1" = sanitize ]; then
+  o=$2
+  mkdir -p "$o"
+  python3 -m pip install --no-deps --force-reinstall -q dist/hattn-*-cp312-*.whl >/dev/null 2>&1
+  for tool in memcheck racecheck synccheck initcheck; do
+    HATTN_CONTRACT_CASES=24 HATTN_CONTRACT_BWD_CASES=6 timeout "${LIMIT:-300}" \
+      compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
+      python/tests/test_contract.py >"/tmp/sanitize_$tool.log" 2>&1 &
+  done
+  wait
+  for tool in memcheck racecheck synccheck; do cp "/tmp/sanitize_$tool.log" "$o/"; done
+  { head -c 20000 /tmp/sanitize_initcheck.log; echo; echo "[... cut ...]"; tail -n 40 /tmp/sanitize_initcheck.log; } \
+    >"$o/sanitize_initcheck_excerpt.log"
+  { grep -c "Uninitialized" /tmp/sanitize_initcheck.log
+    grep -A1 "Uninitialized" /tmp/sanitize_initcheck.log | grep -o "  at .*" | sed 's/+0x.*//' | cut -c1-160 | sort | uniq -c
+  } >"$o/initcheck_reports.txt"
+  grep -h "passed\|failed\|ERROR SUMMARY\|RACECHECK SUMMARY" /tmp/sanitize_*.log
+  exit 0
+fi
 if [ "$1" = branch ]; then
   o=$2
   mkdir -p "$o"
