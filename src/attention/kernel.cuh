@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Config<D, kWide, kNumConsumers>::kThreads, 1)
     if constexpr (kDynamicList) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        ptx::mbarrier_init(&smem.item_full[i], 1);                            // the scheduler's write
+        ptx::mbarrier_init(&smem.item_full[i], 1);                           // the scheduler's write
         ptx::mbarrier_init(&smem.item_empty[i], 1 + Cfg::kConsumers * 128);  // the producer, each consumer thread
       }
     }

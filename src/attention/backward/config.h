@@ -21,7 +21,7 @@ constexpr int kAtomBytes = 1024;           // 8 rows x 128 bytes: the swizzle pa
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Named barriers (0 is __syncthreads); consumer.cuh says who meets at each.
-constexpr int kDsBarrier = 1;      // the 256 consumer threads: both dS^T tiles are written
+constexpr int kDsBarrier = 1;        // the 256 consumer threads: both dS^T tiles are written
 constexpr int kDkDvTileBarrier = 2;  // 2 and 3: a consumer warpgroup's dK and dV tiles are written (the epilogue)
 // dQ's hand-off between a consumer warpgroup and its writer warp (128 + 32 threads), one barrier
 // per dQ buffer and warpgroup: 4 + 2 buffer + warpgroup.

@@ -259,7 +259,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
       ptx::wgmma_wait_group<1>();  // the last block's dQ is in registers; S^T and dP^T may still run
       store_dq(step - 1);
     }
-    ptx::wgmma_wait_group<0>();                                   // S^T and dP^T are in registers
+    ptx::wgmma_wait_group<0>();  // S^T and dP^T are in registers
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
 

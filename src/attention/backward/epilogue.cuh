@@ -81,7 +81,7 @@ __device__ __forceinline__ void store_dk_dv(SharedStorage<T, D, kVarlen>& smem, 
           frag::pack2<T>(grad_scale * dk[dt * 4 + 2 * r], grad_scale * dk[dt * 4 + 2 * r + 1]);
       *reinterpret_cast<uint32_t*>(&smem.v[dt / 8][at]) = frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
     }
-  ptx::fence_proxy_async_shared_cta();             // the stores above, before the TMA copies (async proxy) read them
+  ptx::fence_proxy_async_shared_cta();               // the stores above, before the TMA copies (async proxy) read them
   ptx::bar_sync(kDkDvTileBarrier + warpgroup, 128);  // the warpgroup's 64 rows are in the tiles
   if (threadIdx.x % 128 == 0 && !by_rows) {
     // Dense: rows past Sk are not written (the box's out-of-bounds part).
@@ -138,7 +138,7 @@ __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, co
       }
     }
   }
-  ptx::fence_proxy_async_shared_cta();             // the stores above, before the reductions (async proxy) read them
+  ptx::fence_proxy_async_shared_cta();               // the stores above, before the reductions (async proxy) read them
   ptx::bar_sync(kDkDvTileBarrier + warpgroup, 128);  // the warpgroup's 64 rows are in the tiles
   if (threadIdx.x % 128 == 0) {
     int* turn = nullptr;

@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // __syncthreads below.
     if constexpr (SharedStorage<T, D, kVarlen>::kStoresSequence) smem.seq.value = seq;
   }
-  __syncthreads();                                           // no thread waits on a barrier before it is initialized
-  if (blocks.steps == 0) {  // CTA-uniform: no query sees these keys, their dK and dV are 0
+  __syncthreads();                                  // no thread waits on a barrier before it is initialized
+  if (blocks.steps == 0) {                          // CTA-uniform: no query sees these keys, their dK and dV are 0
     if (warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
       const int lane = int(threadIdx.x) % 32;
       const int key0 = n0 + 64 * warpgroup + 16 * (int(threadIdx.x) % 128 / 32) + lane / 4;
