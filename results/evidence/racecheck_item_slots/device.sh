@@ -13,11 +13,16 @@
 #                          contract:24) under memcheck, racecheck, synccheck and initcheck, the
 #                          four at once (dist/'s wheel installed; LIMIT seconds each); initcheck's
 #                          log kept as its first 20 KB and last 40 lines
+# INSTALLED=1: the wheel is installed already (two modes run at once must not reinstall it
+# under each other).
 set -uo pipefail
+install_wheel() {
+  [ -n "${INSTALLED:-}" ] || python3 -m pip install --no-deps --force-reinstall -q dist/hattn-*-cp312-*.whl >/dev/null 2>&1
+}
 if [ "$1" = sanitize ]; then
   o=$2
   mkdir -p "$o"
-  python3 -m pip install --no-deps --force-reinstall -q dist/hattn-*-cp312-*.whl >/dev/null 2>&1
+  install_wheel
   for tool in memcheck racecheck synccheck initcheck; do
     HATTN_CONTRACT_CASES=24 HATTN_CONTRACT_BWD_CASES=6 timeout "${LIMIT:-300}" \
       compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider \
@@ -63,7 +68,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv >"$o/machi
   done
   compute-sanitizer --tool initcheck --kernel-name kns=hand_off /tmp/probe >"$o/probe_initcheck_kns.txt" 2>&1
 ) &
-python3 -m pip install --no-deps --force-reinstall -q dist/hattn-*-cp312-*.whl >/dev/null 2>&1
+install_wheel
 cat dist/*.whl.commit >>"$o/machine.txt" 2>/dev/null
 # PYTEST_K: a -k expression (say, the cache, varlen and FP8 parts alone); -x: the first
 # failure's report is written even when the time limit then cuts the run.
