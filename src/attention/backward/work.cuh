@@ -38,7 +38,7 @@ __host__ __device__ __forceinline__ QueryBlocks<kRows> blocks_holding(int q_firs
 
 template <int kRows, bool kVarlen>
 __device__ __forceinline__ QueryBlocks<kRows> query_blocks(const FeatureParams& f, const Sequence& seq, int n0,
-                                                    bool in_order) {
+                                                           bool in_order) {
   int q_first, q_last;
   queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
   QueryBlocks<kRows> blocks = blocks_holding<kRows>(q_first, q_last, !kVarlen || n0 < seq.seqlen_k);
@@ -54,6 +54,9 @@ struct CtaCoordinates {
 // CTAs in flight on the GPU at once (one per SM; H100 and H200 have 132): a causal launch
 // group's size.
 constexpr int kWaveCtas = 128;
+// Fewer key blocks keep the grid's order: at 8 (S = 1k) the groups measured 2% slower on an
+// H100, where from 16 up they were level or faster (results/evidence/bwd_launch_order/).
+constexpr int kMinGroupedKeyBlocks = 16;
 
 // SMs take CTAs in launch order (blockIdx.x fastest) as they free up. Under the causal mask a key
 // block's work falls with its index (every query sees block 0; about half see the middle one),
@@ -68,11 +71,12 @@ template <bool kVarlen>
 __device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic) {
   const int key_blocks = int(gridDim.x), heads = int(gridDim.y);
   if (deterministic) return {key_blocks - 1 - int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-  if (kVarlen || !f.causal) return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  if (kVarlen || !f.causal || key_blocks < kMinGroupedKeyBlocks)
+    return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   const int pairs = heads * int(gridDim.z), group = max(1, kWaveCtas / key_blocks);
   const int linear = int(blockIdx.x) + key_blocks * (int(blockIdx.y) + heads * int(blockIdx.z));
   const int first_pair = linear / (group * key_blocks) * group;  // the group's
-  const int size = min(group, pairs - first_pair);                // the last group may be smaller
+  const int size = min(group, pairs - first_pair);               // the last group may be smaller
   const int in_group = linear - first_pair * key_blocks;
   const int pair = first_pair + in_group % size;
   return {in_group / size, pair % heads, pair / heads};
