@@ -622,6 +622,18 @@ TEST(BackwardDeterministic, RepeatsAreBitwiseEqual) {
     check_backward_case("auto", c, nullptr, /*deterministic_repeats=*/20);
 }
 
+// A causal grid of 16 or more key blocks launches by groups of (batch, head) pairs, heaviest key
+// block first (src/attention/backward/work.cuh): every key block of every pair must still run
+// once, where the pairs fill more than one group and the last is partial (16 key blocks, groups
+// of 8 pairs, 10 pairs; 17 key blocks, groups of 7, 9 pairs with GQA 3).
+TEST(BackwardLaunchOrder, CausalGroupsCoverEveryKeyBlock) {
+  const std::string skip = testing::gpu_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  for (const Case& c : {Case{2, 100, 2000, 5, 5, 64, true, -1, DType::bf16, false},
+                        Case{3, 130, 2100, 3, 1, 128, true, -1, DType::fp16, true}})
+    check_backward_case("bwd_sm90", c);
+}
+
 // Who runs BackwardProblem::deterministic: bwd_sm90, at D = 256 without GQA; GQA at D = 256
 // and the other kernels are refused with the reason.
 TEST(BackwardValidation, DeterministicRouting) {

@@ -1,7 +1,8 @@
 // The production backward's kernel: a CTA per 128 keys of one query head (blockIdx.x: the key
-// block, y: the head, z: the batch entry or sequence). It sets up shared memory and the
-// barriers, then splits by role: a producer warpgroup (producer.cuh; its warps 1 and 2 the dQ
-// writers, dq_writer.cuh) and two consumer warpgroups (consumer.cuh).
+// block, y: the head, z: the batch entry or sequence; a causal grid launches in another order,
+// work.cuh's cta_coordinates). It sets up shared memory and the barriers, then splits by role:
+// a producer warpgroup (producer.cuh; its warps 1 and 2 the dQ writers, dq_writer.cuh) and two
+// consumer warpgroups (consumer.cuh).
 #pragma once
 
 #include <cuda.h>
@@ -40,9 +41,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
   // The deterministic backward takes the key blocks from the last: a query block's adders then
   // take their turns from its last key block down (work.cuh's dq_turn), each waiting only on
-  // CTAs launched before it.
-  const int key_block = p.dq_turns != nullptr ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int n0 = key_block * kBlockN, head = int(blockIdx.y), batch = int(blockIdx.z);
+  // CTAs launched before it. A causal one takes them heaviest first (work.cuh).
+  const CtaCoordinates cta = cta_coordinates<kVarlen>(f, /*deterministic=*/p.dq_turns != nullptr);
+  const int n0 = cta.key_block * kBlockN, head = cta.head, batch = cta.batch;
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const QueryBlocks<kBlockM<D>> blocks =

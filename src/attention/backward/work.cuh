@@ -7,7 +7,7 @@
 namespace hattn::bwd {
 
 // The blocks of kRows queries (kBlockM) from m_begin that see keys [n0, n0 + kBlockN), `steps` of them,
-// visited with a stagger: step s is block (s + rotation) % steps, rotation = blockIdx.x % steps,
+// visited with a stagger: step s is block (s + rotation) % steps, rotation = key block % steps,
 // so that the CTAs of a head (one range when not causal) add into different dQ blocks at once.
 // The deterministic backward visits them in order (rotation 0): there the CTAs add into a
 // block in turn (work.cuh's dq_turn), and in order each CTA's turns come one after another.
@@ -38,12 +38,48 @@ __host__ __device__ __forceinline__ QueryBlocks<kRows> blocks_holding(int q_firs
 
 template <int kRows, bool kVarlen>
 __device__ __forceinline__ QueryBlocks<kRows> query_blocks(const FeatureParams& f, const Sequence& seq, int n0,
-                                                    bool in_order) {
+                                                           bool in_order) {
   int q_first, q_last;
   queries_seeing<kVarlen>(f, seq, n0, n0 + kBlockN, &q_first, &q_last);
   QueryBlocks<kRows> blocks = blocks_holding<kRows>(q_first, q_last, !kVarlen || n0 < seq.seqlen_k);
-  if (blocks.steps > 0 && !in_order) blocks.rotation = int(blockIdx.x) % blocks.steps;
+  if (blocks.steps > 0 && !in_order) blocks.rotation = n0 / kBlockN % blocks.steps;
   return blocks;
+}
+
+// A CTA's keys, head and batch entry (or sequence) from a grid of (key blocks, heads, batch).
+struct CtaCoordinates {
+  int key_block, head, batch;
+};
+
+// CTAs in flight on the GPU at once (one per SM; H100 and H200 have 132): a causal launch
+// group's size.
+constexpr int kWaveCtas = 128;
+// Fewer key blocks keep the grid's order: at 8 (S = 1k) the groups measured 2% slower on an
+// H100, where from 16 up they were level or faster (results/evidence/bwd_launch_order/).
+constexpr int kMinGroupedKeyBlocks = 16;
+
+// SMs take CTAs in launch order (blockIdx.x fastest) as they free up. Under the causal mask a key
+// block's work falls with its index (every query sees block 0; about half see the middle one),
+// and launched head by head, a head's heaviest CTA starts behind the light ones of the heads
+// before it, and the last heads' heavy CTAs run on alone at the end of the grid. So a dense
+// causal grid launches by groups of (batch, head) pairs, about kWaveCtas CTAs a group (the CTAs
+// in flight at once then read the Q and dO of as few heads as before), and inside a group key
+// block 0 of each pair first, then block 1, ...: the heaviest first, FlashAttention-3's
+// longest-first order. The deterministic backward takes each head's key blocks from the last
+// (its turns, dq_turn below, count on that order); varlen keeps the grid's order.
+template <bool kVarlen>
+__device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic) {
+  const int key_blocks = int(gridDim.x), heads = int(gridDim.y);
+  if (deterministic) return {key_blocks - 1 - int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  if (kVarlen || !f.causal || key_blocks < kMinGroupedKeyBlocks)
+    return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  const int pairs = heads * int(gridDim.z), group = max(1, kWaveCtas / key_blocks);
+  const int linear = int(blockIdx.x) + key_blocks * (int(blockIdx.y) + heads * int(blockIdx.z));
+  const int first_pair = linear / (group * key_blocks) * group;  // the group's
+  const int size = min(group, pairs - first_pair);               // the last group may be smaller
+  const int in_group = linear - first_pair * key_blocks;
+  const int pair = first_pair + in_group % size;
+  return {in_group / size, pair % heads, pair / heads};
 }
 
 // The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose
