@@ -46,9 +46,10 @@ __device__ __forceinline__ QueryBlocks<kRows> query_blocks(const FeatureParams& 
   return blocks;
 }
 
-// A CTA's keys, head and batch entry (or sequence) from a grid of (key blocks, heads, batch).
+// A CTA's block (of keys; the dQ pass at D = 256: of queries), head and batch entry (or
+// sequence) from a grid of (blocks, heads, batch).
 struct CtaCoordinates {
-  int key_block, head, batch;
+  int block, head, batch;
 };
 
 // CTAs in flight on the GPU at once (one per SM; H100 and H200 have 132): a causal launch
@@ -66,9 +67,12 @@ constexpr int kMinGroupedKeyBlocks = 16;
 // in flight at once then read the Q and dO of as few heads as before), and inside a group key
 // block 0 of each pair first, then block 1, ...: the heaviest first, FlashAttention-3's
 // longest-first order. The deterministic backward takes each head's key blocks from the last
-// (its turns, dq_turn below, count on that order); varlen keeps the grid's order.
+// (its turns, dq_turn below, count on that order); varlen keeps the grid's order. With
+// heaviest_last (the dQ pass at D = 256, a CTA per query block: the last sees the most keys) the
+// blocks go from the last.
 template <bool kVarlen>
-__device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic) {
+__device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic,
+                                                          bool heaviest_last = false) {
   const int key_blocks = int(gridDim.x), heads = int(gridDim.y);
   if (deterministic) return {key_blocks - 1 - int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   if (kVarlen || !f.causal || key_blocks < kMinGroupedKeyBlocks)
@@ -79,7 +83,8 @@ __device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f
   const int size = min(group, pairs - first_pair);               // the last group may be smaller
   const int in_group = linear - first_pair * key_blocks;
   const int pair = first_pair + in_group % size;
-  return {in_group / size, pair % heads, pair / heads};
+  const int block = in_group / size;
+  return {heaviest_last ? key_blocks - 1 - block : block, pair % heads, pair / heads};
 }
 
 // The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose
