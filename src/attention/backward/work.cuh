@@ -55,9 +55,10 @@ struct CtaCoordinates {
 // CTAs in flight on the GPU at once (one per SM; H100 and H200 have 132): a causal launch
 // group's size.
 constexpr int kWaveCtas = 128;
-// Fewer key blocks keep the grid's order: at 8 (S = 1k) the groups measured 2% slower on an
-// H100, where from 16 up they were level or faster (results/evidence/bwd_launch_order/).
-constexpr int kMinGroupedKeyBlocks = 16;
+// Shorter grids keep their order: at S = 1k the groups measured 2% slower on an H100 (8 blocks
+// of 128 keys here, 16 of 64 in the dK/dV pass at D = 256), where from 2k up they were level
+// or faster (results/evidence/bwd_launch_order/).
+constexpr int kMinGroupedRows = 2048;
 
 // SMs take CTAs in launch order (blockIdx.x fastest) as they free up. Under the causal mask a key
 // block's work falls with its index (every query sees block 0; about half see the middle one),
@@ -69,13 +70,13 @@ constexpr int kMinGroupedKeyBlocks = 16;
 // longest-first order. The deterministic backward takes each head's key blocks from the last
 // (its turns, dq_turn below, count on that order); varlen keeps the grid's order. With
 // heaviest_last (the dQ pass at D = 256, a CTA per query block: the last sees the most keys) the
-// blocks go from the last.
-template <bool kVarlen>
+// blocks go from the last. kBlockRows: the keys (or queries) of a block.
+template <bool kVarlen, int kBlockRows>
 __device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic,
                                                           bool heaviest_last = false) {
   const int key_blocks = int(gridDim.x), heads = int(gridDim.y);
   if (deterministic) return {key_blocks - 1 - int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-  if (kVarlen || !f.causal || key_blocks < kMinGroupedKeyBlocks)
+  if (kVarlen || !f.causal || key_blocks * kBlockRows < kMinGroupedRows)
     return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   const int pairs = heads * int(gridDim.z), group = max(1, kWaveCtas / key_blocks);
   const int linear = int(blockIdx.x) + key_blocks * (int(blockIdx.y) + heads * int(blockIdx.z));

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   // A causal grid launches its heaviest key blocks first, by groups of heads (work.cuh).
-  const CtaCoordinates cta = cta_coordinates<kVarlen>(f, /*deterministic=*/false);
+  const CtaCoordinates cta = cta_coordinates<kVarlen, kDkdvKeys>(f, /*deterministic=*/false);
   const int n0 = cta.block * kDkdvKeys, head = cta.head, batch = cta.batch;
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads

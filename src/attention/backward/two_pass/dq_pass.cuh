@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
   // A causal grid launches its heaviest query blocks (the last) first, by groups of heads (work.cuh).
-  const CtaCoordinates cta = cta_coordinates<kVarlen>(f, /*deterministic=*/false, /*heaviest_last=*/true);
+  const CtaCoordinates cta = cta_coordinates<kVarlen, kDqQueries>(f, /*deterministic=*/false, /*heaviest_last=*/true);
   const int m0 = cta.block * kDqQueries, head = cta.head, batch = cta.batch;
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
