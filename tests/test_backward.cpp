@@ -622,15 +622,19 @@ TEST(BackwardDeterministic, RepeatsAreBitwiseEqual) {
     check_backward_case("auto", c, nullptr, /*deterministic_repeats=*/20);
 }
 
-// A causal grid of 16 or more key blocks launches by groups of (batch, head) pairs, heaviest key
-// block first (src/attention/backward/work.cuh): every key block of every pair must still run
-// once, where the pairs fill more than one group and the last is partial (16 key blocks, groups
-// of 8 pairs, 10 pairs; 17 key blocks, groups of 7, 9 pairs with GQA 3).
+// A causal grid of 2048 rows or more launches by groups of (batch, head) pairs, heaviest block
+// first (src/attention/backward/work.cuh): every block of every pair must still run once, where
+// the pairs fill more than one group and the last is partial (16 key blocks, groups of 8 pairs,
+// 10 pairs; 17 key blocks, groups of 7, 9 pairs with GQA 3). At D = 256 the dK/dV pass's 64-key
+// blocks (33, groups of 3, 10 pairs) and the dQ pass's 128-query blocks (16, heaviest last,
+// groups of 8, 9 pairs with GQA 3).
 TEST(BackwardLaunchOrder, CausalGroupsCoverEveryKeyBlock) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
   for (const Case& c : {Case{2, 100, 2000, 5, 5, 64, true, -1, DType::bf16, false},
-                        Case{3, 130, 2100, 3, 1, 128, true, -1, DType::fp16, true}})
+                        Case{3, 130, 2100, 3, 1, 128, true, -1, DType::fp16, true},
+                        Case{2, 100, 2100, 5, 5, 256, true, -1, DType::fp16, false},
+                        Case{1, 2000, 100, 9, 3, 256, true, -1, DType::bf16, false}})
     check_backward_case("bwd_sm90", c);
 }
 

@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The deterministic backward takes the key blocks from the last: a query block's adders then
   // take their turns from its last key block down (work.cuh's dq_turn), each waiting only on
   // CTAs launched before it. A causal one takes them heaviest first (work.cuh).
-  const CtaCoordinates cta = cta_coordinates<kVarlen>(f, /*deterministic=*/p.dq_turns != nullptr);
-  const int n0 = cta.key_block * kBlockN, head = cta.head, batch = cta.batch;
+  const CtaCoordinates cta = cta_coordinates<kVarlen, kBlockN>(f, /*deterministic=*/p.dq_turns != nullptr);
+  const int n0 = cta.block * kBlockN, head = cta.head, batch = cta.batch;
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const QueryBlocks<kBlockM<D>> blocks =

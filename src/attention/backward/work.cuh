@@ -46,17 +46,19 @@ __device__ __forceinline__ QueryBlocks<kRows> query_blocks(const FeatureParams& 
   return blocks;
 }
 
-// A CTA's keys, head and batch entry (or sequence) from a grid of (key blocks, heads, batch).
+// A CTA's block (of keys; the dQ pass at D = 256: of queries), head and batch entry (or
+// sequence) from a grid of (blocks, heads, batch).
 struct CtaCoordinates {
-  int key_block, head, batch;
+  int block, head, batch;
 };
 
 // CTAs in flight on the GPU at once (one per SM; H100 and H200 have 132): a causal launch
 // group's size.
 constexpr int kWaveCtas = 128;
-// Fewer key blocks keep the grid's order: at 8 (S = 1k) the groups measured 2% slower on an
-// H100, where from 16 up they were level or faster (results/evidence/bwd_launch_order/).
-constexpr int kMinGroupedKeyBlocks = 16;
+// Shorter grids keep their order: at S = 1k the groups measured 2% slower on an H100 (8 blocks
+// of 128 keys here, 16 of 64 in the dK/dV pass at D = 256), where from 2k up they were level
+// or faster (results/evidence/bwd_launch_order/).
+constexpr int kMinGroupedRows = 2048;
 
 // SMs take CTAs in launch order (blockIdx.x fastest) as they free up. Under the causal mask a key
 // block's work falls with its index (every query sees block 0; about half see the middle one),
@@ -66,12 +68,15 @@ constexpr int kMinGroupedKeyBlocks = 16;
 // in flight at once then read the Q and dO of as few heads as before), and inside a group key
 // block 0 of each pair first, then block 1, ...: the heaviest first, FlashAttention-3's
 // longest-first order. The deterministic backward takes each head's key blocks from the last
-// (its turns, dq_turn below, count on that order); varlen keeps the grid's order.
-template <bool kVarlen>
-__device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic) {
+// (its turns, dq_turn below, count on that order); varlen keeps the grid's order. With
+// heaviest_last (the dQ pass at D = 256, a CTA per query block: the last sees the most keys) the
+// blocks go from the last. kBlockRows: the keys (or queries) of a block.
+template <bool kVarlen, int kBlockRows>
+__device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic,
+                                                          bool heaviest_last = false) {
   const int key_blocks = int(gridDim.x), heads = int(gridDim.y);
   if (deterministic) return {key_blocks - 1 - int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-  if (kVarlen || !f.causal || key_blocks < kMinGroupedKeyBlocks)
+  if (kVarlen || !f.causal || key_blocks * kBlockRows < kMinGroupedRows)
     return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
   const int pairs = heads * int(gridDim.z), group = max(1, kWaveCtas / key_blocks);
   const int linear = int(blockIdx.x) + key_blocks * (int(blockIdx.y) + heads * int(blockIdx.z));
@@ -79,7 +84,8 @@ __device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f
   const int size = min(group, pairs - first_pair);               // the last group may be smaller
   const int in_group = linear - first_pair * key_blocks;
   const int pair = first_pair + in_group % size;
-  return {in_group / size, pair % heads, pair / heads};
+  const int block = in_group / size;
+  return {heaviest_last ? key_blocks - 1 - block : block, pair % heads, pair / heads};
 }
 
 // The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose

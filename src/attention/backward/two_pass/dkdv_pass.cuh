@@ -35,6 +35,7 @@
 #include "../../../ptx/stmatrix.cuh"
 #include "../../../ptx/tma.cuh"
 #include "../../../ptx/wgmma.cuh"
+#include "../work.cuh"
 #include "config.h"
 
 namespace hattn::bwd::two_pass {
@@ -92,8 +93,9 @@ __device__ __forceinline__ void load_queries(DkdvStorage<T>& smem, const CUtenso
 }
 
 // The dK/dV pass's kernel: a CTA per 64 keys of one query head (blockIdx.x: the key block, y:
-// the head, z: the batch entry or sequence). One thread of the producer warpgroup loads K and V
-// once and each step's Q and dO into the ring; the consumers run the loop described at the top.
+// the head, z: the batch entry or sequence; a causal grid in work.cuh's order). One thread of
+// the producer warpgroup loads K and V once and each step's Q and dO into the ring; the
+// consumers run the loop described at the top.
 template <typename T, bool kVarlen>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -113,7 +115,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
-  const int n0 = int(blockIdx.x) * kDkdvKeys, head = int(blockIdx.y), batch = int(blockIdx.z);
+  // A causal grid launches its heaviest key blocks first, by groups of heads (work.cuh).
+  const CtaCoordinates cta = cta_coordinates<kVarlen, kDkdvKeys>(f, /*deterministic=*/false);
+  const int n0 = cta.block * kDkdvKeys, head = cta.head, batch = cta.batch;
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int key0 = n0 + 16 * warp_in_wg + group;  // this thread's keys (rows of S^T, dK, dV): key0, key0 + 8

@@ -40,6 +40,7 @@
 #include "../../../ptx/smem.cuh"
 #include "../../../ptx/tma.cuh"
 #include "../../../ptx/wgmma.cuh"
+#include "../work.cuh"
 #include "config.h"
 
 namespace hattn::bwd::two_pass {
@@ -66,8 +67,9 @@ __device__ __forceinline__ void store_dq(const BackwardParams& p, const Sequence
 }
 
 // The dQ pass's kernel: a CTA per 128 queries of one query head (blockIdx.x: the query block,
-// y: the head, z: the batch entry or sequence). One thread of the producer warpgroup loads Q and
-// dO once and streams K and V; the consumers run the loop described at the top.
+// y: the head, z: the batch entry or sequence; a causal grid in work.cuh's order). One thread
+// of the producer warpgroup loads Q and dO once and streams K and V; the consumers run the loop
+// described at the top.
 template <typename T, bool kVarlen>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -88,7 +90,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warpgroup = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0) - 1;  // -1: the producer
   const int warp_in_wg = int(threadIdx.x) % 128 / 32, lane = int(threadIdx.x) % 32;
   const int group = lane / 4, tig = lane % 4;  // accumulator coordinates: rows g, g+8; columns 2t, 2t+1
-  const int m0 = int(blockIdx.x) * kDqQueries, head = int(blockIdx.y), batch = int(blockIdx.z);
+  // A causal grid launches its heaviest query blocks (the last) first, by groups of heads (work.cuh).
+  const CtaCoordinates cta = cta_coordinates<kVarlen, kDqQueries>(f, /*deterministic=*/false, /*heaviest_last=*/true);
+  const int m0 = cta.block * kDqQueries, head = cta.head, batch = cta.batch;
   const int head_kv = head / f.heads_per_kv;
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   if (kVarlen && m0 >= seq.seqlen_q) return;  // past the sequence's queries (the grid is planned by the longest)
