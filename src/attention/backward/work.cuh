@@ -74,18 +74,18 @@ constexpr int kMinGroupedRows = 2048;
 template <bool kVarlen, int kBlockRows>
 __device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic,
                                                           bool heaviest_last = false) {
-  const int key_blocks = int(gridDim.x), heads = int(gridDim.y);
-  if (deterministic) return {key_blocks - 1 - int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-  if (kVarlen || !f.causal || key_blocks * kBlockRows < kMinGroupedRows)
+  const int blocks = int(gridDim.x), heads = int(gridDim.y);
+  if (deterministic) return {blocks - 1 - int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+  if (kVarlen || !f.causal || blocks * kBlockRows < kMinGroupedRows)
     return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-  const int pairs = heads * int(gridDim.z), group = max(1, kWaveCtas / key_blocks);
-  const int linear = int(blockIdx.x) + key_blocks * (int(blockIdx.y) + heads * int(blockIdx.z));
-  const int first_pair = linear / (group * key_blocks) * group;  // the group's
-  const int size = min(group, pairs - first_pair);               // the last group may be smaller
-  const int in_group = linear - first_pair * key_blocks;
+  const int pairs = heads * int(gridDim.z), group = max(1, kWaveCtas / blocks);
+  const int linear = int(blockIdx.x) + blocks * (int(blockIdx.y) + heads * int(blockIdx.z));
+  const int first_pair = linear / (group * blocks) * group;  // the group's
+  const int size = min(group, pairs - first_pair);           // the last group may be smaller
+  const int in_group = linear - first_pair * blocks;
   const int pair = first_pair + in_group % size;
   const int block = in_group / size;
-  return {heaviest_last ? key_blocks - 1 - block : block, pair % heads, pair / heads};
+  return {heaviest_last ? blocks - 1 - block : block, pair % heads, pair / heads};
 }
 
 // The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose
