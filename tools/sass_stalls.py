@@ -1,6 +1,8 @@
 """Where a kernel's warps wait, from ncu's source page (`ncu -i REPORT --page source
 --print-source sass --csv`, written by `scripts/gpu_run.sh ncu-fa3` as NAME_sass.csv): for each
-kernel of at least --min-share of all samples, its samples by stall reason and its SASS lines
+kernel of at least --min-share of all samples, its samples by stall reason, by how often each
+SASS line ran (lines that run equally often are one role's loop: a consumer step's lines run
+warps x CTAs x steps times, the producer's and the epilogue's other counts), and its SASS lines
 with the most samples, each with its two largest reasons.
 
     python3 tools/sass_stalls.py ncu_fa3_sass.csv [--top 25]
@@ -56,17 +58,25 @@ def main() -> None:
     found = list(kernels(args.csv))
     col_samples = "Warp Stall Sampling (All Samples)"
     totals = {n: sum(count(r[h.index(col_samples)]) for r in rows) for n, h, rows in found}
-    everything = sum(totals.values()) or 1
+    everything = sum(totals.values()) or 1  # over the kernels, each counted once
+    shown = set()
     for name, header, rows in found:
-        if totals[name] < args.min_share * everything:
+        # ncu's source page holds each kernel twice: the first copy is shown.
+        if totals[name] < args.min_share * everything or name in shown:
             continue
+        shown.add(name)
         col = {c: i for i, c in enumerate(header)}
         reasons = [(REASON.match(c).group(1), i) for c, i in col.items() if REASON.match(c)]
         by_reason = Counter()
         by_opcode = Counter()
+        by_runs, lines_by_runs = Counter(), Counter()
         for r in rows:
             for reason, i in reasons:
                 by_reason[reason] += count(r[i])
+            if "Instructions Executed" in col:
+                runs = count(r[col["Instructions Executed"]])
+                by_runs[runs] += count(r[col[col_samples]])
+                lines_by_runs[runs] += 1
             opcode = r[col["Source"]].split()
             opcode = [w for w in opcode if not w.startswith("@")]
             by_opcode[opcode[0].split(".")[0] if opcode else "?"] += count(r[col[col_samples]])
@@ -75,6 +85,9 @@ def main() -> None:
         print(f"{totals[name]:,} samples, {len(rows):,} SASS lines")
         print("by reason: " + ", ".join(f"{k} {v / total:.1%}" for k, v in by_reason.most_common(10) if v))
         print("by opcode: " + ", ".join(f"{k} {v / total:.1%}" for k, v in by_opcode.most_common(12) if v))
+        if by_runs:
+            print("by runs of a line: " + ", ".join(f"{runs:,} ({lines_by_runs[runs]} lines) {v / total:.1%}"
+                                                   for runs, v in by_runs.most_common(6) if v))
         print(f"\n| offset | SASS | samples | largest reasons |\n|---|---|---|---|")
         base = int(rows[0][col["Address"]], 16) if rows else 0
         ranked = sorted(rows, key=lambda r: count(r[col[col_samples]]), reverse=True)[: args.top]
