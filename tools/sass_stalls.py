@@ -70,11 +70,12 @@ def main() -> None:
         by_reason = Counter()
         by_opcode = Counter()
         by_runs, lines_by_runs = Counter(), Counter()
+        runs_col = col.get("Instructions Executed")
         for r in rows:
             for reason, i in reasons:
                 by_reason[reason] += count(r[i])
-            if "Instructions Executed" in col:
-                runs = count(r[col["Instructions Executed"]])
+            if runs_col is not None:
+                runs = count(r[runs_col])
                 by_runs[runs] += count(r[col[col_samples]])
                 lines_by_runs[runs] += 1
             opcode = r[col["Source"]].split()
