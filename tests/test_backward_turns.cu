@@ -6,7 +6,7 @@
 // waits for a turn no one passes, and each waits only on a higher key block, whose CTA the
 // kernel launches first (kernel.cuh: key blocks from the last). Checked here on the host, with
 // the kernel's own mask and block helpers, over lengths that are and are not block multiples,
-// causal or not, windows.
+// causal or not, windows. And the causal launch order (work.cuh's cta_coordinates_in).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -108,6 +108,76 @@ TEST(BackwardMasks, AKeysViewersAreTheQueriesWhoseKeysHoldIt) {
 TEST(BackwardTurns, AQueryBlocksKeyBlocksRunDownFromItsLastQuerysLastKeyWithoutGaps) {
   EXPECT_GT(check_turns<64>(), 1000);   // 128-query blocks
   EXPECT_GT(check_turns<128>(), 1000);  // 64-query blocks
+}
+
+// The launch order (work.cuh's cta_coordinates_in) over grids of (blocks, heads, entries):
+// every CTA of the grid gets a distinct (block, head, entry) and all of them are covered; a
+// dense causal grid of kMinGroupedRows or more runs by groups of (head, entry) pairs, each
+// group's CTAs in launch order taking block 0 of every pair, then block 1, ... (from the last
+// block with heaviest_last); the deterministic mode reverses the blocks; other grids keep theirs.
+template <int kBlockRows>
+void check_launch_order(int blocks, int heads, int entries, bool varlen, bool causal, bool deterministic,
+                        bool heaviest_last) {
+  struct HostGrid {
+    int bx, by, bz, gx, gy, gz;
+    __host__ __device__ int x() const { return bx; }
+    __host__ __device__ int y() const { return by; }
+    __host__ __device__ int z() const { return bz; }
+    __host__ __device__ int blocks() const { return gx; }
+    __host__ __device__ int heads() const { return gy; }
+    __host__ __device__ int entries() const { return gz; }
+  };
+  const std::string where = std::to_string(blocks) + " blocks of " + std::to_string(kBlockRows) + " x " +
+                            std::to_string(heads) + " heads x " + std::to_string(entries) + (varlen ? " varlen" : "") +
+                            (causal ? " causal" : "") + (deterministic ? " deterministic" : "") +
+                            (heaviest_last ? " heaviest last" : "");
+  const bool grouped = !varlen && causal && !deterministic && blocks * kBlockRows >= bwd::kMinGroupedRows;
+  const int group = std::max(1, bwd::kWaveCtas / blocks);  // pairs a group
+  std::vector<int> seen(size_t(blocks) * heads * entries, 0);
+  std::vector<bwd::CtaCoordinates> launched;  // in launch order (blockIdx.x fastest)
+  for (int z = 0; z < entries; ++z)
+    for (int y = 0; y < heads; ++y)
+      for (int x = 0; x < blocks; ++x) {
+        const HostGrid g{x, y, z, blocks, heads, entries};
+        const bwd::CtaCoordinates c =
+            varlen ? bwd::cta_coordinates_in<true, kBlockRows>(g, causal, deterministic, heaviest_last)
+                   : bwd::cta_coordinates_in<false, kBlockRows>(g, causal, deterministic, heaviest_last);
+        ASSERT_TRUE(c.block >= 0 && c.block < blocks && c.head >= 0 && c.head < heads && c.batch >= 0 &&
+                    c.batch < entries)
+            << where << ": CTA (" << x << ", " << y << ", " << z << ")";
+        ++seen[(size_t(c.batch) * heads + c.head) * blocks + c.block];
+        if (grouped) {
+          launched.push_back(c);
+        } else if (deterministic) {
+          EXPECT_TRUE(c.block == blocks - 1 - x && c.head == y && c.batch == z) << where;
+        } else {
+          EXPECT_TRUE(c.block == x && c.head == y && c.batch == z) << where;
+        }
+      }
+  for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], 1) << where << ": CTA coordinates " << i;
+  // Grouped: launch positions [k group blocks, (k + 1) group blocks) hold pairs k group ..
+  // (k + 1) group - 1 (fewer in the last group), and inside a group the blocks go from the
+  // heaviest, never back.
+  for (size_t at = 0; at < launched.size(); ++at) {
+    const int first_pair = int(at) / (group * blocks) * group;
+    const int pair = launched[at].batch * heads + launched[at].head;
+    EXPECT_TRUE(pair >= first_pair && pair < first_pair + group) << where << ": launch position " << at;
+    const auto rank = [&](size_t i) { return heaviest_last ? blocks - 1 - launched[i].block : launched[i].block; };
+    if (at % (size_t(group) * blocks) != 0) EXPECT_LE(rank(at - 1), rank(at)) << where << ": launch position " << at;
+  }
+}
+
+TEST(BackwardLaunchOrder, EveryCtaOnceAndHeaviestFirstByGroups) {
+  for (int blocks : {1, 8, 15, 16, 17, 64, 128, 129})
+    for (int heads : {1, 3, 16})
+      for (int entries : {1, 2, 5})
+        for (bool causal : {false, true})
+          for (bool deterministic : {false, true}) {
+            check_launch_order<128>(blocks, heads, entries, false, causal, deterministic, false);
+            check_launch_order<64>(blocks, heads, entries, false, causal, deterministic, false);
+            check_launch_order<128>(blocks, heads, entries, false, causal, deterministic, true);
+            check_launch_order<128>(blocks, heads, entries, true, causal, deterministic, false);
+          }
 }
 
 }  // namespace

@@ -52,6 +52,7 @@ struct CtaCoordinates {
   int block, head, batch;
 };
 
+
 // CTAs in flight on the GPU at once (one per SM; H100 and H200 have 132): a causal launch
 // group's size.
 constexpr int kWaveCtas = 128;
@@ -70,22 +71,40 @@ constexpr int kMinGroupedRows = 2048;
 // longest-first order. The deterministic backward takes each head's key blocks from the last
 // (its turns, dq_turn below, count on that order); varlen keeps the grid's order. With
 // heaviest_last (the dQ pass at D = 256, a CTA per query block: the last sees the most keys) the
-// blocks go from the last. kBlockRows: the keys (or queries) of a block.
-template <bool kVarlen, int kBlockRows>
-__device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic,
-                                                          bool heaviest_last = false) {
-  const int blocks = int(gridDim.x), heads = int(gridDim.y);
-  if (deterministic) return {blocks - 1 - int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-  if (kVarlen || !f.causal || blocks * kBlockRows < kMinGroupedRows)
-    return {int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
-  const int pairs = heads * int(gridDim.z), group = max(1, kWaveCtas / blocks);
-  const int linear = int(blockIdx.x) + blocks * (int(blockIdx.y) + heads * int(blockIdx.z));
+// blocks go from the last. kBlockRows: the keys (or queries) of a block. Grid gives blockIdx
+// and gridDim (ThisGrid below; by hand in tests/test_backward_turns.cu, which checks the order
+// on the host; read through calls, the kernels' code is what it was with them inline).
+template <bool kVarlen, int kBlockRows, typename Grid>
+__host__ __device__ __forceinline__ CtaCoordinates cta_coordinates_in(const Grid& g, bool causal, bool deterministic,
+                                                                      bool heaviest_last) {
+  const int blocks = g.blocks(), heads = g.heads();
+  if (deterministic) return {blocks - 1 - g.x(), g.y(), g.z()};
+  if (kVarlen || !causal || blocks * kBlockRows < kMinGroupedRows) return {g.x(), g.y(), g.z()};
+  const int pairs = heads * g.entries(), group = max(1, kWaveCtas / blocks);
+  const int linear = g.x() + blocks * (g.y() + heads * g.z());
   const int first_pair = linear / (group * blocks) * group;  // the group's
   const int size = min(group, pairs - first_pair);           // the last group may be smaller
   const int in_group = linear - first_pair * blocks;
   const int pair = first_pair + in_group % size;
   const int block = in_group / size;
   return {heaviest_last ? blocks - 1 - block : block, pair % heads, pair / heads};
+}
+
+// blockIdx and gridDim, read where cta_coordinates_in uses them.
+struct ThisGrid {
+  __device__ __forceinline__ int x() const { return int(blockIdx.x); }
+  __device__ __forceinline__ int y() const { return int(blockIdx.y); }
+  __device__ __forceinline__ int z() const { return int(blockIdx.z); }
+  __device__ __forceinline__ int blocks() const { return int(gridDim.x); }
+  __device__ __forceinline__ int heads() const { return int(gridDim.y); }
+  __device__ __forceinline__ int entries() const { return int(gridDim.z); }
+};
+
+// This CTA's coordinates in the backward's launch order.
+template <bool kVarlen, int kBlockRows>
+__device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f, bool deterministic,
+                                                          bool heaviest_last = false) {
+  return cta_coordinates_in<kVarlen, kBlockRows>(ThisGrid{}, f.causal, deterministic, heaviest_last);
 }
 
 // The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose
