@@ -52,7 +52,6 @@ struct CtaCoordinates {
   int block, head, batch;
 };
 
-
 // CTAs in flight on the GPU at once (one per SM; H100 and H200 have 132): a causal launch
 // group's size.
 constexpr int kWaveCtas = 128;
