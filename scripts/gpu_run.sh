@@ -53,6 +53,10 @@
 #                            binaries and the trial's in the order main, trial, trial, main
 #                            (NAME_main_1.csv ...), and each point's trial time over main's
 #                            (tools/trial_ratio.py: NAME.txt; min, median and max in the summary)
+#   trial ARCHIVE --probe [FLAGS]
+#                            the same for a timing probe, a build that leaves work out on purpose
+#                            (say, a kernel without its dQ reductions): no tests, its failed
+#                            checks expected, its times compared to main's anyway
 #   ncu FLAGS                ncu's duration, tensor-pipe share, L2 hit rate, reduction sectors and
 #                            barrier/long-scoreboard stalls of every kernel of one hattn-bench call
 #   ncu-fa3 FLAGS            ncu's sections (speed of light, pipes, warp states, scheduler, memory)
@@ -387,7 +391,11 @@ step_trial() {  # LABEL ARCHIVE [--test FILTER] [FLAGS]
     return
   fi
   note "$label: the trial's binaries, built at $(cat "$dir/prebuild_commit.txt" 2>/dev/null || echo unknown)"
-  if [ "${1:-}" = --test ]; then
+  local probe=()
+  if [ "${1:-}" = --probe ]; then
+    probe=(--probe)
+    shift
+  elif [ "${1:-}" = --test ]; then
     rc=0
     run_gtests "$dir/hattn_tests" "$out/${label}_test.log" "$2" || rc=$?
     grep -E "^\[  FAILED  \]" "$out/${label}_test.log" | head -20
@@ -403,7 +411,7 @@ step_trial() {  # LABEL ARCHIVE [--test FILTER] [FLAGS]
     rc=$?
     [ "$rc" = 0 ] || note "$label $who: rc=$rc (log ${label}_$who.log)"
   done
-  python3 tools/trial_ratio.py --main "$out/${label}"_main_?.csv --trial "$out/${label}"_trial_?.csv \
+  python3 tools/trial_ratio.py "${probe[@]}" --main "$out/${label}"_main_?.csv --trial "$out/${label}"_trial_?.csv \
     >"$out/$label.txt" 2>&1
   cat "$out/$label.txt"
   note "$label ($*): $(tail -1 "$out/$label.txt") -> $out/$label.txt"

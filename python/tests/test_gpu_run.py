@@ -295,6 +295,26 @@ def test_trial_times_main_and_the_trial_in_turn_and_gives_their_ratio(tmp_path):
     assert "trial_my_trial test (*Backward*): rc=0, [  PASSED  ] 4 tests." in r.stdout
 
 
+def test_trial_probe_runs_no_tests_and_compares_times_anyway(tmp_path):
+    calls = tmp_path / "calls.txt"
+    record = f'echo "$0 $*" >>{calls}\n'
+    (tmp_path / "m").mkdir()
+    (tmp_path / "t").mkdir()
+    main = _prebuilt(tmp_path / "m", "exit 0\n", _bench_stub("2.0", record))
+    probe = _prebuilt(tmp_path / "t", record, _bench_stub("1.0", record)).rename(tmp_path / "no-dq.tar.xz")
+    _, env = _gpu_tools(tmp_path)
+    out, build = tmp_path / "out", tmp_path / "build"
+    r = run("--out", str(out), "--build", str(build), "--prebuilt", str(main), "--no-sass", "--shards", "1",
+            "trial", str(probe), "--probe", "--backward", "--dims", "64", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = calls.read_text().splitlines()
+    assert not any("hattn_tests" in line for line in log)  # a probe's results are wrong: no tests
+    assert all(line.split()[-3:] == ["--backward", "--dims", "64"] for line in log)
+    table = (out / "trial_no_dq.txt").read_text()
+    assert "seqlen_k=1024: main 2.0000 ms, probe 1.0000 ms, probe/main 0.500" in table
+    assert "probe/main time over 2 points" in table
+
+
 @pytest.mark.parametrize("args, message", [
     (["trial", "nope.tar.xz"], "ARCHIVE is a prebuilt .tar.xz that is here"),
     (["trial", "README.md"], "ARCHIVE is a prebuilt .tar.xz that is here"),

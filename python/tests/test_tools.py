@@ -151,6 +151,12 @@ def test_trial_ratio_matches_points_and_leaves_out_failed_or_missing_ones(tmp_pa
     assert lines[3] == "kernel=k head_dim=64 seqlen_k=8192: only in main"
     assert lines[4] == "kernel=k head_dim=64 seqlen_k=16384: only in the trial"
     assert [round(r, 6) for r in ratios] == [0.5, 1.1]
+    # A timing probe's failed checks are expected: its point is compared; main's must still pass.
+    lines, ratios = trial_ratio.compare([files["main_1"], files["main_2"]], [files["trial_1"]], probe=True)
+    assert lines[2] == "kernel=k head_dim=64 seqlen_k=4096: main 4.0000 ms, probe 1.0000 ms, probe/main 0.250"
+    assert [round(r, 6) for r in ratios] == [0.5, 1.1, 0.25]
+    lines, _ = trial_ratio.compare([files["trial_1"]], [files["main_1"]], probe=True)
+    assert lines[2] == "kernel=k head_dim=64 seqlen_k=4096: check FAIL, not compared"
 
 
 NCU_RAW = """\
