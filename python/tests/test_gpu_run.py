@@ -263,16 +263,22 @@ echo "c,H,bwd_sm90,64,4096,5,4.0,1,{'FAIL' if ms == 'fail' else 'PASS'}" >>"$csv
 """
 
 
-def test_trial_times_main_and_the_trial_in_turn_and_gives_their_ratio(tmp_path):
+def _trial_setup(tmp_path, trial_tests, name):
+    """Main's binaries (hattn-bench at 2.0 ms a point) and a trial's archive `name` (1.0 ms,
+    hattn_tests running `trial_tests`), both recording their calls: (calls, main, trial, env,
+    out, build)."""
     calls = tmp_path / "calls.txt"
     record = f'echo "$0 $*" >>{calls}\n'
     (tmp_path / "m").mkdir()
     (tmp_path / "t").mkdir()
     main = _prebuilt(tmp_path / "m", "exit 0\n", _bench_stub("2.0", record))
-    trial = _prebuilt(tmp_path / "t", record + 'echo "[  PASSED  ] 2 tests."\n', _bench_stub("1.0", record))
-    trial = trial.rename(tmp_path / "my-trial.tar.xz")
+    trial = _prebuilt(tmp_path / "t", record + trial_tests, _bench_stub("1.0", record)).rename(tmp_path / name)
     _, env = _gpu_tools(tmp_path)
-    out, build = tmp_path / "out", tmp_path / "build"
+    return calls, main, trial, env, tmp_path / "out", tmp_path / "build"
+
+
+def test_trial_times_main_and_the_trial_in_turn_and_gives_their_ratio(tmp_path):
+    calls, main, trial, env, out, build = _trial_setup(tmp_path, 'echo "[  PASSED  ] 2 tests."\n', "my-trial.tar.xz")
     r = run("--out", str(out), "--build", str(build), "--prebuilt", str(main), "--no-sass", "--shards", "1",
             "trial", str(trial), "--test", "*Backward*", "--backward", "--dims", "64", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -296,14 +302,7 @@ def test_trial_times_main_and_the_trial_in_turn_and_gives_their_ratio(tmp_path):
 
 
 def test_trial_probe_runs_no_tests_and_compares_times_anyway(tmp_path):
-    calls = tmp_path / "calls.txt"
-    record = f'echo "$0 $*" >>{calls}\n'
-    (tmp_path / "m").mkdir()
-    (tmp_path / "t").mkdir()
-    main = _prebuilt(tmp_path / "m", "exit 0\n", _bench_stub("2.0", record))
-    probe = _prebuilt(tmp_path / "t", record, _bench_stub("1.0", record)).rename(tmp_path / "no-dq.tar.xz")
-    _, env = _gpu_tools(tmp_path)
-    out, build = tmp_path / "out", tmp_path / "build"
+    calls, main, probe, env, out, build = _trial_setup(tmp_path, "", "no-dq.tar.xz")
     r = run("--out", str(out), "--build", str(build), "--prebuilt", str(main), "--no-sass", "--shards", "1",
             "trial", str(probe), "--probe", "--backward", "--dims", "64", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
