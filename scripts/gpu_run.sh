@@ -383,7 +383,7 @@ step_ab() {  # LABEL FLAGS (with --kernels A,B)
   done
 }
 
-step_trial() {  # LABEL ARCHIVE [--test FILTER] [FLAGS]
+step_trial() {  # LABEL ARCHIVE [--test FILTER | --probe] [FLAGS]
   local label=$1 archive=$2 dir="$build-$1" who rc
   shift 2
   if ! { rm -rf "$dir" && mkdir -p "$dir" && tar xJf "$archive" -C "$dir"; }; then

@@ -41,8 +41,14 @@ def read_points(paths):
     return times, shown
 
 
+def who(probe):
+    """How the lines name the trial's side."""
+    return "probe" if probe else "trial"
+
+
 def compare(main_paths, trial_paths, probe=False):
     """(lines of the table, the ratios); probe: the trial's checks are not read."""
+    side = who(probe)
     main, shown = read_points(main_paths)
     trial, trial_shown = read_points(trial_paths)
     shown.update(trial_shown)
@@ -58,8 +64,7 @@ def compare(main_paths, trial_paths, probe=False):
         main_ms = statistics.fmean(ms for ms, _ in main[key])
         trial_ms = statistics.fmean(ms for ms, _ in trial[key])
         ratios.append(trial_ms / main_ms)
-        who = "probe" if probe else "trial"
-        lines.append(f"{shown[key]}: main {main_ms:.4f} ms, {who} {trial_ms:.4f} ms, {who}/main {ratios[-1]:.3f}")
+        lines.append(f"{shown[key]}: main {main_ms:.4f} ms, {side} {trial_ms:.4f} ms, {side}/main {ratios[-1]:.3f}")
     return lines, ratios
 
 
@@ -70,12 +75,12 @@ def main():
     parser.add_argument("--probe", action="store_true", help="a timing probe: its failed checks are expected")
     args = parser.parse_args()
     lines, ratios = compare(args.main, args.trial, args.probe)
-    who = "probe" if args.probe else "trial"
+    side = who(args.probe)
     print("\n".join(lines))
     if not ratios:
-        print(f"{who}/main: no point compared")
+        print(f"{side}/main: no point compared")
         return 1
-    print(f"{who}/main time over {len(ratios)} points: min {min(ratios):.3f}, median {statistics.median(ratios):.3f}, "
+    print(f"{side}/main time over {len(ratios)} points: min {min(ratios):.3f}, median {statistics.median(ratios):.3f}, "
           f"max {max(ratios):.3f}")
     return 0
 
