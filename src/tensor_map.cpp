@@ -105,6 +105,13 @@ Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch,
   return encode_tiled(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 4, dims, element_strides, box);
 }
 
+Status make_fp32_tiles_tensor_map(CUtensorMap* map, const float* base, int64_t tiles) {
+  const int64_t dims[2] = {128, tiles * 32};
+  const int64_t element_strides[1] = {128};
+  const uint32_t box[2] = {128, 32};
+  return encode_tiled(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 2, dims, element_strides, box, false);
+}
+
 Status make_grouped_bshd_tensor_map(CUtensorMap* map, const void* base, DType dtype, int batch, int seqlen, int heads,
                                     int head_dim, const Strides& strides, int group, int box_rows, int box_cols) {
   if (group < 1 || box_rows % group != 0 || heads % group != 0)

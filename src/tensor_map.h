@@ -25,6 +25,10 @@ Status make_bshd_rows_tensor_map(CUtensorMap* map, const void* base, DType dtype
 Status make_fp32_bshd_tensor_map(CUtensorMap* map, const float* base, int batch, int seqlen, int heads, int head_dim,
                                  int box_rows);
 
+// A 2-D tensor map over `tiles` contiguous 64 x 64 fp32 tiles (the backward's dQ sum in
+// accumulator order) as rows of 128 floats: a box of {128, 32}, unswizzled, is one tile.
+Status make_fp32_tiles_tensor_map(CUtensorMap* map, const float* base, int64_t tiles);
+
 // A 5-D tensor map over the same [B, S, H, D] tensor whose boxes take `group` adjacent heads
 // (a K/V head's query heads) at box_rows / group positions: dimensions {D, group, H / group,
 // S, B} innermost first, a box of {box_cols, group, 1, box_rows / group, 1}. The box lands in

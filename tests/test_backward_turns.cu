@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -178,6 +179,28 @@ TEST(BackwardLaunchOrder, EveryCtaOnceAndHeaviestFirstByGroups) {
             check_launch_order<128>(blocks, heads, entries, false, causal, deterministic, true);
             check_launch_order<128>(blocks, heads, entries, true, causal, deterministic, false);
           }
+}
+
+// The dQ sum's tiles (backward_common.cuh): in a packed batch every sequence's 64-row blocks,
+// from dq_tile_first_block for as many blocks as its rows need, lie after the sequence before's
+// and inside dq_tile_blocks, over random lengths (empty ones too).
+TEST(BackwardDqTiles, SequencesGetTheirOwnTiles) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int batch = 1 + int(rng() % 9);
+    std::vector<int> cu(batch + 1, 0);
+    for (int b = 0; b < batch; ++b) cu[b + 1] = cu[b] + int(rng() % 4 == 0 ? 0 : rng() % 300);
+    const int total = cu[batch], blocks = dq_tile_blocks(total, batch, true);
+    int next_free = 0;
+    for (int b = 0; b < batch; ++b) {
+      const int first = dq_tile_first_block(cu[b], b, true), used = (cu[b + 1] - cu[b] + 63) / 64;
+      ASSERT_GE(first, next_free) << "sequence " << b << " of " << batch << ", trial " << trial;
+      ASSERT_LE(first + used, blocks) << "sequence " << b << " of " << batch << ", trial " << trial;
+      next_free = first + used;
+    }
+  }
+  EXPECT_EQ(dq_tile_blocks(100, 3, false), 2);  // a dense entry: ceil(Sq / 64)
+  EXPECT_EQ(dq_tile_first_block(500, 3, false), 0);
 }
 
 }  // namespace

@@ -294,6 +294,79 @@ __global__ void __launch_bounds__(kDeltaThreads) delta_kernel(BackwardParamsOf<F
   }
 }
 
+// The dQ sum in tiles (the production backward at D <= 128): per tensor entry and query head,
+// blocks of 64 rows, each D / 64 tiles of 64 x 64 floats laid out as a warpgroup's m64n64
+// accumulators: [8 n8 tiles][128 threads][4], thread t's float4 i holding rows 16 (t / 32) +
+// t % 32 / 4 and + 8, columns 8 i + 2 (t % 4) and + 1. So a warpgroup stores its share with
+// 16-byte stores in accumulator order, and one 16 KB bulk reduction adds it. A packed batch (one
+// entry) starts sequence b at row block (cu_seqlens_q[b] + 64 b) / 64, so that no two sequences
+// share a tile (the rows of a sequence's last block past its end fall into its own padding).
+constexpr int kDqTileRows = 64, kDqTileFloats = 64 * 64;
+// Row blocks per entry and head: ceil(Sq / 64), or for a packed batch of `batch` sequences over
+// total_q rows ceil((total_q + 64 batch) / 64).
+__host__ __device__ inline int dq_tile_blocks(int rows, int batch, bool varlen) {
+  return (rows + (varlen ? kDqTileRows * batch : 0) + kDqTileRows - 1) / kDqTileRows;
+}
+// The first row block of sequence `b` starting at packed row q_start (a dense entry's: 0).
+__host__ __device__ inline int dq_tile_first_block(int q_start, int b, bool varlen) {
+  return varlen ? (q_start + kDqTileRows * b) / kDqTileRows : 0;
+}
+
+// dQ out of the tiled sum: a CTA per 64 x 64 tile reads it whole (16-byte loads), puts it in
+// rows in shared memory and writes the rows its sequence owns in T, 16 bytes a store. A packed
+// batch's tile finds its sequence by a binary search over the sequences' first blocks (a tile
+// between two sequences' blocks is left alone, and so are rows that no sequence owns: those
+// are zeroed apart).
+template <typename T, int D>
+__global__ void __launch_bounds__(256) convert_dq_tiles_kernel(const float* src, T* dst, int heads, int seqlen,
+                                                               int blocks, const int32_t* cu_seqlens, int batch,
+                                                               int total, int64_t batch_stride, int64_t seq_stride,
+                                                               int64_t head_stride) {
+  constexpr int kChunks = D / 64, kPad = 4;  // + 4 floats a row: rows 4 banks apart
+  __shared__ float tile[kDqTileRows][64 + kPad];
+  const int64_t index = blockIdx.x;  // ((entry heads + head) blocks + block) chunks + chunk
+  const int chunk = int(index % kChunks);
+  const int64_t row_block = index / kChunks;
+  const int block = int(row_block % blocks), entry_head = int(row_block / blocks);
+  const int h = entry_head % heads, entry = entry_head / heads;
+  int first_row = block * kDqTileRows, rows = seqlen;  // the tile's first row in dst's entry, the sequence's end
+  if (cu_seqlens != nullptr) {
+    auto start = [&](int b) { return min(max(__ldg(cu_seqlens + b), 0), total); };
+    int lo = 0, hi = batch - 1;  // the last sequence whose first block is at most `block`
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (dq_tile_first_block(start(mid), mid, true) <= block) lo = mid; else hi = mid - 1;
+    }
+    const int q_start = start(lo), first_block = dq_tile_first_block(q_start, lo, true);
+    first_row = q_start + (block - first_block) * kDqTileRows;
+    rows = max(start(lo + 1), q_start);
+    if (block < first_block || first_row >= rows) return;  // CTA-uniform: padding, no sequence's rows
+  }
+  const float4* from = reinterpret_cast<const float4*>(src + index * kDqTileFloats);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int e = int(threadIdx.x) + 256 * k, i = e / 128, t = e % 128;
+    const float4 v = from[e];
+    const int r = 16 * (t / 32) + t % 32 / 4, c = 8 * i + 2 * (t % 4);
+    tile[r][c] = v.x;
+    tile[r][c + 1] = v.y;
+    tile[r + 8][c] = v.z;
+    tile[r + 8][c + 1] = v.w;
+  }
+  __syncthreads();  // the tile is in rows
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int piece = int(threadIdx.x) + 256 * k, r = piece / 8, c = piece % 8 * 8;  // 8 pieces of 8 a row
+    const int s = first_row + r;
+    if (s >= rows) continue;
+    const float* x = &tile[r][c];
+    __stcs(reinterpret_cast<int4*>(dst + entry * batch_stride + int64_t(s) * seq_stride + h * head_stride +
+                                   chunk * 64 + c),
+           make_int4(int(frag::pack2<T>(x[0], x[1])), int(frag::pack2<T>(x[2], x[3])), int(frag::pack2<T>(x[4], x[5])),
+                     int(frag::pack2<T>(x[6], x[7]))));
+  }
+}
+
 // dst[b, s, h, :] = src (contiguous fp32 [B, S, H, D]) in T, at dst's strides, 8 elements a
 // thread: two 16-byte loads and one 16-byte store (dst's rows are 16-byte aligned: validated),
 // and the row's indices, divisions by the run-time heads and seqlen, once per 8 elements (one
@@ -380,9 +453,12 @@ Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem,
 // dQ (params.dq_accum null; the kernel writes every row of params.dq, zeros included, but a
 // packed batch's rows that no sequence owns, which get zeros here).
 // With problem.deterministic, `turns` counters are taken from the same scratch and zeroed.
+// With dq_tiles the dQ sum is in tiles (dq_tile_blocks), zeroed by a memset and converted by
+// convert_dq_tiles_kernel.
 template <typename Forward, typename LaunchMain>
 Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main,
-                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {}) {
+                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {},
+                    bool dq_tiles = false) {
   const AttentionProblem& fwd = problem.forward;
   BackwardParamsOf<Forward> p{};
   if constexpr (std::is_same_v<Forward, FeatureParams>)
@@ -410,7 +486,10 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   const int entries = fwd.tensor_batch(), seq_rows_q = fwd.tensor_rows_q(), seq_rows_k = fwd.tensor_rows_k();
   const int64_t rows_q = int64_t(entries) * seq_rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
   const int64_t rows_k = int64_t(entries) * seq_rows_k * fwd.heads_kv;
-  const int64_t rows_q_sums = dq_written_by_kernel ? 0 : rows_q;     // rows of the dQ sum
+  const int dq_blocks = dq_tile_blocks(seq_rows_q, fwd.batch, fwd.is_varlen());  // with dq_tiles
+  const int64_t rows_q_sums = dq_written_by_kernel ? 0
+                              : dq_tiles           ? int64_t(entries) * fwd.heads_q * dq_blocks * kDqTileRows
+                                                   : rows_q;  // rows of the dQ sum
   const int64_t rows_k_sums = dkdv_written_by_kernel ? 0 : rows_k;  // rows of the dK and dV sums
   const size_t floats = size_t(rows_q) + size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
   const size_t counters = problem.deterministic ? size_t(turns.dq + turns.dkdv) : 0;
@@ -433,7 +512,11 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
     s = cuda_status(cudaMemsetAsync(turn_counters, 0, counters * sizeof(int), stream),
                     std::string(name) + ": zeroing the deterministic backward's turn counters");
   }
-  // The dK and dV sums are zeroed here, the dQ sum by delta_kernel (row by row, as it goes).
+  // The dK and dV sums are zeroed here, the dQ sum by delta_kernel (row by row, as it goes), or
+  // here when it is in tiles.
+  if (s.ok() && dq_tiles && rows_q_sums > 0)
+    s = cuda_status(cudaMemsetAsync(p.dq_accum, 0, size_t(rows_q_sums) * fwd.head_dim * sizeof(float), stream),
+                    std::string(name) + ": zeroing the fp32 sum of dQ");
   if (s.ok() && rows_k_sums > 0)
     s = cuda_status(cudaMemsetAsync(p.dk_accum, 0, size_t(2 * rows_k_sums) * fwd.head_dim * sizeof(float), stream),
                     std::string(name) + ": zeroing the fp32 sums of dK and dV");
@@ -442,6 +525,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
       BackwardParamsOf<Forward> rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
       rows.fwd.batch = entries;
       rows.fwd.seqlen_q = seq_rows_q;
+      if (dq_tiles) rows.dq_accum = nullptr;  // zeroed above
       constexpr int kDeltaRows = delta_rows_per_block<D>();
       delta_kernel<T, D, Forward><<<unsigned((rows_q + kDeltaRows - 1) / kDeltaRows), kDeltaThreads, 0, stream>>>(rows);
       Status st = launch_status(name);
@@ -458,7 +542,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
             !(st = zero_unowned(problem.dv, fwd.cu_seqlens_k, fwd.total_k, fwd.heads_kv, problem.dv_strides)).ok())
           return st;
       }
-      if (dq_written_by_kernel && fwd.is_varlen()) {
+      if ((dq_written_by_kernel || dq_tiles) && fwd.is_varlen()) {
         if (!(st = zero_unowned(problem.dq, fwd.cu_seqlens_q, fwd.total_q, fwd.heads_q, problem.dq_strides)).ok())
           return st;
       }
@@ -469,9 +553,15 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
             src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
         return launch_status(name);
       };
-      if (!dq_written_by_kernel &&
-          !(st = convert(p.dq_accum, problem.dq, seq_rows_q, fwd.heads_q, problem.dq_strides)).ok())
+      if (!dq_written_by_kernel && dq_tiles) {
+        convert_dq_tiles_kernel<T, D><<<unsigned(rows_q_sums / kDqTileRows * (D / 64)), 256, 0, stream>>>(
+            p.dq_accum, static_cast<T*>(problem.dq), fwd.heads_q, seq_rows_q, dq_blocks, fwd.cu_seqlens_q, fwd.batch,
+            fwd.total_q, problem.dq_strides.batch, problem.dq_strides.seq, problem.dq_strides.head);
+        if (!(st = launch_status(name)).ok()) return st;
+      } else if (!dq_written_by_kernel &&
+                 !(st = convert(p.dq_accum, problem.dq, seq_rows_q, fwd.heads_q, problem.dq_strides)).ok()) {
         return st;
+      }
       if (dkdv_written_by_kernel) return st;
       if (!(st = convert(p.dk_accum, problem.dk, seq_rows_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
       return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides);

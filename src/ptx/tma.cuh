@@ -99,6 +99,15 @@ __device__ __forceinline__ void cp_reduce_async_bulk_tensor_4d_add(const CUtenso
                : "memory");
 }
 
+// The same over a 2-D tensor map (the backward's dQ sum in tiles: rows of 128 floats).
+__device__ __forceinline__ void cp_reduce_async_bulk_tensor_2d_add(const CUtensorMap* map, int c0, int c1,
+                                                                   const void* src) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(cvta_to_shared_u32(src))
+               : "memory");
+}
+
 // cp.async.bulk.commit_group: closes this thread's bulk copies issued so far into a group.
 __device__ __forceinline__ void cp_async_bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 

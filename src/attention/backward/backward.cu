@@ -110,11 +110,12 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
           return {StatusCode::not_supported, std::string(kName) + ": one pass at D <= 128 only"};  // not called (two passes)
         } else {
           static_assert(bwd::smem_bytes<T, D, true>() <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-          // Over run_backward's fp32 dQ sum, which exists only from here on: 64-row boxes (a
-          // warpgroup's share of a block).
+          // Over run_backward's fp32 dQ sum in tiles (dq_tiles below), which exists only from here
+          // on: a box a tile.
+          const int64_t dq_tiles = int64_t(fwd.tensor_batch()) * fwd.heads_q *
+                                   dq_tile_blocks(fwd.tensor_rows_q(), fwd.batch, fwd.is_varlen()) * (D / 64);
           CUtensorMap dq_map;
-          Status st = make_fp32_bshd_tensor_map(&dq_map, p.dq_accum, fwd.tensor_batch(), fwd.tensor_rows_q(),
-                                                fwd.heads_q, D, 64);
+          Status st = make_fp32_tiles_tensor_map(&dq_map, p.dq_accum, dq_tiles);
           if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
           // 64-row boxes (a warpgroup's keys) over dK and dV where the kernel writes them (a packed
           // batch's over its rows), else over run_backward's fp32 sums of them.
@@ -145,7 +146,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
         // sequence owns run_backward zeroes).
       },
       /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/false,
-      deterministic_turns(fwd));
+      deterministic_turns(fwd), /*dq_tiles=*/true);
 }
 
 }  // namespace

@@ -53,10 +53,10 @@ namespace hattn::bwd {
 
 // The work of a consumer thread of warpgroup `warpgroup` (0 or 1) on the CTA's keys from n0.
 template <typename T, int D, bool kVarlen>
-__device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap& dq_map,
-                                        const CUtensorMap& dk_map, const CUtensorMap& dv_map, const BackwardParams& p,
-                                        const Sequence& seq, const QueryBlocks<kBlockM<D>>& blocks, int warpgroup,
-                                        int n0, int head, int head_kv, int batch) {
+__device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, const CUtensorMap& dk_map,
+                                        const CUtensorMap& dv_map, const BackwardParams& p, const Sequence& seq,
+                                        const QueryBlocks<kBlockM<D>>& blocks, int warpgroup, int n0, int head,
+                                        int head_kv, int batch) {
   using Storage = SharedStorage<T, D, kVarlen>;
   constexpr int kRows = Storage::kRows;  // query rows of a block: 64, or 128 at D = 64
   constexpr int kDTiles = D / 8;         // n8 column tiles of dK and dV
@@ -122,37 +122,27 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   constexpr int kCols = Storage::kDqCols;
   const int c0 = kDqByRows ? 0 : warpgroup * kCols, r0 = kDqByRows ? 64 * warpgroup : 0;
   float dq[kCols / 2];
-  // The scaled share into its block's buffer, for the writer warp (after waiting for the wgmma).
-  // Accumulator rows are 16 warp + g (+ 8), columns 8 nt + 2 t of the share: box nt / 4,
-  // 16-byte chunk 2 (nt % 4) + t / 2 of the 128-byte row, stored at chunk ^ (row % 8) =
-  // chunk ^ g (the box's swizzle): the lane's nt = 0 float offset XOR 8 (nt % 4).
-  const int dq_lane = (16 * warp_in_wg + group) * 32 + ((tig / 2 ^ group) << 2) + 2 * (tig % 2);
+  // The scaled share into its block's buffer, for the writer warp (after waiting for the wgmma),
+  // in accumulator order: n8 tile nt's four floats (rows g and g + 8, columns 2 t and 2 t + 1)
+  // at float (nt * 128 + t) * 4, t the thread's place in its warpgroup, so 16-byte stores with a
+  // warp's 512 bytes consecutive (backward_common.cuh's dq tiles). A packed batch's rows past its
+  // sequence land in the sequence's own padding of the sum, which no one reads.
+  const uint32_t dq_thread = uint32_t(threadIdx.x) % 128 * 4;  // the thread's first float in a tile
   auto store_dq = [&](int step) {
 #pragma unroll
     for (int i = 0; i < kCols / 2; ++i) ptx::fence_operand(dq[i]);
     const int buffer = step % Storage::kDqBuffers;
-    float* tiles = smem.dq[buffer][warpgroup][0];
+    // Re-read each step, so that the compiler keeps one offset live across the loop.
+    uint32_t thread_offset = dq_thread;
+    ptx::fence_operand(thread_offset);
+    float* tile = smem.dq[buffer][warpgroup] + thread_offset;
     // WAR: the writer's reduction of this buffer's last block has read it (dq_writer.cuh).
     if (step >= Storage::kDqBuffers) ptx::bar_sync(kDqEmptyBarrier + 2 * buffer + warpgroup, kDqHandOffThreads);
-    // Re-read each step, so that the compiler does not keep the four offsets it makes from it
-    // live across the loop (at D = 128 it spilled them).
-    uint32_t lane_offset = dq_lane;
-    ptx::fence_operand(lane_offset);
-    // Varlen: the box's rows past the sequence are the next sequence's; they get exact zeros,
-    // not 0 x K, which is NaN where this sequence's keys hold NaN. Dense: rows_left stays
-    // 64 (its boxes end at the tensor's edge), so the select folds to the plain store.
-    int rows_left = 64;
-    if constexpr (kVarlen) rows_left = seq.seqlen_q - block_row(step) - r0 - 16 * warp_in_wg - group;
 #pragma unroll
-    for (int nt = 0; nt < kCols / 8; ++nt) {
-      float* at = tiles + nt / 4 * 64 * 32 + (lane_offset ^ (nt % 4) << 3);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        *reinterpret_cast<float2*>(at + 8 * r * 32) =
-            rows_left > 8 * r ? make_float2(grad_scale * dq[nt * 4 + 2 * r], grad_scale * dq[nt * 4 + 2 * r + 1])
-                              : make_float2(0.f, 0.f);
-      }
-    }
+    for (int nt = 0; nt < kCols / 8; ++nt)
+      *reinterpret_cast<float4*>(tile + nt * 128 * 4) =
+          make_float4(grad_scale * dq[4 * nt], grad_scale * dq[4 * nt + 1], grad_scale * dq[4 * nt + 2],
+                      grad_scale * dq[4 * nt + 3]);
     ptx::fence_proxy_async_shared_cta();  // the stores above, before the writer's reduction (async proxy) reads them
     ptx::bar_arrive(kDqFullBarrier + 2 * buffer + warpgroup, kDqHandOffThreads);  // to the writer, without waiting
   };
@@ -327,7 +317,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
   if (p.dk_accum == nullptr)
     store_dk_dv(smem, dk, dv, dk_map, dv_map, p, seq, warpgroup, n_wg, head_kv, key0, grad_scale);
   else
-    add_dk_dv(smem, dk, dv, dk_map, dv_map, p, seq, warpgroup, n_wg, head, head_kv, batch, key0, dq_lane, grad_scale);
+    add_dk_dv(smem, dk, dv, dk_map, dv_map, p, seq, warpgroup, n_wg, head, head_kv, batch, key0, grad_scale);
 }
 
 }  // namespace hattn::bwd

@@ -1,6 +1,7 @@
 // The dQ writers: one warp of the producer warpgroup per consumer warpgroup. Each step its
 // consumers store their share of the block's dQ into a buffer and arrive (without waiting);
-// the writer waits for them, adds the share into the fp32 dQ sum by TMA reductions, waits
+// the writer waits for them, adds the share into the fp32 dQ sum by one TMA reduction (the
+// share is a tile of the sum in accumulator order, backward_common.cuh's dq tiles), waits
 // until those have read the buffer, and hands it back. So no consumer thread waits on a bulk
 // group, and a consumer warp goes on as soon as its own stores are fenced (on an H100 the
 // backward took 0.98-0.99 of the time it took with the consumers sending dQ themselves:
@@ -34,11 +35,19 @@ __device__ __forceinline__ void write_dq(SharedStorage<T, D, kVarlen>& smem, con
                                          int batch) {
   using Storage = SharedStorage<T, D, kVarlen>;
   constexpr int kRows = Storage::kRows;
-  constexpr int kCols = Storage::kDqCols;
   constexpr int kBuffers = Storage::kDqBuffers;
-  const int c0 = Storage::kDqByRows ? 0 : warpgroup * kCols, r0 = Storage::kDqByRows ? 64 * warpgroup : 0;
+  static_assert(Storage::kDqCols == 64, "a warpgroup's share is one 64 x 64 tile of the sum");
+  const int r0 = Storage::kDqByRows ? 64 * warpgroup : 0;
   const bool issuer = threadIdx.x % 32 == 0;
   if (issuer) ptx::prefetch_tensormap(&dq_map);
+  // The share's tile of the sum (dq_map's rows: 32 a tile): by rows, chunk 0 of the 64-row
+  // block at m0 + r0; by columns, chunk `warpgroup` of the block at m0.
+  const FeatureParams& f = p.fwd;
+  const int head_block =
+      (seq.batch_coord * f.heads_q + head) * dq_tile_blocks(kVarlen ? f.total_q : f.seqlen_q, f.batch, kVarlen) +
+      dq_tile_first_block(seq.q_start, batch, kVarlen);
+  constexpr int kChunks = D / 64;
+  const int chunk = Storage::kDqByRows ? 0 : warpgroup;
   for (int step = 0; step < blocks.steps; ++step) {
     const int buffer = step % kBuffers, m0 = blocks.row(step);
     ptx::bar_sync(kDqFullBarrier + 2 * buffer + warpgroup, kDqHandOffThreads);  // the share is in the buffer
@@ -50,17 +59,13 @@ __device__ __forceinline__ void write_dq(SharedStorage<T, D, kVarlen>& smem, con
       // understated, the checking mode off) has no counter: it adds out of turn rather than
       // wait on another block's.
       if (p.dq_turns != nullptr && m0 / kRows < p.q_blocks) {
-        const FeatureParams& f = p.fwd;
         int first_key, last_key;  // the keys the block's last query sees
         visible_keys<kVarlen>(f, seq, min(m0 + kRows, seqlen_q_of<kVarlen>(f, seq)) - 1, &first_key, &last_key);
         turn = p.dq_turns + ((int64_t(batch) * f.heads_q + head) * p.q_blocks + m0 / kRows) * kWarpgroups + warpgroup;
         ptx::wait_turn(turn, dq_turn(n0, last_key));
       }
-      const float* tiles = smem.dq[buffer][warpgroup][0];
-#pragma unroll
-      for (int box = 0; box < kCols / 32; ++box)
-        ptx::cp_reduce_async_bulk_tensor_4d_add(&dq_map, c0 + 32 * box, seq.q_start + m0 + r0, head, seq.batch_coord,
-                                                tiles + box * 64 * 32);
+      const int tile = (head_block + (m0 + r0) / kDqTileRows) * kChunks + chunk;
+      ptx::cp_reduce_async_bulk_tensor_2d_add(&dq_map, 0, tile * 32, smem.dq[buffer][warpgroup]);
       ptx::cp_async_bulk_commit_group();
       ptx::cp_async_bulk_wait_group_read<0>();  // the buffer has been read: it may be written again
     }

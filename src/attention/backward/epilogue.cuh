@@ -99,14 +99,14 @@ __device__ __forceinline__ void store_dk_dv(SharedStorage<T, D, kVarlen>& smem, 
 }
 
 // dK (scaled) and dV of the warpgroup's 64 keys added into the fp32 sums of the K/V head
-// (dk_map, dv_map), from fp32 tiles over K and V (warpgroup 0) or Q and dO (warpgroup 1);
-// dq_lane is the thread's float offset in a 64 x 32 box (the layout of consumer.cuh's store_dq).
+// (dk_map, dv_map), from fp32 tiles over K and V (warpgroup 0) or Q and dO (warpgroup 1): 64 x
+// 32 boxes of 128-byte rows, swizzled like TMA's.
 // The deterministic backward with GQA (p.dkdv_turns): a group's query heads add in turn.
 template <typename T, int D, bool kVarlen, int N>
 __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, const float (&dk)[N],
                                           const float (&dv)[N], const CUtensorMap& dk_map, const CUtensorMap& dv_map,
                                           const BackwardParams& p, const Sequence& seq, int warpgroup, int n_wg,
-                                          int head, int head_kv, int batch, int key0, int dq_lane, float grad_scale) {
+                                          int head, int head_kv, int batch, int key0, float grad_scale) {
   constexpr int kDTiles = D / 8;  // n8 column tiles of dK and dV
   // The sums of the K/V head (a GQA group's query heads add up; a packed batch's rows), by TMA
   // reductions from fp32 tiles. WAR: both warpgroups' last wgmmas (which read K, V, Q and dO)
@@ -116,10 +116,14 @@ __device__ __forceinline__ void add_dk_dv(SharedStorage<T, D, kVarlen>& smem, co
                 "a warpgroup's fp32 dK (and dV) rows fit over K (V) and over Q (dO)");
   float* const dk_tiles = reinterpret_cast<float*>(warpgroup == 0 ? smem.k[0] : smem.q[0][0]);
   float* const dv_tiles = reinterpret_cast<float*>(warpgroup == 0 ? smem.v[0] : smem.dout[0][0]);
-  // Columns 8 nt + 2 t (+ 1) of rows 16 warp + g (+ 8): box nt / 4, in store_dq's layout.
+  // Columns 8 nt + 2 t (+ 1) of rows 16 warp + g (+ 8): box nt / 4, 16-byte chunk 2 (nt % 4) +
+  // t / 2 of the row, stored at chunk ^ (row % 8) = chunk ^ g: the lane's nt = 0 float offset
+  // XOR 8 (nt % 4).
+  const int lane = int(threadIdx.x) % 32, group = lane / 4, tig = lane % 4;
+  const int box_lane = (16 * (int(threadIdx.x) % 128 / 32) + group) * 32 + ((tig / 2 ^ group) << 2) + 2 * (tig % 2);
 #pragma unroll
   for (int nt = 0; nt < kDTiles; ++nt) {
-    const int at = nt / 4 * 64 * 32 + (dq_lane ^ (nt % 4) << 3);
+    const int at = nt / 4 * 64 * 32 + (box_lane ^ (nt % 4) << 3);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // Varlen: keys past the sequence (the next sequence's rows) get exact zeros, not 0 x Q.

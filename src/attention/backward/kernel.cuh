@@ -22,8 +22,9 @@
 
 namespace hattn::bwd {
 
-// dq_map is over the fp32 dQ sum; dk_map and dv_map over dK and dV where the kernel writes them
-// (a dense batch without GQA: p.dk_accum is null), else over their fp32 sums.
+// dq_map is over the fp32 dQ sum's tiles (make_fp32_tiles_tensor_map); dk_map and dv_map over dK
+// and dV where the kernel writes them (a dense batch without GQA: p.dk_accum is null), else over
+// their fp32 sums.
 template <typename T, int D, bool kVarlen>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   ptx::setmaxnreg_inc<kConsumerRegisters>();
-  consume(smem, dq_map, dk_map, dv_map, p, smem.seq.read(seq), blocks, warpgroup, n0, head, head_kv, batch);
+  consume(smem, dk_map, dv_map, p, smem.seq.read(seq), blocks, warpgroup, n0, head, head_kv, batch);
 }
 
 }  // namespace hattn::bwd

@@ -38,11 +38,10 @@ struct SharedStorage {
   static constexpr int kColBlocks = D / 64;
   static constexpr int kRows = kBlockM<D>;  // query rows of a block
   // dQ's split between the warpgroups: by rows (each 64 rows, all D columns) where a block has
-  // 128 rows, else by columns (each D / 2). Either way a warpgroup's share is 64 x 32 fp32
-  // boxes, kDqBoxes of them, single-buffered with 128 rows (two buffers would not fit at D = 64).
+  // 128 rows, else by columns (each D / 2). Either way a warpgroup's share is one 64 x 64 fp32
+  // tile, single-buffered with 128 rows (two buffers would not fit at D = 64).
   static constexpr bool kDqByRows = kRows == 128;
   static constexpr int kDqCols = kDqByRows ? D : D / 2;
-  static constexpr int kDqBoxes = kDqCols / 32;
   static constexpr int kDqBuffers = kDqByRows ? 1 : 2;
   // How the masks find a query's visible keys. With 128-query blocks (D = 64), from each key's
   // viewers, found once per CTA (scores.cuh's KeyViewers), and varlen consumers read the
@@ -59,9 +58,9 @@ struct SharedStorage {
   // dS^T of each warpgroup: [query block of 64][key][query], swizzled; by block parity (a
   // block's dQ wgmma reads both warpgroups' while the next block's are written).
   alignas(kAtomBytes) T ds[2][kWarpgroups][64 * kRows];
-  // Each warpgroup's share of a block's dQ, per block parity (with two buffers), as 64 x 32
-  // fp32 boxes (128-byte rows, swizzled like the TMA box).
-  alignas(kAtomBytes) float dq[kDqBuffers][kWarpgroups][kDqBoxes][64 * 32];
+  // Each warpgroup's share of a block's dQ, per block parity (with two buffers): a 64 x 64 fp32
+  // tile in accumulator order (backward_common.cuh's dq tiles).
+  alignas(kAtomBytes) float dq[kDqBuffers][kWarpgroups][64 * kDqCols];
   float lse_log2[kStages][kRows];  // each block's LSE (log2 units) and delta, per query
   float delta[kStages][kRows];
   uint64_t kv_full;
