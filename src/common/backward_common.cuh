@@ -453,12 +453,11 @@ Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem,
 // dQ (params.dq_accum null; the kernel writes every row of params.dq, zeros included, but a
 // packed batch's rows that no sequence owns, which get zeros here).
 // With problem.deterministic, `turns` counters are taken from the same scratch and zeroed.
-// With dq_tiles the dQ sum is in tiles (dq_tile_blocks), zeroed by a memset and converted by
-// convert_dq_tiles_kernel.
-template <typename Forward, typename LaunchMain>
+// With kDqTiles the dQ sum is in tiles (dq_tile_blocks), zeroed by a memset and converted by
+// convert_dq_tiles_kernel (a template argument, so that only its user instantiates that kernel).
+template <typename Forward, bool kDqTiles = false, typename LaunchMain>
 Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main,
-                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {},
-                    bool dq_tiles = false) {
+                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {}) {
   const AttentionProblem& fwd = problem.forward;
   BackwardParamsOf<Forward> p{};
   if constexpr (std::is_same_v<Forward, FeatureParams>)
@@ -486,9 +485,9 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   const int entries = fwd.tensor_batch(), seq_rows_q = fwd.tensor_rows_q(), seq_rows_k = fwd.tensor_rows_k();
   const int64_t rows_q = int64_t(entries) * seq_rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
   const int64_t rows_k = int64_t(entries) * seq_rows_k * fwd.heads_kv;
-  const int dq_blocks = dq_tile_blocks(seq_rows_q, fwd.batch, fwd.is_varlen());  // with dq_tiles
+  const int dq_blocks = dq_tile_blocks(seq_rows_q, fwd.batch, fwd.is_varlen());  // with kDqTiles
   const int64_t rows_q_sums = dq_written_by_kernel ? 0
-                              : dq_tiles           ? int64_t(entries) * fwd.heads_q * dq_blocks * kDqTileRows
+                              : kDqTiles           ? int64_t(entries) * fwd.heads_q * dq_blocks * kDqTileRows
                                                    : rows_q;  // rows of the dQ sum
   const int64_t rows_k_sums = dkdv_written_by_kernel ? 0 : rows_k;  // rows of the dK and dV sums
   const size_t floats = size_t(rows_q) + size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
@@ -514,7 +513,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   }
   // The dK and dV sums are zeroed here, the dQ sum by delta_kernel (row by row, as it goes), or
   // here when it is in tiles.
-  if (s.ok() && dq_tiles && rows_q_sums > 0)
+  if (s.ok() && kDqTiles && rows_q_sums > 0)
     s = cuda_status(cudaMemsetAsync(p.dq_accum, 0, size_t(rows_q_sums) * fwd.head_dim * sizeof(float), stream),
                     std::string(name) + ": zeroing the fp32 sum of dQ");
   if (s.ok() && rows_k_sums > 0)
@@ -525,7 +524,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
       BackwardParamsOf<Forward> rows = p;  // delta over the tensors' rows: a packed batch as one entry of total_q
       rows.fwd.batch = entries;
       rows.fwd.seqlen_q = seq_rows_q;
-      if (dq_tiles) rows.dq_accum = nullptr;  // zeroed above
+      if (kDqTiles) rows.dq_accum = nullptr;  // zeroed above
       constexpr int kDeltaRows = delta_rows_per_block<D>();
       delta_kernel<T, D, Forward><<<unsigned((rows_q + kDeltaRows - 1) / kDeltaRows), kDeltaThreads, 0, stream>>>(rows);
       Status st = launch_status(name);
@@ -542,7 +541,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
             !(st = zero_unowned(problem.dv, fwd.cu_seqlens_k, fwd.total_k, fwd.heads_kv, problem.dv_strides)).ok())
           return st;
       }
-      if ((dq_written_by_kernel || dq_tiles) && fwd.is_varlen()) {
+      if ((dq_written_by_kernel || kDqTiles) && fwd.is_varlen()) {
         if (!(st = zero_unowned(problem.dq, fwd.cu_seqlens_q, fwd.total_q, fwd.heads_q, problem.dq_strides)).ok())
           return st;
       }
@@ -553,7 +552,7 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
             src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
         return launch_status(name);
       };
-      if (!dq_written_by_kernel && dq_tiles) {
+      if constexpr (kDqTiles) {
         convert_dq_tiles_kernel<T, D><<<unsigned(rows_q_sums / kDqTileRows * (D / 64)), 256, 0, stream>>>(
             p.dq_accum, static_cast<T*>(problem.dq), fwd.heads_q, seq_rows_q, dq_blocks, fwd.cu_seqlens_q, fwd.batch,
             fwd.total_q, problem.dq_strides.batch, problem.dq_strides.seq, problem.dq_strides.head);

@@ -103,14 +103,14 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
   CUtensorMap dout_map;
   Status s = make_input_maps(problem, bwd::block_m(fwd.head_dim), bwd::kBlockN, &maps, &dout_map);
   if (!s.ok()) return s;
-  return run_backward<FeatureParams>(
+  return run_backward<FeatureParams, /*kDqTiles=*/true>(
       problem, stream, kName,
       [&]<typename T, int D>(const BackwardParams& p) -> Status {
         if constexpr (D > 128) {
           return {StatusCode::not_supported, std::string(kName) + ": one pass at D <= 128 only"};  // not called (two passes)
         } else {
           static_assert(bwd::smem_bytes<T, D, true>() <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
-          // Over run_backward's fp32 dQ sum in tiles (dq_tiles below), which exists only from here
+          // Over run_backward's fp32 dQ sum in tiles (kDqTiles above), which exists only from here
           // on: a box a tile.
           const int64_t dq_tiles = int64_t(fwd.tensor_batch()) * fwd.heads_q *
                                    dq_tile_blocks(fwd.tensor_rows_q(), fwd.batch, fwd.is_varlen()) * (D / 64);
@@ -146,7 +146,7 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
         // sequence owns run_backward zeroes).
       },
       /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/false,
-      deterministic_turns(fwd), /*dq_tiles=*/true);
+      deterministic_turns(fwd));
 }
 
 }  // namespace
