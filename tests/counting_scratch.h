@@ -16,6 +16,7 @@ struct CountingScratch {
   size_t bytes_taken = 0;
   size_t bytes_given_back = 0;
   bool fail = false;
+  bool poison = false;  // fill each block with 0xFF bytes (NaN as floats): what the call must overwrite
   ScratchAllocator allocator;
 
   CountingScratch() {
@@ -24,6 +25,10 @@ struct CountingScratch {
       auto* self = static_cast<CountingScratch*>(context);
       void* ptr = nullptr;
       if (self->fail || cudaMallocAsync(&ptr, bytes, stream) != cudaSuccess) return nullptr;
+      if (self->poison && cudaMemsetAsync(ptr, 0xFF, bytes, stream) != cudaSuccess) {
+        cudaFreeAsync(ptr, stream);
+        return nullptr;
+      }
       ++self->taken;
       self->bytes_taken += bytes;
       return ptr;

@@ -665,8 +665,10 @@ TEST(BackwardValidation, DeterministicRouting) {
   EXPECT_EQ(s.message().rfind("bwd_15_tma_sums: deterministic=true is not supported", 0), 0u) << s.message();
 }
 
-// The fp32 sums come from the problem's allocator, one block a call, all of it given back; an
-// allocator with nothing to give makes the call fail with out_of_memory before any launch.
+// The fp32 sums come from the problem's allocator, one block a call, all of it given back; the
+// block comes poisoned (NaN), so the call must zero every sum it adds into (dQ's, and dK's and
+// dV's with GQA); an allocator with nothing to give makes the call fail with out_of_memory
+// before any launch.
 TEST(BackwardScratch, ComesFromTheProblemsAllocator) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
@@ -678,10 +680,17 @@ TEST(BackwardScratch, ComesFromTheProblemsAllocator) {
       {"bwd_10_dq_pass", Case{1, 150, 90, 2, 2, 256, false, -1, DType::bf16, false}}};
   for (const auto& [kernel, c] : cases) {
     testing::CountingScratch scratch;
+    scratch.poison = true;
     ASSERT_NO_FATAL_FAILURE(check_backward_case(kernel, c, &scratch.allocator));
     EXPECT_EQ(scratch.taken, 1) << kernel;
     EXPECT_EQ(scratch.given_back, 1) << kernel;
     EXPECT_EQ(scratch.bytes_given_back, scratch.bytes_taken) << kernel;
+  }
+  {  // the deterministic mode's turn counters come from the same poisoned block
+    testing::CountingScratch scratch;
+    scratch.poison = true;
+    ASSERT_NO_FATAL_FAILURE(check_backward_case(
+        "bwd_sm90", Case{1, 200, 300, 4, 2, 128, true, -1, DType::bf16, false}, &scratch.allocator, 1));
   }
   // valid_backward()'s shape on device memory (the pointer checks come before the scratch).
   BackwardProblem b = valid_backward();
