@@ -36,6 +36,13 @@ the CSV name gains _step.
 --gqa R: R query heads per K/V head on the grid (torch SDPA with enable_gqa); the CSV is then
 pybench_backward_gqa<R>.csv.
 
+--window L: the grid with a sliding window of L keys left of each row's diagonal (and L right of
+it without the causal mask), hattn.attention(window_size=...) beside FlashAttention-3's windowed
+backward; torch SDPA has no sliding window (a line says so; it is not timed). The reference is torch
+SDPA's memory-efficient kernel in fp32 with the window as a boolean mask, through autograd; the
+bound is 8 eps max |ref| (the kernels' own rounding against an fp32 reference). FLOPs count the
+visible entries. The CSV is pybench_backward_window<L>.csv (_gqa<R> added with --gqa).
+
 --varlen equal|mixed: the grid's shapes as variable-length batches (packed [total, H, D], the
 sequences' lengths as in python -m hattn.bench --varlen), with torch's varlen kernels through
 their aten ops and autograd (what torch.nn.attention.varlen.varlen_attn calls):
@@ -57,7 +64,7 @@ import argparse
 import csv
 import os
 import sys
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -73,6 +80,7 @@ VARLEN_ANCHORS = ("varlen_cudnn", "varlen_flash", "fa3")
 # (results/evidence/bwd_08_varlen/README.md).
 VARLEN_DEFAULT_ANCHORS = ("varlen_flash", "fa3")
 FA3_DET_256 = "not run at head dim 256: FA3's deterministic backward crashed there (segmentation fault)"
+WINDOW_REFERENCE = "sdpa_efficient_fp32_masked"  # --window's reference (not timed)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -91,6 +99,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--out", default="results", help="output folder (default: results/)")
     p.add_argument("--varlen", choices=VARLEN_MODES, default=None,
                    help="the grid as variable-length batches beside torch's varlen kernels (equal or mixed lengths)")
+    p.add_argument("--window", type=int, default=-1,
+                   help="a sliding window of this many keys on the grid, beside FA3's (dense batches)")
     p.add_argument("--step", action="store_true",
                    help="time the forward and the backward together (one layer's training step)")
     p.add_argument("--deterministic", action="store_true",
@@ -118,14 +128,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         p.error(f"--anchors: some of {', '.join(known)}{mode}, each once (got {args.anchors!r})")
     if args.anchor_list == ["fa3"]:
         p.error("--anchors: fa3 with at least one torch anchor, the reference")
+    if args.window < -1 or (args.window >= 0 and args.varlen):
+        p.error("--window must be >= 0 (keys), and not with --varlen")
     if args.step and (args.varlen or args.kernels):
         p.error("--step: dense batches through each implementation's own API, without --varlen or --kernels")
     return args
 
 
-def backward_fn(name: str, q, k, v, dout, causal: bool, step: bool = False) -> Callable[[], tuple]:
+def backward_fn(name: str, q, k, v, dout, causal: bool, step: bool = False,
+                window: Tuple[int, int] = (-1, -1)) -> Callable[[], tuple]:
     """The backward of implementation `name` on BSHD q, k, v (its own leaf copies), as a call
-    returning (dq, dk, dv) in BSHD; with step, the call runs the forward too."""
+    returning (dq, dk, dv) in BSHD; with step, the call runs the forward too. window: (left,
+    right) keys of a sliding window, (-1, -1) for none (hattn and FA3 only)."""
     import hattn
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -133,15 +147,16 @@ def backward_fn(name: str, q, k, v, dout, causal: bool, step: bool = False) -> C
     deterministic = name.endswith("_det")
     if name in ("fa3", "fa3_det"):  # its backward op, given its forward's out and log-sum-exp
         if step:
-            return lambda: fa3.backward(dout, q, k, v, *fa3.forward(q, k, v, causal), causal, deterministic=deterministic)
-        out, lse = fa3.forward(q, k, v, causal)
-        return lambda: fa3.backward(dout, q, k, v, out, lse, causal, deterministic=deterministic)
+            return lambda: fa3.backward(dout, q, k, v, *fa3.forward(q, k, v, causal, window=window), causal,
+                                        deterministic=deterministic, window=window)  # fmt: skip
+        out, lse = fa3.forward(q, k, v, causal, window=window)
+        return lambda: fa3.backward(dout, q, k, v, out, lse, causal, deterministic=deterministic, window=window)
     if name in ("hattn", "hattn_det"):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         grad_out = dout
 
         def forward():
-            return hattn.attention(*leaves, causal=causal, deterministic=deterministic)
+            return hattn.attention(*leaves, causal=causal, deterministic=deterministic, window_size=window)
     else:
         backend = SDPBackend.FLASH_ATTENTION if name == "sdpa_flash" else SDPBackend.CUDNN_ATTENTION
         leaves = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
@@ -185,7 +200,8 @@ def varlen_backward_fn(name: str, q, k, v, dout, cu, longest: int, causal: bool)
     return call
 
 
-def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None) -> Callable[[], tuple]:
+def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None,
+                       window: Tuple[int, int] = (-1, -1)) -> Callable[[], tuple]:
     """Backward kernel `kernel` alone through hattn._C, after a forward that gives out and lse;
     returns (dq, dk, dv). q, k, v are BSHD, or packed [total, H, D] with varlen = (cu_seqlens,
     longest sequence), the same for queries and keys."""
@@ -195,13 +211,13 @@ def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None) ->
 
     with torch.no_grad():
         if varlen is None:
-            out, lse = hattn.attention(q, k, v, causal=causal, return_lse=True)
+            out, lse = hattn.attention(q, k, v, causal=causal, return_lse=True, window_size=window)
         else:
             cu, longest = varlen
             out, lse = hattn.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     problem_varlen = None if varlen is None else (cu, cu, longest, longest)
-    problem, kernel = _problem(_problem_kwargs(q, k, v, out, lse, causal, None, kernel, varlen=problem_varlen))
+    problem, kernel = _problem(_problem_kwargs(q, k, v, out, lse, causal, None, kernel, window, varlen=problem_varlen))
     grads = _backward_problem(problem, dout, dq, dk, dv)
     stream = torch.cuda.current_stream().cuda_stream
 
@@ -215,6 +231,27 @@ def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None) ->
     # da02153 and e979dbf).
     call.keep_alive = (out, lse, varlen)
     return call
+
+
+def window_reference_grads(q, k, v, dout, shape) -> tuple:
+    """fp32 (dq, dk, dv), BSHD, of `shape`'s windowed attention from torch SDPA's memory-efficient
+    kernel in fp32 through autograd, the window as a boolean mask (bottom-right aligned, as hattn's
+    and FA3's); K and V repeat for each of a K/V head's query heads, so autograd sums over them."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    left, right = shape.window_size
+    rows = torch.arange(shape.seqlen_q, device=q.device)[:, None] + (shape.seqlen_k - shape.seqlen_q)
+    cols = torch.arange(shape.seqlen_k, device=q.device)[None, :]
+    visible = (cols >= rows - left) & (cols <= rows + right)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    group = q.shape[2] // k.shape[2]
+    qh, kh, vh = (t.transpose(1, 2) for t in leaves)
+    if group > 1:
+        kh, vh = (t.repeat_interleave(group, dim=1) for t in (kh, vh))
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):  # MATH where EFFICIENT refuses
+        out = sdpa(qh, kh, vh, attn_mask=visible)
+    return torch.autograd.grad(out, leaves, dout.transpose(1, 2).float())
 
 
 def all_finite(grads: Sequence[torch.Tensor]) -> bool:
@@ -244,7 +281,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.varlen:
         shapes = varlen_shapes(args.dim_list, parse_int_list(args.seqlens), causal, args.varlen)
     else:
-        shapes = grid_shapes(args.dim_list, parse_int_list(args.seqlens), causal, gqa=args.gqa, tokens=args.tokens)
+        shapes = grid_shapes(args.dim_list, parse_int_list(args.seqlens), causal, gqa=args.gqa, tokens=args.tokens,
+                             window=args.window)  # fmt: skip
     timer = Timer(256, args.warmup, args.reps, args.budget_s)
     env = environment()
     rows: List[Dict] = []
@@ -284,16 +322,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     drop_anchor(name, str(e).splitlines()[0])
         else:
             q, k, v, dout = make_inputs(shape, dtype, seed=seed, with_dout=True)
+            windowed = {"window": shape.window_size} if shape.window >= 0 else {}
             fns = {
-                name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal) if name.startswith("hattn:")
-                else backward_fn(name, q, k, v, dout, shape.causal, args.step)
+                name: kernel_backward_fn(name[6:], q, k, v, dout, shape.causal, **windowed) if name.startswith("hattn:")
+                else backward_fn(name, q, k, v, dout, shape.causal, args.step, **windowed)
                 for name in names if name not in anchors and name != "fa3_det"
             }  # fmt: skip
             if skip_fa3_det:
                 drop_anchor("fa3_det", FA3_DET_256, "not run")
             for name in list(anchors) + (["fa3_det"] if "fa3_det" in names and not skip_fa3_det else []):
+                if windowed and name not in ("fa3", "fa3_det"):
+                    drop_anchor(name, "torch SDPA has no sliding window", "unsupported")
+                    continue
                 try:  # FA3's forward runs here: where it does not take the shape, it is dropped
-                    fns[name] = backward_fn(name, q, k, v, dout, shape.causal, args.step)
+                    fns[name] = backward_fn(name, q, k, v, dout, shape.causal, args.step, **windowed)
                 except RuntimeError as e:
                     drop_anchor(name, str(e).splitlines()[0])
 
@@ -312,13 +354,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 anchor_grads[name] = grads
             else:
                 drop_anchor(name, "its gradients hold inf or NaN")
-        if not anchor_grads:  # no anchor ran: nothing to check or compare against
+        if shape.window >= 0:  # no torch anchor takes the window: the fp32 masked reference
+            used, reference, other = WINDOW_REFERENCE, window_reference_grads(q, k, v, dout, shape), None
+        elif not anchor_grads:  # no anchor ran: nothing to check or compare against
             print(f"# {shape}: no anchor ran, shape skipped")
             continue
-        used, reference = next(iter(anchor_grads.items()))
-        # The bound's second opinion: a torch anchor (FA3's gradients are checked, not trusted).
-        torch_grads = [g for n, g in anchor_grads.items() if n != "fa3"]
-        other = torch_grads[1] if len(torch_grads) > 1 and used != "fa3" else None
+        else:
+            used, reference = next(iter(anchor_grads.items()))
+            # The bound's second opinion: a torch anchor (FA3's gradients are checked, not trusted).
+            torch_grads = [g for n, g in anchor_grads.items() if n != "fa3"]
+            other = torch_grads[1] if len(torch_grads) > 1 and used != "fa3" else None
         for name in names:  # hattn's, and FA3's: a library called wrongly must not pass unseen
             if name not in fns or (name in anchors and name != "fa3"):
                 continue
@@ -332,7 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for i, g in enumerate(("dq", "dk", "dv")):
                 ref = reference[i]
                 scale = ref.float().abs().max().item()
-                tol = 4 * eps * scale
+                tol = (8 if shape.window >= 0 else 4) * eps * scale  # 8 ulps against an fp32 reference
                 if other is not None:
                     tol = max(2 * max_error(other[i], ref) + eps / 2 * scale, tol)
                 errs[name][g] = max_error(got[i], ref)
@@ -343,13 +388,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         times = dict(zip(timed, timer.interleaved([fns[n] for n in timed])))
         flops = (3.5 if args.step else 2.5) * shape.flops
         tflops = {n: flops / (ms * 1e-3) / 1e12 for n, (ms, _) in times.items()}
-        best = max(tflops[a] for a in anchors if a in tflops)  # the reference ran, so one did
+        anchor_tflops = [tflops[a] for a in anchors if a in tflops]
+        best = max(anchor_tflops) if anchor_tflops else None  # none: a window without FA3
         mask = "causal" if shape.causal else "full"
         checks = "; ".join(f"{n}: {st}" for n, st in status.items() if st != "ok") or "ok"
         heads = f"{shape.heads_q}" + (f":{shape.heads_kv}" if shape.heads_kv != shape.heads_q else "")
         print(f"{shape.head_dim:>4} {mask:6} {shape.seqlen_q:>6} {shape.batch:>2}x{heads:<3} "
               + " ".join(f"{tflops[n]:12.1f}" if n in tflops else f"{'-':>12}" for n in names)
-              + f"   {tflops['hattn'] / best:10.3f}   {checks}")  # fmt: skip
+              + (f"   {tflops['hattn'] / best:10.3f}" if best and "hattn" in tflops else f"   {'-':>10}")
+              + f"   {checks}")  # fmt: skip
         if fa3_missing:
             times["fa3"] = (None, None)
             status["fa3"] = "not given"
@@ -360,7 +407,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "batch": shape.batch, "seqlen": shape.seqlen_q, "heads_q": shape.heads_q, "heads_kv": shape.heads_kv,
                 "tokens": sum(shape.lengths) if shape.lengths else shape.batch * shape.seqlen_q,
                 "ms": "" if ms is None else ms, "reps": "" if reps is None else reps,
-                "tflops": tflops.get(n, ""), "ratio_to_best_anchor": tflops[n] / best if n in tflops else "",
+                "tflops": tflops.get(n, ""), "ratio_to_best_anchor": tflops[n] / best if n in tflops and best else "",
                 "max_err_dq": errs.get(n, {}).get("dq", ""), "max_err_dk": errs.get(n, {}).get("dk", ""),
                 "max_err_dv": errs.get(n, {}).get("dv", ""),
                 "status": status.get(n, "reference" if n == used else "ok"),
@@ -373,6 +420,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.varlen:
         file_name = f"pybench_backward_varlen_{args.varlen}.csv"
+    elif args.window >= 0:
+        file_name = f"pybench_backward_window{args.window}" + (f"_gqa{args.gqa}" if args.gqa > 1 else "")
+        file_name += "_step.csv" if args.step else ".csv"
     else:
         file_name = f"pybench_backward_gqa{args.gqa}" if args.gqa > 1 else "pybench_backward"
         file_name += "_step.csv" if args.step else ".csv"

@@ -124,18 +124,18 @@ def forward_fp8(q, k, v, q_descale, k_descale, v_descale, causal: bool) -> torch
     return out
 
 
-def backward(dout, q, k, v, out, lse, causal: bool, varlen=None,
-             deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward(dout, q, k, v, out, lse, causal: bool, varlen=None, deterministic: bool = False,
+             window: Optional[Tuple[int, int]] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) from FA3's backward, given its forward's out and lse. varlen: (cu_seqlens,
     longest) of a packed batch, the same for queries and keys; deterministic: FA3's deterministic
-    mode. The op writes the gradients into the dq, dk, dv it is given (it returns only its own
-    scratch: softmax_d, the LSE in log2 units, the fp32 accumulators), so they are allocated
-    here, as its Python interface does."""
+    mode; window = (left, right) as the forward's. The op writes the gradients into the dq, dk,
+    dv it is given (it returns only its own scratch: softmax_d, the LSE in log2 units, the fp32
+    accumulators), so they are allocated here, as its Python interface does."""
     extra = {}
     if varlen is not None:
         cu, longest = varlen
         extra = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    torch.ops.flash_attn_3.bwd(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, **extra, **_window(causal, None),
+    torch.ops.flash_attn_3.bwd(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, **extra, **_window(causal, window),
                                deterministic=deterministic)  # fmt: skip
     return dq, dk, dv

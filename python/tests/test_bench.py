@@ -352,6 +352,45 @@ def test_backward_bench_gqa_flags(monkeypatch, tmp_path):
     assert not (tmp_path / "pybench_backward.csv").exists()  # the dense table is left as it is
 
 
+def test_backward_bench_window(monkeypatch, tmp_path):
+    """--window L: the grid with a sliding window, hattn (and FA3, when given) called with it, torch
+    SDPA's anchors left out, gradients checked against the fp32 masked reference, written to
+    pybench_backward_window<L>.csv (CPU tensors, stand-in implementations)."""
+    import torch
+    from hattn import bench_backward
+
+    assert bench_backward.parse_args([]).window == -1
+    assert bench_backward.parse_args(["--window", "256"]).window == 256
+    for bad in (["--window", "-2"], ["--window", "256", "--varlen", "mixed"]):
+        with pytest.raises(SystemExit):
+            bench_backward.parse_args(bad)
+    seen, references = [], []
+
+    def backward_fn(name, q, k, v, dout, causal, step=False, window=(-1, -1)):
+        seen.append((name, causal, window))
+        return lambda: tuple(torch.ones(1) for _ in range(3))
+
+    def make_inputs(shape, *args, **kwargs):
+        t = torch.ones(shape.batch, 1, shape.heads_q, 1)
+        return t, t, t, t
+
+    def window_reference_grads(q, k, v, dout, shape):
+        references.append(shape.window_size)
+        return tuple(torch.ones(1) for _ in range(3))
+
+    _stub_backward_bench(monkeypatch, make_inputs, backward_fn)
+    monkeypatch.setattr(bench_backward, "window_reference_grads", window_reference_grads)
+    flags = ["--dims", "128", "--seqlens", "1024", "--window", "256", "--out", str(tmp_path)]
+    assert bench_backward.main(flags) == 0
+    assert sorted(seen) == [("hattn", False, (256, 256)), ("hattn", True, (256, 0))]  # no SDPA anchor
+    assert sorted(references) == [(256, 0), (256, 256)]
+    with open(tmp_path / "pybench_backward_window256.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["name"], r["status"]) for r in rows} == {("hattn", "ok"), ("fa3", "not given")}
+    assert all(r["ratio_to_best_anchor"] == "" for r in rows)  # no anchor timed: no ratio
+    assert not (tmp_path / "pybench_backward.csv").exists()
+
+
 @pytest.mark.parametrize("failing, reference", [
     ((), "sdpa_cudnn"),
     (("sdpa_cudnn:nan",), "sdpa_flash"),
