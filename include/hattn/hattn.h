@@ -391,8 +391,11 @@ struct BackwardProblem {
 // bwd_13 to bwd_15: D <= 128;
 // bwd_09 to bwd_12: D = 256; bwd_03_wgmma, bwd_05_tma_dq to bwd_07_dkdv_direct, bwd_09, bwd_11
 // and bwd_12: no variable-length batch).
-// Takes fp32 scratch memory from forward.allocator (default: the stream's pool). Asynchronous,
-// like forward().
+// Takes fp32 scratch memory from forward.allocator (default: the stream's pool): delta, and
+// fp32 sums of the gradients a kernel adds into (dQ; dK and dV with GQA), each about the gradient's
+// size, except that bwd_sm90 at D <= 128 pads a variable-length batch's dQ sum to 64-row blocks
+// per sequence (many very short sequences: up to 64 times their rows). Asynchronous, like
+// forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
 // The backward kernels in lineage order.
