@@ -116,6 +116,7 @@ TEST(BackwardTurns, AQueryBlocksKeyBlocksRunDownFromItsLastQuerysLastKeyWithoutG
 // dense causal grid of kMinGroupedRows or more runs by groups of (head, entry) pairs, each
 // group's CTAs in launch order taking block 0 of every pair, then block 1, ... (from the last
 // block with heaviest_last); the deterministic mode reverses the blocks; other grids keep theirs.
+// In every order the heads of an entry's block are launched in head order.
 template <int kBlockRows>
 void check_launch_order(int blocks, int heads, int entries, bool varlen, bool causal, bool deterministic,
                         bool heaviest_last) {
@@ -136,6 +137,10 @@ void check_launch_order(int blocks, int heads, int entries, bool varlen, bool ca
   const int group = std::max(1, bwd::kWaveCtas / blocks);  // pairs a group
   std::vector<int> seen(size_t(blocks) * heads * entries, 0);
   std::vector<bwd::CtaCoordinates> launched;  // in launch order (blockIdx.x fastest)
+  // The last head launched so far for each (entry, block): the deterministic backward at D = 256
+  // with GQA lets a group's heads add in head order, so head h's CTA of a block must be launched
+  // after head h - 1's.
+  std::vector<int> last_head(size_t(entries) * blocks, -1);
   for (int z = 0; z < entries; ++z)
     for (int y = 0; y < heads; ++y)
       for (int x = 0; x < blocks; ++x) {
@@ -147,6 +152,9 @@ void check_launch_order(int blocks, int heads, int entries, bool varlen, bool ca
                     c.batch < entries)
             << where << ": CTA (" << x << ", " << y << ", " << z << ")";
         ++seen[(size_t(c.batch) * heads + c.head) * blocks + c.block];
+        int& before = last_head[size_t(c.batch) * blocks + c.block];
+        EXPECT_EQ(c.head, before + 1) << where << ": CTA (" << x << ", " << y << ", " << z << ")";
+        before = c.head;
         if (grouped) {
           launched.push_back(c);
         } else if (deterministic) {
