@@ -514,16 +514,22 @@ def paged_cache(k, v, page_size: int):
     return paged(k), paged(v), table, lens
 
 
+def window_visible(shape: Shape, device) -> torch.Tensor:
+    """[Sq, Sk] bool: the keys each query of `shape`'s sliding window sees (bottom-right aligned, as
+    hattn's and FA3's)."""
+    left, right = shape.window_size
+    rows = torch.arange(shape.seqlen_q, device=device)[:, None] + (shape.seqlen_k - shape.seqlen_q)
+    cols = torch.arange(shape.seqlen_k, device=device)[None, :]
+    return (cols >= rows - left) & (cols <= rows + right)
+
+
 def window_reference(q, k, v, shape: Shape) -> torch.Tensor:
     """BSHD output of `shape`'s windowed attention from torch SDPA's memory-efficient kernel in fp32,
-    the window as a boolean mask (bottom-right aligned, as hattn's and FA3's)."""
+    the window as a boolean mask (window_visible)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    left, right = shape.window_size
-    rows = torch.arange(shape.seqlen_q, device=q.device)[:, None] + (shape.seqlen_k - shape.seqlen_q)
-    cols = torch.arange(shape.seqlen_k, device=q.device)[None, :]
-    visible = (cols >= rows - left) & (cols <= rows + right)
+    visible = window_visible(shape, q.device)
     args = (t.transpose(1, 2).float() for t in (q, k, v))
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):  # MATH where EFFICIENT refuses
         out = sdpa(*args, attn_mask=visible, enable_gqa=q.shape[2] != k.shape[2])

@@ -70,7 +70,7 @@ import torch
 
 from . import fa3
 from .bench import (GRID_TOKENS, GRID_WIDTH, VARLEN_MODES, Timer, commit, environment, grid_shapes, make_inputs,
-                    make_varlen_inputs, parse_int_list, varlen_shapes)
+                    make_varlen_inputs, parse_int_list, varlen_shapes, window_visible)
 
 ANCHORS = ("sdpa_cudnn", "sdpa_flash", "fa3")
 VARLEN_ANCHORS = ("varlen_cudnn", "varlen_flash", "fa3")
@@ -235,15 +235,12 @@ def kernel_backward_fn(kernel: str, q, k, v, dout, causal: bool, varlen=None,
 
 def window_reference_grads(q, k, v, dout, shape) -> tuple:
     """fp32 (dq, dk, dv), BSHD, of `shape`'s windowed attention from torch SDPA's memory-efficient
-    kernel in fp32 through autograd, the window as a boolean mask (bottom-right aligned, as hattn's
-    and FA3's); K and V repeat for each of a K/V head's query heads, so autograd sums over them."""
+    kernel in fp32 through autograd, the window as a boolean mask (hattn.bench's window_visible); K
+    and V repeat for each of a K/V head's query heads, so autograd sums over them."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    left, right = shape.window_size
-    rows = torch.arange(shape.seqlen_q, device=q.device)[:, None] + (shape.seqlen_k - shape.seqlen_q)
-    cols = torch.arange(shape.seqlen_k, device=q.device)[None, :]
-    visible = (cols >= rows - left) & (cols <= rows + right)
+    visible = window_visible(shape, q.device)
     leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
     group = q.shape[2] // k.shape[2]
     qh, kh, vh = (t.transpose(1, 2) for t in leaves)

@@ -311,6 +311,11 @@ __host__ __device__ inline int dq_tile_blocks(int rows, int batch, bool varlen) 
 __host__ __device__ inline int dq_tile_first_block(int q_start, int b, bool varlen) {
   return varlen ? (q_start + kDqTileRows * b) / kDqTileRows : 0;
 }
+// The tiles of a problem's dQ sum: entries x query heads x row blocks x D / 64.
+inline int64_t dq_sum_tiles(const AttentionProblem& fwd) {
+  return int64_t(fwd.tensor_batch()) * fwd.heads_q * dq_tile_blocks(fwd.tensor_rows_q(), fwd.batch, fwd.is_varlen()) *
+         (fwd.head_dim / 64);
+}
 
 // dQ out of the tiled sum: a CTA per 64 x 64 tile reads it whole (16-byte loads), puts it in
 // rows in shared memory and writes the rows its sequence owns in T, 16 bytes a store. A packed
@@ -485,9 +490,8 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   const int entries = fwd.tensor_batch(), seq_rows_q = fwd.tensor_rows_q(), seq_rows_k = fwd.tensor_rows_k();
   const int64_t rows_q = int64_t(entries) * seq_rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
   const int64_t rows_k = int64_t(entries) * seq_rows_k * fwd.heads_kv;
-  const int dq_blocks = dq_tile_blocks(seq_rows_q, fwd.batch, fwd.is_varlen());  // with kDqTiles
   const int64_t rows_q_sums = dq_written_by_kernel ? 0
-                              : kDqTiles           ? int64_t(entries) * fwd.heads_q * dq_blocks * kDqTileRows
+                              : kDqTiles           ? dq_sum_tiles(fwd) * kDqTileFloats / fwd.head_dim
                                                    : rows_q;  // rows of the dQ sum
   const int64_t rows_k_sums = dkdv_written_by_kernel ? 0 : rows_k;  // rows of the dK and dV sums
   const size_t floats = size_t(rows_q) + size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
@@ -553,9 +557,10 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
         return launch_status(name);
       };
       if constexpr (kDqTiles) {
-        convert_dq_tiles_kernel<T, D><<<unsigned(rows_q_sums / kDqTileRows * (D / 64)), 256, 0, stream>>>(
-            p.dq_accum, static_cast<T*>(problem.dq), fwd.heads_q, seq_rows_q, dq_blocks, fwd.cu_seqlens_q, fwd.batch,
-            fwd.total_q, problem.dq_strides.batch, problem.dq_strides.seq, problem.dq_strides.head);
+        convert_dq_tiles_kernel<T, D><<<unsigned(dq_sum_tiles(fwd)), 256, 0, stream>>>(
+            p.dq_accum, static_cast<T*>(problem.dq), fwd.heads_q, seq_rows_q,
+            dq_tile_blocks(seq_rows_q, fwd.batch, fwd.is_varlen()), fwd.cu_seqlens_q, fwd.batch, fwd.total_q,
+            problem.dq_strides.batch, problem.dq_strides.seq, problem.dq_strides.head);
         if (!(st = launch_status(name)).ok()) return st;
       } else if (!dq_written_by_kernel &&
                  !(st = convert(p.dq_accum, problem.dq, seq_rows_q, fwd.heads_q, problem.dq_strides)).ok()) {

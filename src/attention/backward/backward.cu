@@ -112,10 +112,8 @@ Status launch(const BackwardProblem& problem, cudaStream_t stream) {
           static_assert(bwd::smem_bytes<T, D, true>() <= 227 * 1024, "shared memory per CTA exceeds sm_90's 227 KB");
           // Over run_backward's fp32 dQ sum in tiles (kDqTiles above), which exists only from here
           // on: a box a tile.
-          const int64_t dq_tiles = int64_t(fwd.tensor_batch()) * fwd.heads_q *
-                                   dq_tile_blocks(fwd.tensor_rows_q(), fwd.batch, fwd.is_varlen()) * (D / 64);
           CUtensorMap dq_map;
-          Status st = make_fp32_tiles_tensor_map(&dq_map, p.dq_accum, dq_tiles);
+          Status st = make_fp32_tiles_tensor_map(&dq_map, p.dq_accum, dq_sum_tiles(fwd));
           if (!st.ok()) return {st.code(), std::string(kName) + ": " + st.message()};
           // 64-row boxes (a warpgroup's keys) over dK and dV where the kernel writes them (a packed
           // batch's over its rows), else over run_backward's fp32 sums of them.
