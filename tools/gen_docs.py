@@ -426,9 +426,11 @@ def status_table():
                        ("backward, bf16, beside FA3", "pybench_backward_fa3.csv"),
                        ("backward, GQA 4", "pybench_backward_gqa4.csv"),
                        ("backward, varlen (mixed lengths)", "pybench_backward_varlen_mixed.csv"),
-                       ("backward, varlen (mixed lengths), beside FA3", "pybench_backward_varlen_mixed_fa3.csv")):
+                       ("backward, varlen (mixed lengths), beside FA3", "pybench_backward_varlen_mixed_fa3.csv"),
+                       ("backward, sliding window of 1,024 keys, beside FA3", "pybench_backward_window1024.csv"),
+                       ("backward, sliding window of 4,096 keys, beside FA3", "pybench_backward_window4096.csv")):
         rows = read(name)
-        if not rows and name.endswith("_fa3.csv"):  # the FA3 runs get a row only once they exist
+        if not rows and name != "pybench_backward.csv":  # the FA3 runs get a row only once they exist
             continue
         out.append(summary(what, rows, name, lambda r: r["name"] == "hattn", lambda r: r["ratio_to_best_anchor"],
                            bwd_anchor))
