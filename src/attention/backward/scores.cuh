@@ -87,22 +87,34 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
   }
 
   if (need_mask) {
+    // Each of the thread's two keys is seen by one run of the block's rows (the masks are
+    // monotone). With kViewerMasks the CTA's viewers say which; else (D = 128) this step's,
+    // found here (held across the loop they cost 4-10% there) as bounds on the element's row
+    // offset 8 nt + e % 2 from m0 + 2 t, a constant, so two compares an element. Worked out per
+    // element from visible_keys, a masked step issued about three times the instructions of an
+    // unmasked one. (D = 64 with bounds like these spilled.)
+    [[maybe_unused]] int row_lo[2], row_hi[2];
+    if constexpr (!Storage::kViewerMasks) {
+      const KeyViewers step_viewers = viewers_of<kVarlen>(f, seq, key0);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        row_lo[r] = step_viewers.first[r] - (m0 + 2 * tig);
+        row_hi[r] = step_viewers.last[r] - (m0 + 2 * tig);
+      }
+    }
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
       float2 lse, delta;
       column_stats(nt, &lse, &delta);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = m0 + 8 * nt + 2 * tig + e % 2, j = key0 + 8 * (e / 2);
         bool visible;
         if constexpr (Storage::kViewerMasks) {
+          const int i = m0 + 8 * nt + 2 * tig + e % 2;
           visible = i >= viewers.first[e / 2] && i < viewers.last[e / 2];
-        } else if constexpr (Storage::kStoresKeyRanges) {
-          visible = j - n0 >= smem.keys.first[stage][i - m0] && j - n0 < smem.keys.last[stage][i - m0];
         } else {
-          int first = 0, last = 0;
-          if (i < f.seqlen_q) visible_keys(f, i, &first, &last);
-          visible = j >= first && j < last;
+          const int row = 8 * nt + e % 2;
+          visible = row >= row_lo[e / 2] && row < row_hi[e / 2];
         }
         // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
         const float pv =
