@@ -85,7 +85,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     return 0.f;
   };
   // Varlen at D = 128: consumer threads 0-63 also store the query's visible keys (none past the
-  // sequence).
+  // sequence), from which scores.cuh decides whether the block needs masks.
   auto store_row_stat = [&](int stage, int m0, float value) {
     const int t = consumer_thread % kRows;
     if (consumer_thread < kRows) {

@@ -33,8 +33,8 @@ __device__ __forceinline__ KeyViewers viewers_of(const FeatureParams& f, const S
 // a thread of the warpgroup whose keys start at n_wg (the CTA's at n0): element e of n8 tile nt
 // is key key0 + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2 (of the sequence). The block's LSE
 // (log2 units) and delta per query are in `stage` of shared memory (varlen at D = 128: its
-// queries' visible keys too); with kViewerMasks, `viewers` are the queries that see the
-// thread's keys.
+// queries' visible keys too, which say whether it needs masks); with kViewerMasks, `viewers`
+// are the queries that see the thread's keys.
 template <typename T, int D, bool kVarlen, int N>
 __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], float (&dp)[N],
                                                               const SharedStorage<T, D, kVarlen>& smem, int stage,
@@ -73,8 +73,8 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
     }
   }
 
-  // Per query at D = 128. Varlen: from the key ranges in shared memory (counted from n0); a row
-  // past the sequence sees no key, so rows 0 and 63 decide.
+  // At D = 128, from the block's first and last rows. Varlen: from their key ranges in shared
+  // memory (counted from n0); a row past the sequence sees no key, so rows 0 and 63 decide.
   if constexpr (Storage::kStoresKeyRanges) {
     const int wg_key = n_wg - n0;
     need_mask = smem.keys.first[stage][kRows - 1] > wg_key || smem.keys.last[stage][0] < wg_key + 64 ||

@@ -9,9 +9,9 @@
 
 namespace hattn::bwd {
 
-// Varlen at D = 128 only (scores.cuh's per-query masks): each block's visible keys per query,
-// [first, last) (from visible_keys), counted from the CTA's first key and clamped to
-// [0, kBlockN]: 16 bits each.
+// Varlen at D = 128 only (scores.cuh reads rows 0 and 63 to decide whether a block needs its
+// masks): each block's visible keys per query, [first, last) (from visible_keys), counted
+// from the CTA's first key and clamped to [0, kBlockN]: 16 bits each.
 template <bool kStored>
 struct KeyRanges {
   int16_t first[kStages][64];
@@ -46,8 +46,9 @@ struct SharedStorage {
   // How the masks find a query's visible keys. With 128-query blocks (D = 64), from each key's
   // viewers, found once per CTA (scores.cuh's KeyViewers), and varlen consumers read the
   // CTA's Sequence here: held in registers beside those blocks' accumulators, it spilled. At
-  // D = 128, per query (varlen: from `keys` below): the viewers' four registers made the
-  // whole backward 4-10% slower there (results/evidence/trials_3f3e20f/).
+  // D = 128 the viewers are found per masked step: held across the loop, their four registers
+  // made the whole backward 4-10% slower there (results/evidence/trials_3f3e20f/); varlen
+  // decides which blocks need masks from `keys` below.
   static constexpr bool kViewerMasks = kRows == 128;
   static constexpr bool kStoresSequence = kVarlen && kViewerMasks;    // `seq` below
   static constexpr bool kStoresKeyRanges = kVarlen && !kViewerMasks;  // `keys` below
