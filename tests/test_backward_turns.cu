@@ -70,7 +70,7 @@ int check_turns() {
   return checked;
 }
 
-// The masks from either side (scores.cuh's KeyViewers): query i sees key j (keys_seen_by, what
+// The masks from either side (work.cuh's KeyViewers): query i sees key j (keys_seen_by, what
 // the forward and the reference use) exactly when i lies in the queries that see key j
 // (queries_seeing_keys over [j, j + 1)), over lengths, causal or not, windows and offsets.
 TEST(BackwardMasks, AKeysViewersAreTheQueriesWhoseKeysHoldIt) {

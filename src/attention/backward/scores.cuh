@@ -7,27 +7,9 @@
 #include "../../ptx/ex2.cuh"
 #include "config.h"
 #include "shared_storage.cuh"
+#include "work.cuh"
 
 namespace hattn::bwd {
-
-// The queries [first, last) of the sequence that see each of a thread's two keys (key0 and
-// key0 + 8; none for a key past the sequence): the masks are monotone, so each key's viewers
-// are one run of queries, and a masked element's test is two compares. Found once per CTA
-// (kViewerMasks: D = 64).
-struct KeyViewers {
-  int first[2], last[2];
-};
-template <bool kVarlen>
-__device__ __forceinline__ KeyViewers viewers_of(const FeatureParams& f, const Sequence& seq, int key0) {
-  KeyViewers v;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int j = key0 + 8 * r;
-    v.first[r] = v.last[r] = 0;
-    if (j < seqlen_k_of<kVarlen>(f, seq)) queries_seeing<kVarlen>(f, seq, j, j + 1, &v.first[r], &v.last[r]);
-  }
-  return v;
-}
 
 // s (S^T) becomes P^T and dp (dP^T) becomes dS^T = P^T (dP^T - delta), for the accumulators of
 // a thread of the warpgroup whose keys start at n_wg (the CTA's at n0): element e of n8 tile nt

@@ -44,7 +44,7 @@ struct SharedStorage {
   static constexpr int kDqCols = kDqByRows ? D : D / 2;
   static constexpr int kDqBuffers = kDqByRows ? 1 : 2;
   // How the masks find a query's visible keys. With 128-query blocks (D = 64), from each key's
-  // viewers, found once per CTA (scores.cuh's KeyViewers), and varlen consumers read the
+  // viewers, found once per CTA (work.cuh's KeyViewers), and varlen consumers read the
   // CTA's Sequence here: held in registers beside those blocks' accumulators, it spilled. At
   // D = 128 the viewers are found per masked step: held across the loop, their four registers
   // made the whole backward 4-10% slower there (results/evidence/trials_3f3e20f/); varlen

@@ -106,6 +106,25 @@ __device__ __forceinline__ CtaCoordinates cta_coordinates(const FeatureParams& f
   return cta_coordinates_in<kVarlen, kBlockRows>(ThisGrid{}, f.causal, deterministic, heaviest_last);
 }
 
+// The queries [first, last) of the sequence that see each of a thread's two keys (key0 and
+// key0 + 8; none for a key past the sequence): the masks are monotone, so each key's viewers
+// are one run of queries, and a masked element's test is two compares (scores.cuh: at D = 64
+// found once per CTA, at D = 128 per masked step; the D = 256 dK/dV pass per masked step).
+struct KeyViewers {
+  int first[2], last[2];
+};
+template <bool kVarlen>
+__device__ __forceinline__ KeyViewers viewers_of(const FeatureParams& f, const Sequence& seq, int key0) {
+  KeyViewers v;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = key0 + 8 * r;
+    v.first[r] = v.last[r] = 0;
+    if (j < seqlen_k_of<kVarlen>(f, seq)) queries_seeing<kVarlen>(f, seq, j, j + 1, &v.first[r], &v.last[r]);
+  }
+  return v;
+}
+
 // The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose
 // last query sees keys up to last_key (exclusive): its key block's place among the block's
 // adders counted from the last (the masks are monotone, so those run without a gap down from

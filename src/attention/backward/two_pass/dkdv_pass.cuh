@@ -305,13 +305,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // about three times the instructions of an unmasked one in the D <= 128 kernel).
     int row_lo[2] = {}, row_hi[2] = {};
     if (need_mask) {
+      const KeyViewers viewers = viewers_of<kVarlen>(f, seq, key0);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int j = key0 + 8 * r;
-        int first = 0, last = 0;
-        if (j < seqlen_k) queries_seeing<kVarlen>(f, seq, j, j + 1, &first, &last);
-        row_lo[r] = first - (m0 + q_col0 + 2 * tig);
-        row_hi[r] = last - (m0 + q_col0 + 2 * tig);
+        row_lo[r] = viewers.first[r] - (m0 + q_col0 + 2 * tig);
+        row_hi[r] = viewers.last[r] - (m0 + q_col0 + 2 * tig);
       }
     }
 #pragma unroll
