@@ -84,23 +84,14 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     if (consumer_thread < 2 * kRows) return i < seqlen_q ? p.delta[row_base + i] : 0.f;
     return 0.f;
   };
-  // Varlen at D = 128: consumer threads 0-63 also store the query's visible keys (none past the
-  // sequence), from which scores.cuh decides whether the block needs masks.
-  auto store_row_stat = [&](int stage, int m0, float value) {
+  auto store_row_stat = [&](int stage, float value) {
     const int t = consumer_thread % kRows;
-    if (consumer_thread < kRows) {
+    if (consumer_thread < kRows)
       smem.lse_log2[stage][t] = value;
-      if constexpr (Storage::kStoresKeyRanges) {
-        int first = 0, last = 0;
-        if (m0 + t < seq.seqlen_q) visible_keys(f, seq, m0 + t, &first, &last);
-        smem.keys.first[stage][t] = int16_t(min(max(first - n0, 0), kBlockN));
-        smem.keys.last[stage][t] = int16_t(min(max(last - n0, 0), kBlockN));
-      }
-    } else if (consumer_thread < 2 * kRows) {
+    else if (consumer_thread < 2 * kRows)
       smem.delta[stage][t] = value;
-    }
   };
-  store_row_stat(0, block_row(0), fetch_row_stat(block_row(0)));
+  store_row_stat(0, fetch_row_stat(block_row(0)));
   // With 128-query blocks: the queries that see this thread's keys (scores.cuh).
   const KeyViewers viewers = Storage::kViewerMasks ? viewers_of<kVarlen>(f, seq, key0) : KeyViewers{};
   if constexpr (kVarlen) {
@@ -200,7 +191,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
     // were before named barrier 1 of the last step, and this block's reads of them come after
     // named barrier 1 of this step.
     if (step + 1 < steps)
-      store_row_stat((step + 1) % kStages, block_row(step + 1), fetch_row_stat(block_row(step + 1)));
+      store_row_stat((step + 1) % kStages, fetch_row_stat(block_row(step + 1)));
 
     // S^T = K Q^T and dP^T = V dO^T: per 16 columns of D one wgmma each, K-major operands.
     float s[kQTiles * 4], dp[kQTiles * 4];
@@ -253,7 +244,7 @@ __device__ __forceinline__ void consume(SharedStorage<T, D, kVarlen>& smem, cons
 #pragma unroll
     for (int i = 0; i < kQTiles * 4; ++i) ptx::fence_operand(s[i]), ptx::fence_operand(dp[i]);
 
-    probabilities_and_score_grads(s, dp, smem, stage, f, seq, m0, n0, n_wg, key0, viewers, tig, scale_log2);
+    probabilities_and_score_grads(s, dp, smem, stage, f, seq, m0, n_wg, key0, viewers, tig, scale_log2);
 
     // P^T and dS^T as wgmma A fragments, one per 16 queries (n8 tiles 2kk and 2kk + 1).
     uint32_t p_frag[kRows / 16][4], ds_frag[kRows / 16][4];

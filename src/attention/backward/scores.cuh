@@ -12,16 +12,15 @@
 namespace hattn::bwd {
 
 // s (S^T) becomes P^T and dp (dP^T) becomes dS^T = P^T (dP^T - delta), for the accumulators of
-// a thread of the warpgroup whose keys start at n_wg (the CTA's at n0): element e of n8 tile nt
-// is key key0 + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2 (of the sequence). The block's LSE
-// (log2 units) and delta per query are in `stage` of shared memory (varlen at D = 128: its
-// queries' visible keys too, which say whether it needs masks); with kViewerMasks, `viewers`
-// are the queries that see the thread's keys.
+// a thread of the warpgroup whose keys start at n_wg: element e of n8 tile nt is key
+// key0 + 8 (e / 2), query m0 + 8 nt + 2 t + e % 2 (of the sequence). The block's LSE (log2
+// units) and delta per query are in `stage` of shared memory; with kViewerMasks, `viewers` are
+// the queries that see the thread's keys.
 template <typename T, int D, bool kVarlen, int N>
 __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], float (&dp)[N],
                                                               const SharedStorage<T, D, kVarlen>& smem, int stage,
                                                               const FeatureParams& f, const Sequence& seq, int m0,
-                                                              int n0, int n_wg, int key0, const KeyViewers& viewers,
+                                                              int n_wg, int key0, const KeyViewers& viewers,
                                                               int tig, float scale_log2) {
   using Storage = SharedStorage<T, D, kVarlen>;
   constexpr int kQTiles = N / 4;  // n8 column tiles of S^T and dP^T
@@ -55,17 +54,13 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
     }
   }
 
-  // At D = 128, from the block's first and last rows. Varlen: from their key ranges in shared
-  // memory (counted from n0); a row past the sequence sees no key, so rows 0 and 63 decide.
-  if constexpr (Storage::kStoresKeyRanges) {
-    const int wg_key = n_wg - n0;
-    need_mask = smem.keys.first[stage][kRows - 1] > wg_key || smem.keys.last[stage][0] < wg_key + 64 ||
-                smem.keys.last[stage][kRows - 1] < wg_key + 64;
-  } else if constexpr (!Storage::kViewerMasks) {
+  // At D = 128, from the block's first and last rows.
+  if constexpr (!Storage::kViewerMasks) {
     int first_lo, last_lo, first_hi, last_hi;
-    visible_keys(f, m0, &first_lo, &last_lo);
-    visible_keys(f, m0 + kRows - 1, &first_hi, &last_hi);
-    need_mask = m0 + kRows > f.seqlen_q || n_wg + 64 > f.seqlen_k || last_lo < n_wg + 64 || first_hi > n_wg;
+    visible_keys<kVarlen>(f, seq, m0, &first_lo, &last_lo);
+    visible_keys<kVarlen>(f, seq, m0 + kRows - 1, &first_hi, &last_hi);
+    need_mask = m0 + kRows > seqlen_q_of<kVarlen>(f, seq) || n_wg + 64 > seqlen_k_of<kVarlen>(f, seq) ||
+                last_lo < n_wg + 64 || first_hi > n_wg;
   }
 
   if (need_mask) {

@@ -9,17 +9,6 @@
 
 namespace hattn::bwd {
 
-// Varlen at D = 128 only (scores.cuh reads rows 0 and 63 to decide whether a block needs its
-// masks): each block's visible keys per query, [first, last) (from visible_keys), counted
-// from the CTA's first key and clamped to [0, kBlockN]: 16 bits each.
-template <bool kStored>
-struct KeyRanges {
-  int16_t first[kStages][64];
-  int16_t last[kStages][64];
-};
-template <>
-struct KeyRanges<false> {};
-
 // Varlen at D = 64 only: the CTA's Sequence. read() gives it, or where it is not stored the
 // caller's copy in registers.
 template <bool kStored>
@@ -47,11 +36,9 @@ struct SharedStorage {
   // viewers, found once per CTA (work.cuh's KeyViewers), and varlen consumers read the
   // CTA's Sequence here: held in registers beside those blocks' accumulators, it spilled. At
   // D = 128 the viewers are found per masked step: held across the loop, their four registers
-  // made the whole backward 4-10% slower there (results/evidence/trials_3f3e20f/); varlen
-  // decides which blocks need masks from `keys` below.
+  // made the whole backward 4-10% slower there (results/evidence/trials_3f3e20f/).
   static constexpr bool kViewerMasks = kRows == 128;
-  static constexpr bool kStoresSequence = kVarlen && kViewerMasks;    // `seq` below
-  static constexpr bool kStoresKeyRanges = kVarlen && !kViewerMasks;  // `keys` below
+  static constexpr bool kStoresSequence = kVarlen && kViewerMasks;  // `seq` below
   alignas(kAtomBytes) T k[kColBlocks][kBlockN * 64];
   alignas(kAtomBytes) T v[kColBlocks][kBlockN * 64];
   alignas(kAtomBytes) T q[kStages][kColBlocks][kRows * 64];
@@ -68,9 +55,8 @@ struct SharedStorage {
   uint64_t qdo_full[kStages];
   uint64_t consumed[kStages];
   // Last, and empty unless used: varlen with kViewerMasks, the CTA's sequence, which the
-  // consumers read here; varlen without, the key ranges.
+  // consumers read here.
   [[no_unique_address]] SequenceSlot<kStoresSequence> seq;
-  [[no_unique_address]] KeyRanges<kStoresKeyRanges> keys;
 };
 
 template <typename T, int D, bool kVarlen>
