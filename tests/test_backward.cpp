@@ -607,9 +607,10 @@ TEST_P(BackwardTest, MatchesFp64Reference) {
 }
 
 // BackwardProblem::deterministic: 20 repeats bitwise equal, with another backward on a second
-// stream, at each head dim: causal GQA and a window through bwd_sm90, D = 256 without GQA
-// through its two passes; more CTAs than SMs (512: CTAs wait on CTAs of earlier waves), and rows that
-// see no key (causal, Sq > Sk).
+// stream, at each head dim: causal GQA and a window through bwd_sm90, D = 256 through its two
+// passes without GQA and with it (each query head's dK and dV rows apart, added by group in the
+// conversion); more CTAs than SMs (512: CTAs wait on CTAs of earlier waves), and rows that see
+// no key (causal, Sq > Sk).
 TEST(BackwardDeterministic, RepeatsAreBitwiseEqual) {
   const std::string skip = testing::gpu_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
@@ -617,6 +618,8 @@ TEST(BackwardDeterministic, RepeatsAreBitwiseEqual) {
                         Case{1, 700, 700, 4, 1, 128, false, 100, DType::fp16, true},
                         Case{2, 257, 384, 4, 4, 128, true, -1, DType::bf16, false, 30.f},
                         Case{1, 333, 450, 2, 2, 256, true, -1, DType::bf16, false},
+                        Case{1, 333, 450, 4, 2, 256, true, -1, DType::bf16, false},
+                        Case{2, 500, 1024, 8, 2, 256, false, -1, DType::fp16, false},
                         Case{8, 512, 512, 16, 4, 64, true, -1, DType::bf16, false},
                         Case{1, 1000, 300, 4, 2, 128, true, -1, DType::fp16, false}})
     check_backward_case("auto", c, nullptr, /*deterministic_repeats=*/20);
@@ -638,8 +641,8 @@ TEST(BackwardLaunchOrder, CausalGroupsCoverEveryKeyBlock) {
     check_backward_case("bwd_sm90", c);
 }
 
-// Who runs BackwardProblem::deterministic: bwd_sm90, at D = 256 without GQA; GQA at D = 256
-// and the other kernels are refused with the reason.
+// Who runs BackwardProblem::deterministic: bwd_sm90 at every head dim, with GQA too; the other
+// kernels are refused with the reason.
 TEST(BackwardValidation, DeterministicRouting) {
   auto with_head_dim = [](BackwardProblem b, int d, int heads_kv) {
     AttentionProblem& p = b.forward;
@@ -655,12 +658,11 @@ TEST(BackwardValidation, DeterministicRouting) {
     ASSERT_TRUE(resolve_backward_kernel(with_head_dim(valid_backward(), d, 2), "auto", &resolved).ok());
     EXPECT_EQ(resolved, "bwd_sm90");
   }
-  ASSERT_TRUE(resolve_backward_kernel(with_head_dim(valid_backward(), 256, 4), "auto", &resolved).ok());
-  EXPECT_EQ(resolved, "bwd_sm90");
-  Status s = resolve_backward_kernel(with_head_dim(valid_backward(), 256, 2), "auto", &resolved);
-  EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
-  EXPECT_NE(s.message().find("deterministic=true with GQA"), std::string::npos) << s.message();
-  s = resolve_backward_kernel(with_head_dim(valid_backward(), 128, 2), "bwd_15_tma_sums", &resolved);
+  for (int heads_kv : {4, 2}) {
+    ASSERT_TRUE(resolve_backward_kernel(with_head_dim(valid_backward(), 256, heads_kv), "auto", &resolved).ok());
+    EXPECT_EQ(resolved, "bwd_sm90");
+  }
+  Status s = resolve_backward_kernel(with_head_dim(valid_backward(), 128, 2), "bwd_15_tma_sums", &resolved);
   EXPECT_EQ(s.code(), StatusCode::not_supported) << s.to_string();
   EXPECT_EQ(s.message().rfind("bwd_15_tma_sums: deterministic=true is not supported", 0), 0u) << s.message();
 }
@@ -686,11 +688,13 @@ TEST(BackwardScratch, ComesFromTheProblemsAllocator) {
     EXPECT_EQ(scratch.given_back, 1) << kernel;
     EXPECT_EQ(scratch.bytes_given_back, scratch.bytes_taken) << kernel;
   }
-  {  // the deterministic mode's turn counters come from the same poisoned block
+  // The deterministic mode's turn counters come from the same poisoned block, and at D = 256
+  // with GQA its per-query-head dK and dV sums.
+  for (const Case& c : {Case{1, 200, 300, 4, 2, 128, true, -1, DType::bf16, false},
+                        Case{1, 200, 300, 4, 2, 256, true, -1, DType::bf16, false}}) {
     testing::CountingScratch scratch;
     scratch.poison = true;
-    ASSERT_NO_FATAL_FAILURE(check_backward_case(
-        "bwd_sm90", Case{1, 200, 300, 4, 2, 128, true, -1, DType::bf16, false}, &scratch.allocator, 1));
+    ASSERT_NO_FATAL_FAILURE(check_backward_case("bwd_sm90", c, &scratch.allocator, 1));
   }
   // valid_backward()'s shape on device memory (the pointer checks come before the scratch).
   BackwardProblem b = valid_backward();

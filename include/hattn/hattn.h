@@ -394,8 +394,9 @@ struct BackwardProblem {
 // Takes fp32 scratch memory from forward.allocator (default: the stream's pool): delta, and
 // fp32 sums of the gradients a kernel adds into (dQ; dK and dV with GQA), each about the gradient's
 // size, except that bwd_sm90 at D <= 128 pads a variable-length batch's dQ sum to 64-row blocks
-// per sequence (many very short sequences: up to 64 times their rows). Asynchronous, like
-// forward().
+// per sequence (many very short sequences: up to 64 times their rows), and at D = 256 with GQA
+// and deterministic=true gives each query head its own rows of the dK and dV sums (Hq / Hkv
+// times their size). Asynchronous, like forward().
 Status backward(const BackwardProblem& problem, const Options& options = {});
 
 // The backward kernels in lineage order.

@@ -97,8 +97,7 @@ def flash_attn_func(
     """flash_attn_func's arguments and result, run by hattn.attention.
 
     Differentiable like hattn.attention: with q, k or v requiring grad, backward gives dq, dk
-    and dv; deterministic=True makes them bitwise the same from run to run (at D = 256 not with
-    GQA, which raises NotImplementedError). softcap (> 0: scores capped at softcap *
+    and dv; deterministic=True makes them bitwise the same from run to run. softcap (> 0: scores capped at softcap *
     tanh(s / softcap)) runs with gradients at every head dim. Everything
     else beyond q, k, v, softmax_scale, causal and window_size must keep its default. As in
     FlashAttention, causal sets the window's right side to 0.

@@ -15,8 +15,6 @@ hattn runs a call when all of these hold (sdpa_fallback_reason says which one fa
   * is_causal is False, or L == S. SDPA's causal mask is aligned to the top-left corner,
     hattn's to the bottom-right; they agree only when L == S;
   * the heads match, or enable_gqa is True and query's heads are a multiple of key's;
-  * under torch.use_deterministic_algorithms with an input that requires grad (with grad mode
-    on), not GQA at E = 256: hattn's deterministic backward has no fixed order for that one.
 
 A call hattn runs is differentiable: when query, key or value requires grad, backward gives
 their gradients through hattn's backward (hattn.attention's). By default its fp32 sums use
@@ -57,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from .ops import attention, attention_bwd
-from .ops.checks import _DTYPE_NAMES, _as_kernel_input, _has_deterministic_backward, _kernel_layout_ok, _needs_grad
+from .ops.checks import _DTYPE_NAMES, _as_kernel_input, _kernel_layout_ok, _needs_grad
 from .ops.runner import _forward
 
 # torch's function, taken before anything can patch it: the fallback, and what patch_sdpa restores.
@@ -93,22 +91,7 @@ def sdpa_fallback_reason(
 
     check_device=False skips the device rule (the tensors' device and the GPU's architecture).
     """
-    why = _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device)
-    if why is None and _needs_grad(query, key, value):
-        return _deterministic_reason(query.shape[1], key.shape[1], query.shape[-1])
-    return why
-
-
-_DETERMINISTIC_GQA_256 = ("an input requires grad under torch.use_deterministic_algorithms, with GQA at head dim 256: "
-                          "hattn's deterministic backward has no fixed order there")
-
-
-def _deterministic_reason(heads_q: int, heads_kv: int, head_dim: int) -> Optional[str]:
-    """Why a backward under torch.use_deterministic_algorithms goes to torch (None: hattn's
-    deterministic backward runs it, or determinism is not asked for)."""
-    if torch.are_deterministic_algorithms_enabled() and not _has_deterministic_backward(heads_q, heads_kv, head_dim):
-        return _DETERMINISTIC_GQA_256
-    return None
+    return _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device)
 
 
 def _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device) -> Optional[str]:
@@ -256,8 +239,7 @@ def flash_fallback_reason(
     (sdpa_fallback_reason), with GQA always allowed and no rule on causal L != S (at this level
     torch's causal mask is bottom-right aligned, as hattn's), plus those of the op's extra
     arguments: no varlen batch (cum_seq_q), no seqused_k, no ALiBi, no debug mask, a finite scale.
-    Under torch.use_deterministic_algorithms the backward runs hattn's deterministic backward, or torch's
-    for GQA at E = 256 (it is checked there).
+    Under torch.use_deterministic_algorithms the backward runs hattn's deterministic backward.
     check_device=False skips the device rule.
     """
     if cum_seq_q is not None:
@@ -282,14 +264,10 @@ def _transposed(*tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
 
 
 def _backward_reason(query, key, value, dropout_p, scale, cum_seq_q) -> Optional[str]:
-    """Why the backward of a [B, L, H, E] call goes to torch: the forward's rules, then determinism
-    (_DETERMINISTIC_GQA_256: the forward may have been hattn's)."""
+    """Why the backward of a [B, L, H, E] call goes to torch: the forward's rules."""
     if query.dim() != 4:
         return f"query is {query.dim()}-D; hattn takes 4-D [B, L, H, E]"
-    why = flash_fallback_reason(query, key, value, dropout_p, scale=scale, cum_seq_q=cum_seq_q)
-    if why is None:
-        return _deterministic_reason(query.shape[2], key.shape[2], query.shape[-1])
-    return why
+    return flash_fallback_reason(query, key, value, dropout_p, scale=scale, cum_seq_q=cum_seq_q)
 
 
 def _flash_window(is_causal: bool, left: Optional[int], right: Optional[int]) -> Tuple[int, int]:
@@ -339,12 +317,6 @@ def _no_dropout_outputs(query: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor
     return rng_state, unused, torch.empty(0, dtype=query.dtype, device=query.device)
 
 
-def _lse_for_torch(logsumexp: torch.Tensor) -> torch.Tensor:
-    """The LSE handed to torch's flash backward: hattn's gives -inf for a row that sees no key,
-    FlashAttention-2's +inf (its backward then computes zero weights; with -inf it would give NaN)."""
-    return logsumexp.masked_fill(torch.isneginf(logsumexp), float("inf"))
-
-
 class _FlashImpl:
     """An active "hattn" flash implementation: hattn's kernels for _FLASH_OPS on one dispatch key,
     and torch's kernels they hand calls to. remove() takes hattn's out of the dispatcher.
@@ -374,12 +346,6 @@ class _FlashImpl:
         _CALLS[counter] += 1
         return self.torch_kernels[name].call_boxed(keyset, *args, **kwargs)
 
-    def _torch_backward(self, name: str, why: str, keyset, grad_out, query, key, value, out, logsumexp, *args,
-                        **kwargs):  # fmt: skip
-        if why == _DETERMINISTIC_GQA_256:  # the forward may have been hattn's, whose LSE torch's backward reads otherwise
-            logsumexp = _lse_for_torch(logsumexp)
-        return self._torch(name, "torch_backward", keyset, grad_out, query, key, value, out, logsumexp, *args, **kwargs)
-
     # aten::_scaled_dot_product_flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0.,
     #     bool is_causal=False, bool return_debug_mask=False, *, float? scale=None)
     #   -> (Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, SymInt max_k,
@@ -405,9 +371,9 @@ class _FlashImpl:
                        dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):  # fmt: skip
         why = _backward_reason(*_transposed(query, key, value), dropout_p, scale, cum_seq_q)
         if why is not None:
-            return self._torch_backward(_FLASH_OPS[1], why, keyset, grad_out, query, key, value, out, logsumexp,
-                                        cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed,
-                                        philox_offset, scale=scale)  # fmt: skip
+            return self._torch(_FLASH_OPS[1], "torch_backward", keyset, grad_out, query, key, value, out, logsumexp,
+                               cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
+                               scale=scale)  # fmt: skip
         _CALLS["hattn_backward"] += 1
         grads = _run_hattn_backward(*_transposed(grad_out, query, key, value, out), logsumexp, is_causal, scale,
                                     _flash_window(is_causal, None, None))  # fmt: skip
@@ -443,10 +409,10 @@ class _FlashImpl:
                         window_size_right=None):  # fmt: skip
         why = _backward_reason(query, key, value, dropout_p, scale, cum_seq_q)
         if why is not None:
-            return self._torch_backward(_FLASH_OPS[3], why, keyset, grad_out, query, key, value, out, logsumexp,
-                                        cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state, unused,
-                                        scale=scale, window_size_left=window_size_left,
-                                        window_size_right=window_size_right)  # fmt: skip
+            return self._torch(_FLASH_OPS[3], "torch_backward", keyset, grad_out, query, key, value, out, logsumexp,
+                               cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, rng_state, unused,
+                               scale=scale, window_size_left=window_size_left,
+                               window_size_right=window_size_right)  # fmt: skip
         _CALLS["hattn_backward"] += 1
         grads = _run_hattn_backward(grad_out, query, key, value, out, logsumexp, is_causal, scale,
                                     _flash_window(is_causal, window_size_left, window_size_right))  # fmt: skip

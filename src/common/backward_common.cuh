@@ -53,6 +53,9 @@ struct BackwardParamsOf {
   int* dq_turns;
   int* dkdv_turns;
   int q_blocks, k_blocks;
+  // Heads of the dK and dV sums: Hkv, or Hq where each query head adds into rows of its own
+  // (run_backward's dkdv_sums_per_query_head: the deterministic D = 256 backward with GQA).
+  int dkdv_sum_heads;
 };
 using BackwardParams = BackwardParamsOf<FeatureParams>;      // the production backward
 using BaseBackwardParams = BackwardParamsOf<AttentionParams>;  // the lineage's steps
@@ -375,11 +378,14 @@ __global__ void __launch_bounds__(256) convert_dq_tiles_kernel(const float* src,
 // dst[b, s, h, :] = src (contiguous fp32 [B, S, H, D]) in T, at dst's strides, 8 elements a
 // thread: two 16-byte loads and one 16-byte store (dst's rows are 16-byte aligned: validated),
 // and the row's indices, divisions by the run-time heads and seqlen, once per 8 elements (one
-// element a thread spent more time on that arithmetic than on the bytes).
+// element a thread spent more time on that arithmetic than on the bytes). With group > 1, src
+// is [B, S, H * group, D] and dst's head h the sum of src's heads h * group .. + group - 1,
+// added in that order (the deterministic backward's per-query-head sums of dK and dV).
 constexpr int kConvertElems = 8;
 template <typename T, int D>
 __global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, int seqlen, int heads, int64_t rows,
-                                                      int64_t batch_stride, int64_t seq_stride, int64_t head_stride) {
+                                                      int64_t batch_stride, int64_t seq_stride, int64_t head_stride,
+                                                      int group) {
   static_assert(D % kConvertElems == 0, "a row is whole 8-element pieces");
   constexpr int kPieces = D / kConvertElems;
   const int64_t piece = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -387,8 +393,13 @@ __global__ void __launch_bounds__(256) convert_kernel(const float* src, T* dst, 
   const int64_t row = piece / kPieces, seq_row = row / heads;
   const int d = int(piece % kPieces) * kConvertElems, h = int(row % heads), s = int(seq_row % seqlen),
             b = int(seq_row / seqlen);
-  const float4* from = reinterpret_cast<const float4*>(src + row * D + d);
-  const float4 lo = from[0], hi = from[1];
+  const float4* from = reinterpret_cast<const float4*>(src + row * group * D + d);
+  float4 lo = from[0], hi = from[1];
+  for (int g = 1; g < group; ++g) {
+    const float4 lo_g = from[g * D / 4], hi_g = from[g * D / 4 + 1];
+    lo = make_float4(lo.x + lo_g.x, lo.y + lo_g.y, lo.z + lo_g.z, lo.w + lo_g.w);
+    hi = make_float4(hi.x + hi_g.x, hi.y + hi_g.y, hi.z + hi_g.z, hi.w + hi_g.w);
+  }
   // Written once and not read again here: a streaming store.
   __stcs(reinterpret_cast<int4*>(dst + b * batch_stride + int64_t(s) * seq_stride + h * head_stride + d),
          make_int4(int(frag::pack2<T>(lo.x, lo.y)), int(frag::pack2<T>(lo.z, lo.w)), int(frag::pack2<T>(hi.x, hi.y)),
@@ -458,11 +469,14 @@ Status launch_per_query_block(Kernel kernel, int block_m, int threads, int smem,
 // dQ (params.dq_accum null; the kernel writes every row of params.dq, zeros included, but a
 // packed batch's rows that no sequence owns, which get zeros here).
 // With problem.deterministic, `turns` counters are taken from the same scratch and zeroed.
+// With dkdv_sums_per_query_head (GQA), the dK and dV sums have a row per query head
+// (BackwardParams::dkdv_sum_heads = Hq), which the conversion adds by group, in head order.
 // With kDqTiles the dQ sum is in tiles (dq_tile_blocks), zeroed by a memset and converted by
 // convert_dq_tiles_kernel (a template argument, so that only its user instantiates that kernel).
 template <typename Forward, bool kDqTiles = false, typename LaunchMain>
 Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const char* name, LaunchMain&& launch_main,
-                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {}) {
+                    bool dkdv_written_by_kernel = false, bool dq_written_by_kernel = false, TurnCounts turns = {},
+                    bool dkdv_sums_per_query_head = false) {
   const AttentionProblem& fwd = problem.forward;
   BackwardParamsOf<Forward> p{};
   if constexpr (std::is_same_v<Forward, FeatureParams>)
@@ -493,7 +507,9 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   const int64_t rows_q_sums = dq_written_by_kernel ? 0
                               : kDqTiles           ? dq_sum_tiles(fwd) * kDqTileFloats / fwd.head_dim
                                                    : rows_q;  // rows of the dQ sum
-  const int64_t rows_k_sums = dkdv_written_by_kernel ? 0 : rows_k;  // rows of the dK and dV sums
+  const int sum_heads = dkdv_sums_per_query_head ? fwd.heads_q : fwd.heads_kv;
+  const int64_t rows_k_sums =
+      dkdv_written_by_kernel ? 0 : int64_t(entries) * seq_rows_k * sum_heads;  // rows of the dK and dV sums
   const size_t floats = size_t(rows_q) + size_t(rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
   const size_t counters = problem.deterministic ? size_t(turns.dq + turns.dkdv) : 0;
   const size_t bytes = (floats + counters) * sizeof(float);  // the counters are int32, after the floats
@@ -504,7 +520,8 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   // [dQ sum][dK sum][dV sum][delta], each sum only where the kernel does not write the gradient.
   p.dq_accum = dq_written_by_kernel ? nullptr : scratch;
   p.dk_accum = dkdv_written_by_kernel ? nullptr : scratch + rows_q_sums * fwd.head_dim;
-  p.dv_accum = dkdv_written_by_kernel ? nullptr : p.dk_accum + rows_k * fwd.head_dim;
+  p.dv_accum = dkdv_written_by_kernel ? nullptr : p.dk_accum + rows_k_sums * fwd.head_dim;
+  p.dkdv_sum_heads = sum_heads;
   p.delta = scratch + (rows_q_sums + 2 * rows_k_sums) * fwd.head_dim;
   if (counters > 0) {
     int* turn_counters = reinterpret_cast<int*>(scratch + floats);
@@ -550,10 +567,10 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
           return st;
       }
       if (!(st = launch_main.template operator()<T, D>(p)).ok()) return st;
-      auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides) {
+      auto convert = [&](const float* src, void* dst, int seqlen, int heads, const Strides& strides, int group = 1) {
         const int64_t rows = int64_t(entries) * seqlen * heads, pieces = rows * (D / kConvertElems);
         convert_kernel<T, D><<<unsigned((pieces + 255) / 256), 256, 0, stream>>>(
-            src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head);
+            src, static_cast<T*>(dst), seqlen, heads, rows, strides.batch, strides.seq, strides.head, group);
         return launch_status(name);
       };
       if constexpr (kDqTiles) {
@@ -567,8 +584,9 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
         return st;
       }
       if (dkdv_written_by_kernel) return st;
-      if (!(st = convert(p.dk_accum, problem.dk, seq_rows_k, fwd.heads_kv, problem.dk_strides)).ok()) return st;
-      return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides);
+      const int group = sum_heads / fwd.heads_kv;
+      if (!(st = convert(p.dk_accum, problem.dk, seq_rows_k, fwd.heads_kv, problem.dk_strides, group)).ok()) return st;
+      return convert(p.dv_accum, problem.dv, seq_rows_k, fwd.heads_kv, problem.dv_strides, group);
     });
   }
   const Status freed = give_back_scratch(fwd.allocator, taken, bytes, stream, name, "fp32 sums and delta");

@@ -448,23 +448,10 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
 
 
-def _has_deterministic_backward(heads_q: int, heads_kv: int, head_dim: int) -> bool:
-    """Whether the backward has a deterministic mode for these heads: not GQA at D = 256, whose
-    kernels have no fixed order for dk's and dv's sums over a group's query heads."""
-    return not (head_dim == 256 and heads_q != heads_kv)
-
-
-def _check_deterministic(q, k, deterministic) -> None:
-    """deterministic=True with gradients: at the call, what the backward would refuse
-    (_has_deterministic_backward)."""
+def _check_deterministic(deterministic) -> None:
+    """deterministic: a bool (the backward has a deterministic mode at every head dim, GQA too)."""
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: must be a bool, got {type(deterministic).__name__}")
-    if deterministic and q.dim() >= 3 and not _has_deterministic_backward(q.shape[-2], k.shape[-2], q.shape[-1]):
-        raise NotImplementedError(
-            f"deterministic=True with GQA at head_dim 256 (Hq {q.shape[-2]}, Hkv {k.shape[-2]}) is not supported: the "
-            "backward's dk and dv sums of a group's query heads add in no fixed order there (D <= 128 has it, and D = "
-            "256 without GQA)"
-        )
 
 
 def _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kernel) -> None:

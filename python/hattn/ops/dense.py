@@ -204,7 +204,7 @@ def attention(
             "torch.no_grad() or pass detached tensors"
         )
     if needs_grad:
-        _check_deterministic(q, k, deterministic)
+        _check_deterministic(deterministic)
     out, lse = _call(
         attention_fwd, _attention_fwd,
         q, k, v, bool(causal), softmax_scale, kernel, bool(return_lse) or needs_grad, left, right, seqlens_k,

@@ -164,7 +164,7 @@ def attention_varlen(
     left, right = _window(window_size)
     needs_grad = _needs_grad(q, k, v)
     if needs_grad:
-        _check_deterministic(q, k, deterministic)
+        _check_deterministic(deterministic)
     out, lse = _call(
         attention_varlen_fwd, _attention_varlen_fwd,
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -25,17 +25,14 @@ Status supports(const BackwardProblem& problem) {
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != bwd::two_pass::kD)
     return {StatusCode::not_supported,
             std::string(kName) + ": head_dim " + std::to_string(p.head_dim) + " is not supported (64, 128, 256)"};
-  // The two passes at D = 256 add a GQA group's dK and dV into fp32 sums in no fixed order
-  // (they have no turns).
-  if (problem.deterministic && p.head_dim == bwd::two_pass::kD && p.heads_q != p.heads_kv)
-    return {StatusCode::not_supported,
-            std::string(kName) + ": deterministic=true with GQA (heads_q != heads_kv) is not supported at D = 256"};
   return Status::Ok();  // keys in use, pages, cache entries, left padding: refused by backward() for every kernel
 }
 
 // The deterministic mode's turn counters (BackwardParams::dq_turns, dkdv_turns): per query block
 // and head, and with GQA per key block and K/V head, one for each consumer warpgroup. The two
-// passes at D = 256 need none (each writes its rows once).
+// passes at D = 256 need none: they write dQ once, and dK and dV once without GQA; with GQA a
+// deterministic call gives each query head its own rows of the dK and dV sums, each added once,
+// and the conversion adds a group's rows in head order (run_backward's sums_per_query_head).
 TurnCounts deterministic_turns(const AttentionProblem& fwd) {
   TurnCounts turns;
   if (fwd.head_dim == bwd::two_pass::kD) return turns;
@@ -93,7 +90,8 @@ Status launch_two_passes(const BackwardProblem& problem, cudaStream_t stream) {
           return both(tp::dkdv_kernel<T, false>, tp::dq_kernel<T, false>);
         }
       },
-      /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/true);
+      /*dkdv_written_by_kernel=*/fwd.heads_q == fwd.heads_kv, /*dq_written_by_kernel=*/true, TurnCounts{},
+      /*dkdv_sums_per_query_head=*/problem.deterministic && fwd.heads_q != fwd.heads_kv);
 }
 
 Status launch(const BackwardProblem& problem, cudaStream_t stream) {

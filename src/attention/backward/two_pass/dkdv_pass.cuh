@@ -42,10 +42,12 @@ namespace hattn::bwd::two_pass {
 
 // This thread's dK and dV rows (keys key0 and key0 + 8 of the sequence; columns c0 + 8 dt +
 // 2 t, + 1), dK scaled: written once in T where run_backward made no sums (no GQA: this CTA
-// alone computes these rows), else added into the fp32 sums of the K/V head.
+// alone computes these rows), else added into the fp32 sums at head sum_head: the K/V head's,
+// or the deterministic backward's rows of the query head, which only this CTA adds to (once,
+// into zeros, so exactly; the conversion adds a group's rows in head order).
 template <typename T, bool kVarlen>
-__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int key0, int c0,
-                                            int tig, const float* dk, const float* dv) {
+__device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Sequence& seq, int head_kv, int sum_head,
+                                            int key0, int c0, int tig, const float* dk, const float* dv) {
   constexpr int kDTiles = kHalfD / 8;
   const FeatureParams& f = p.fwd;
   const float grad_scale = score_grad_scale(f);
@@ -68,7 +70,7 @@ __device__ __forceinline__ void store_dk_dv(const BackwardParams& p, const Seque
             frag::pack2<T>(dv[dt * 4 + 2 * r], dv[dt * 4 + 2 * r + 1]);
       }
     } else {
-      const int64_t at = (key_row<kVarlen>(f, seq, key) * f.heads_kv + head_kv) * kD + c0 + 2 * tig;
+      const int64_t at = (key_row<kVarlen>(f, seq, key) * p.dkdv_sum_heads + sum_head) * kD + c0 + 2 * tig;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         atomicAdd(reinterpret_cast<float2*>(p.dk_accum + at + 8 * dt),
@@ -119,6 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const CtaCoordinates cta = cta_coordinates<kVarlen, kDkdvKeys>(f, /*deterministic=*/false);
   const int n0 = cta.block * kDkdvKeys, head = cta.head, batch = cta.batch;
   const int head_kv = head / f.heads_per_kv;
+  const int sum_head = p.dkdv_sum_heads == f.heads_kv ? head_kv : head;  // the row of the dK and dV sums
   const Sequence seq = sequence_at<kVarlen>(f, batch);  // dense: {Sq, Sk, 0, 0, batch, batch}, no reads
   const int key0 = n0 + 16 * warp_in_wg + group;  // this thread's keys (rows of S^T, dK, dV): key0, key0 + 8
   const int q_col0 = kHalfQueries * warpgroup;    // this warpgroup's query columns of S^T
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (steps == 0) {  // CTA-uniform: dK and dV are 0
     if (warpgroup >= 0 && p.dk_accum == nullptr) {  // no zeroed sums here: write the zeros
       const float zeros[kDTiles * 4] = {};
-      store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, c0, tig, zeros, zeros);
+      store_dk_dv<T, kVarlen>(p, seq, head_kv, head_kv, key0, c0, tig, zeros, zeros);
     }
     return;
   }
@@ -352,8 +355,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::bar_sync(kTilesBarrier, kConsumerThreads);  // both warpgroups' halves are in the tiles
   }
 
-  // This warpgroup's columns of dK and dV: written once, or into the sums of its K/V head.
-  store_dk_dv<T, kVarlen>(p, seq, head_kv, key0, c0, tig, dk, dv);
+  // This warpgroup's columns of dK and dV: written once, or into the sums (of its K/V head, or
+  // the deterministic backward's rows of its query head).
+  store_dk_dv<T, kVarlen>(p, seq, head_kv, sum_head, key0, c0, tig, dk, dv);
 }
 
 }  // namespace hattn::bwd::two_pass
