@@ -379,8 +379,9 @@ struct BackwardProblem {
   Strides dv_strides;
   // Gradients bitwise the same from run to run: the kernel adds into its fp32 sums in a fixed
   // order (key blocks in turn for dQ, a group's query heads in turn for GQA's dK and dV), at
-  // some cost in speed. bwd_sm90 has it, at D = 256 only without GQA (its two passes write each
-  // row once; with GQA they refuse it), as B12 and B10 there; the other kernels refuse it.
+  // some cost in speed. bwd_sm90 has it at every head dim (at D = 256 its two passes write each
+  // row once; with GQA each query head adds into rows of its own, summed in head order), and B12
+  // and B10 at D = 256 without GQA; the other kernels refuse it.
   bool deterministic = false;
 };
 
