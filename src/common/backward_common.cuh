@@ -503,7 +503,6 @@ Status run_backward(const BackwardProblem& problem, cudaStream_t stream, const c
   // for a variable-length batch.
   const int entries = fwd.tensor_batch(), seq_rows_q = fwd.tensor_rows_q(), seq_rows_k = fwd.tensor_rows_k();
   const int64_t rows_q = int64_t(entries) * seq_rows_q * fwd.heads_q;  // rows of dq and delta, over the heads
-  const int64_t rows_k = int64_t(entries) * seq_rows_k * fwd.heads_kv;
   const int64_t rows_q_sums = dq_written_by_kernel ? 0
                               : kDqTiles           ? dq_sum_tiles(fwd) * kDqTileFloats / fwd.head_dim
                                                    : rows_q;  // rows of the dQ sum

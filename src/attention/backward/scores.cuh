@@ -70,15 +70,8 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
     // offset 8 nt + e % 2 from m0 + 2 t, a constant, so two compares an element. Worked out per
     // element from visible_keys, a masked step issued about three times the instructions of an
     // unmasked one. (D = 64 with bounds like these spilled.)
-    [[maybe_unused]] int row_lo[2], row_hi[2];
-    if constexpr (!Storage::kViewerMasks) {
-      const KeyViewers step_viewers = viewers_of<kVarlen>(f, seq, key0);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        row_lo[r] = step_viewers.first[r] - (m0 + 2 * tig);
-        row_hi[r] = step_viewers.last[r] - (m0 + 2 * tig);
-      }
-    }
+    [[maybe_unused]] KeyViewers rows;
+    if constexpr (!Storage::kViewerMasks) rows = offset_viewers(viewers_of<kVarlen>(f, seq, key0), m0 + 2 * tig);
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
       float2 lse, delta;
@@ -91,7 +84,7 @@ __device__ __forceinline__ void probabilities_and_score_grads(float (&s)[N], flo
           visible = i >= viewers.first[e / 2] && i < viewers.last[e / 2];
         } else {
           const int row = 8 * nt + e % 2;
-          visible = row >= row_lo[e / 2] && row < row_hi[e / 2];
+          visible = row >= rows.first[e / 2] && row < rows.last[e / 2];
         }
         // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
         const float pv =

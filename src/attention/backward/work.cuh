@@ -125,6 +125,14 @@ __device__ __forceinline__ KeyViewers viewers_of(const FeatureParams& f, const S
   return v;
 }
 
+// The viewers as offsets from query row0: a masked element at query row0 + r is visible to key
+// key0 + 8 k when first[k] <= r < last[k], two compares against a constant r.
+__device__ __forceinline__ KeyViewers offset_viewers(KeyViewers v, int row0) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) v.first[k] -= row0, v.last[k] -= row0;
+  return v;
+}
+
 // The deterministic backward's turn of the CTA whose keys start at n0 on a query block whose
 // last query sees keys up to last_key (exclusive): its key block's place among the block's
 // adders counted from the last (the masks are monotone, so those run without a gap down from

@@ -306,21 +306,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // monotone), as bounds on the element's query offset 8 nt + e % 2 from m0 + q_col0 + 2 t, a
     // constant, so two compares an element (per element from visible_keys, a masked step issued
     // about three times the instructions of an unmasked one in the D <= 128 kernel).
-    int row_lo[2] = {}, row_hi[2] = {};
-    if (need_mask) {
-      const KeyViewers viewers = viewers_of<kVarlen>(f, seq, key0);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        row_lo[r] = viewers.first[r] - (m0 + q_col0 + 2 * tig);
-        row_hi[r] = viewers.last[r] - (m0 + q_col0 + 2 * tig);
-      }
-    }
+    KeyViewers rows = {};
+    if (need_mask) rows = offset_viewers(viewers_of<kVarlen>(f, seq, key0), m0 + q_col0 + 2 * tig);
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int row = 8 * nt + e % 2;
-        const bool visible = !need_mask || (row >= row_lo[e / 2] && row < row_hi[e / 2]);
+        const bool visible = !need_mask || (row >= rows.first[e / 2] && row < rows.last[e / 2]);
         // Under the select: a query that sees no key has LSE -inf, and 2^+inf is unused.
         const float pv =
             visible ? ptx::ex2_approx_ftz_f32(fmaf(s[nt * 4 + e], scale_log2, -lse_log2[nt * 2 + e % 2])) : 0.f;
