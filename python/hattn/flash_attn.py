@@ -97,10 +97,10 @@ def flash_attn_func(
     """flash_attn_func's arguments and result, run by hattn.attention.
 
     Differentiable like hattn.attention: with q, k or v requiring grad, backward gives dq, dk
-    and dv; deterministic=True makes them bitwise the same from run to run. softcap (> 0: scores capped at softcap *
-    tanh(s / softcap)) runs with gradients at every head dim. Everything
-    else beyond q, k, v, softmax_scale, causal and window_size must keep its default. As in
-    FlashAttention, causal sets the window's right side to 0.
+    and dv; deterministic=True makes them bitwise the same from run to run. softcap (> 0:
+    scores capped at softcap * tanh(s / softcap)) runs with gradients at every head dim.
+    Everything else beyond q, k, v, softmax_scale, causal and window_size must keep its
+    default. As in FlashAttention, causal sets the window's right side to 0.
 
     FP8, as FlashAttention-3's flash_attn_func takes it: with torch.float8_e4m3fn q, k and v
     (D = 128), the keyword-only q_descale, k_descale, v_descale (None or fp32 [B, Hkv]) go with
