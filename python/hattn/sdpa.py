@@ -87,15 +87,11 @@ def sdpa_fallback_reason(
     enable_gqa: bool = False,
     check_device: bool = True,
 ) -> Optional[str]:
-    """Why scaled_dot_product_attention would hand this call to torch's SDPA; None if hattn runs it.
+    """Why scaled_dot_product_attention would hand this call ([B, H, L, E] tensors) to torch's SDPA;
+    None if hattn runs it.
 
     check_device=False skips the device rule (the tensors' device and the GPU's architecture).
     """
-    return _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device)
-
-
-def _call_reason(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, check_device) -> Optional[str]:
-    """sdpa_fallback_reason's rules on the call itself ([B, H, L, E] tensors), without the one on gradients."""
     tensors = {"query": query, "key": key, "value": value}
     for name, t in tensors.items():
         if t.dim() != 4:
@@ -255,7 +251,7 @@ def flash_fallback_reason(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4:
             return f"{name} is {t.dim()}-D; hattn takes 4-D [B, L, H, E]"
-    return _call_reason(*_transposed(query, key, value), None, dropout_p, False, True, check_device)
+    return sdpa_fallback_reason(*_transposed(query, key, value), None, dropout_p, False, True, check_device)
 
 
 def _transposed(*tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
