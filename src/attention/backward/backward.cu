@@ -32,7 +32,7 @@ Status supports(const BackwardProblem& problem) {
 // and head, and with GQA per key block and K/V head, one for each consumer warpgroup. The two
 // passes at D = 256 need none: they write dQ once, and dK and dV once without GQA; with GQA a
 // deterministic call gives each query head its own rows of the dK and dV sums, each added once,
-// and the conversion adds a group's rows in head order (run_backward's sums_per_query_head).
+// and the conversion adds a group's rows in head order (run_backward's dkdv_sums_per_query_head).
 TurnCounts deterministic_turns(const AttentionProblem& fwd) {
   TurnCounts turns;
   if (fwd.head_dim == bwd::two_pass::kD) return turns;
