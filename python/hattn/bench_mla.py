@@ -10,7 +10,8 @@ the same length, and times:
                 already materialized per request ([B, L, 576]; the gather is not timed)
   fa3_mla       FlashAttention-3's d_qk != d_v mode (q and k the 64 rope features, q_v and v the 512
                 latent ones) on the materialized cache, when its library is given (--fa3 PATH or
-                HATTN_FA3_LIB) and built with that mode; its prebuilt here has no paged caches
+                HATTN_FA3_LIB) and built with that mode; the prebuilt here has neither that mode's
+                kernel (results/evidence/fa3_no_dv512/) nor paged caches
   hattn_gqa     hattn.attention_paged on a GQA cache of about the same bytes per token (2 K/V
                 heads of D = 128: 1024 bytes, MLA's 1152) with heads_q query heads: our own
                 decoding path over the same traffic
