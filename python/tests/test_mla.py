@@ -269,6 +269,16 @@ def test_long_and_empty_requests():
 
 
 @requires_hopper
+@pytest.mark.parametrize("heads_q, seqlen_q", [(16, 1), (64, 1), (128, 2)])
+def test_one_request_in_many_parts(heads_q, seqlen_q):
+    """One long request takes about a part per SM: the combine merges them in batches."""
+    args = mla_inputs([20000], seqlen_q, heads_q, 64, seed=9)
+    out, lse = hattn.mla_with_kvcache(*args, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    check_mla(out, lse, *args, True, 1.0 / math.sqrt(DQK), f"one request, h{heads_q} s{seqlen_q}")
+
+
+@requires_hopper
 def test_many_requests_split_and_whole():
     rng = random.Random(5)
     lens = [rng.randint(0, 9000) for _ in range(128)]

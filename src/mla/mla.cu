@@ -188,10 +188,9 @@ Status launch_typed(const MlaDecodeProblem& problem, const CUtensorMap& kv_map, 
   mla::mla_decode_kernel<T><<<dim3(unsigned(params.parts), unsigned(m_blocks)), mla::kThreads, kSmem, stream>>>(
       kv_map, params);
   if (s = launch_status(kName); !s.ok()) return s;
-  const int64_t rows = int64_t(problem.batch) * params.rows;
-  const int64_t blocks = (rows + mla::kCombineRowsPerBlock - 1) / mla::kCombineRowsPerBlock;
+  const int64_t rows = int64_t(problem.batch) * params.rows;  // a combine CTA each
   // Started early, beside the attention kernel's last CTAs.
-  return launch_dependent(mla::combine_kernel<T>, dim3(unsigned(blocks)), dim3(32 * mla::kCombineRowsPerBlock), stream,
+  return launch_dependent(mla::combine_kernel<T>, dim3(unsigned(rows)), dim3(32 * mla::kCombineWarps), stream,
                           std::string(kName) + ": launching the combine", params);
 }
 
@@ -214,8 +213,9 @@ Status mla_decode(const MlaDecodeProblem& problem, cudaStream_t stream) {
   int parts = 0;
   if (Status s = parts_on_device(problem, &parts); !s.ok()) return s;
   const int m_blocks = m_blocks_of(problem);
-  if (int64_t(problem.batch) * problem.rows() / mla::kCombineRowsPerBlock >= INT32_MAX)
-    return {StatusCode::not_supported, std::string(kName) + ": batch * heads_q * seqlen_q exceeds 2^31 rows"};
+  if (int64_t(problem.batch) * problem.rows() >= INT32_MAX)
+    return {StatusCode::not_supported,
+            std::string(kName) + ": batch * heads_q * seqlen_q must be below 2^31 - 1 (a combine CTA per row)"};
 
   CUtensorMap kv_map{};
   const int64_t row_stride = row_stride_of(problem);
