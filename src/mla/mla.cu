@@ -188,10 +188,16 @@ Status launch_typed(const MlaDecodeProblem& problem, const CUtensorMap& kv_map, 
   mla::mla_decode_kernel<T><<<dim3(unsigned(params.parts), unsigned(m_blocks)), mla::kThreads, kSmem, stream>>>(
       kv_map, params);
   if (s = launch_status(kName); !s.ok()) return s;
-  const int64_t rows = int64_t(problem.batch) * params.rows;  // a combine CTA each
-  // Started early, beside the attention kernel's last CTAs.
-  return launch_dependent(mla::combine_kernel<T>, dim3(unsigned(rows)), dim3(32 * mla::kCombineWarps), stream,
-                          std::string(kName) + ": launching the combine", params);
+  // The combine: a warp per 128 columns of a row while that keeps the warps within about
+  // 16 an SM (a long cache's few requests), else a warp per row. Started early, beside the
+  // attention kernel's last CTAs.
+  const int64_t rows = int64_t(problem.batch) * params.rows;
+  const bool wide = rows * (mla::kDimV / 128) <= int64_t(16) * params.parts * m_blocks;
+  const int64_t warps = wide ? rows * (mla::kDimV / 128) : rows;
+  const dim3 grid(unsigned((warps + mla::kCombineWarps - 1) / mla::kCombineWarps)), block(32 * mla::kCombineWarps);
+  const std::string what = std::string(kName) + ": launching the combine";
+  return wide ? launch_dependent(mla::combine_kernel<T, 128>, grid, block, stream, what, params)
+              : launch_dependent(mla::combine_kernel<T, mla::kDimV>, grid, block, stream, what, params);
 }
 
 }  // namespace
