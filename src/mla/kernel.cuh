@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "../common/fragment.cuh"
+#include "../ptx/cp_async.cuh"
 #include "../ptx/ex2.cuh"
 #include "../ptx/griddepcontrol.cuh"
 #include "../ptx/mbarrier.cuh"
@@ -156,21 +157,25 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const CUtensorMap& 
 }
 
 // Q's 64 rows of request b into the 128-byte swizzled boxes wgmma reads (16-byte chunk c of
-// row r at chunk c ^ r % 8), zeros past the request's rows. The 256 consumer threads share it.
+// row r at chunk c ^ r % 8), zeros past the request's rows. The 256 consumer threads share it,
+// 18 cp.async copies each, all in flight at once: loaded through registers, the loop's 18 loads
+// went one round trip at a time, several microseconds before a request's first S.
 template <typename T>
 __device__ __forceinline__ void load_q(SharedStorage& smem, const Params& p, int b, int row_base, int thread) {
   constexpr int kChunks = kDimQk * int(sizeof(T)) / 16;  // 72 per row
+  const uint32_t q = ptx::cvta_to_shared_u32(smem.q);
   for (int i = thread; i < kBlockM * kChunks; i += kConsumerThreads) {
-    const int r = i / kChunks, chunk = i % kChunks, row = row_base + r;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (row < p.rows) {
-      const int s = row / p.heads_q, h = row % p.heads_q;
-      const T* src = static_cast<const T*>(p.q) + b * p.q_batch + s * p.q_seq + h * p.q_head + chunk * 8;
-      v = *reinterpret_cast<const uint4*>(src);
-    }
+    const int r = i / kChunks, chunk = i % kChunks;
+    // A row past the request's copies nothing (zero fill) from the block's first row.
+    const bool in_rows = row_base + r < p.rows;
+    const int row = in_rows ? row_base + r : row_base;
+    const int s = row / p.heads_q, h = row % p.heads_q;
+    const T* src = static_cast<const T*>(p.q) + b * p.q_batch + s * p.q_seq + h * p.q_head + chunk * 8;
     const int box = chunk / 8, c = chunk % 8;
-    *reinterpret_cast<uint4*>(smem.q + box * kBoxBytes + r * 128 + (c ^ r % 8) * 16) = v;
+    ptx::cp_async_cg_shared_global_16(q + box * kBoxBytes + r * 128 + (c ^ r % 8) * 16, src, in_rows);
   }
+  ptx::cp_async_commit_group();
+  ptx::cp_async_wait_group<0>();  // this thread's copies are in Q (the caller fences and meets)
 }
 
 // A request's segment ends with O / sum for consumer w's 256 columns (sum: the row's whole sum,
@@ -447,8 +452,8 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
     c.len = seg.keys;
 
     // Both consumers have waited for their last S of the previous request (before the sum
-    // exchange), so Q may be overwritten. Generic-proxy writes, then wgmma (async proxy) reads:
-    // each writer fences, then the barrier.
+    // exchange), so Q may be overwritten. Generic-proxy writes (cp.async's, complete once
+    // load_q's wait returns), then wgmma (async proxy) reads: each writer fences, then the barrier.
     load_q<T>(smem, p, b, row_base, w * 128 + thread);
     ptx::fence_proxy_async_shared_cta();
     ptx::bar_sync(kQReady, kConsumerThreads);
