@@ -3,8 +3,9 @@
 //
 // The rows are a request's query heads x new tokens, which all read one latent K/V head. A
 // producer thread streams the cache in pairs of 64-key tiles (576 columns: nine 64-column TMA
-// boxes): the pair's even tile into stage 0, its odd tile into stage 1, each as two pieces
-// (boxes 0-3, boxes 4-8) that are reloaded as soon as their last reader is done with them.
+// boxes): the pair's even tile into stage 0, its odd tile into stage 1, each as three pieces
+// (boxes 0-3, 4-7 and 8) that are reloaded as soon as their last reader is done with them. Each
+// box completes on a barrier of its own, so a product starts on a box as soon as it lands.
 // Two consumer warpgroups work the pair as a seesaw, so that one's softmax runs while the
 // other's matrix products keep the tensor cores busy:
 //   - consumer 0 scores the even tile (S0 = Q K0^T over all 576 features), takes the running
@@ -57,10 +58,11 @@ constexpr int kLatentBoxes = kDimV / 64;            // V's boxes: a tile's first
 constexpr int kRopeBox = kBoxes - 1;                // K's rope columns: once scored, the tile's P
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;             // 128 x (40 + 2 x 232) <= 65536
-// A stage's two pieces: boxes 0-3 (K's first 256 features, V's left half) and boxes 4-8.
-constexpr int kPieces = 2;
+// A stage's three pieces, the units it is released and reloaded in: boxes 0-3 (K's first 256
+// features, V's left half), boxes 4-7 (V's right half) and box 8 (the rope part, then P).
+constexpr int kPieces = 3;
 __host__ __device__ constexpr int piece_first_box(int piece) { return piece * 4; }
-__host__ __device__ constexpr int piece_boxes(int piece) { return piece == 0 ? 4 : kBoxes - 4; }
+__host__ __device__ constexpr int piece_boxes(int piece) { return piece == 2 ? 1 : 4; }
 
 struct Params {
   const void* q;  // [B, Sq, Hq, 576]
@@ -85,15 +87,18 @@ struct alignas(1024) SharedStorage {
   unsigned char kv[kStages][kTileBytes];       // the pair's tiles, as TMA writes them
   float max_exchange[kBlockM];                 // the running max: consumer 0's m0, then consumer 1's m1
   float sum_exchange[2][kBlockM];              // each consumer's row sums at a segment's end
-  uint64_t full[kStages][kPieces], empty[kStages][kPieces];
+  uint64_t full[kStages][kBoxes];   // a box landed (TMA's bytes)
+  uint64_t empty[kStages][kPieces];  // a piece's readers are done with it
 };
 static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "MLA's shared memory exceeds sm_90's 227 KB");
 
-// Consumers that read each piece before it may be reloaded. Stage 0's boxes 0-3: only consumer 0
-// (S0, P0 V0 left); the other pieces both: stage 0's boxes 4-8 (S0; P0 from the rope box and V0
-// right), stage 1's boxes 0-3 (S1; P1 V1 left), stage 1's boxes 4-8 (S1 and P1 V1 right; P1
-// from the rope box).
-__host__ __device__ constexpr int piece_readers(int stage, int piece) { return stage == 0 && piece == 0 ? 128 : 256; }
+// Consumers that read each piece before it may be reloaded. One consumer alone: stage 0's boxes
+// 0-3 (consumer 0: S0, P0 V0 left) and stage 1's boxes 4-7 (consumer 1: S1, P1 V1 right). Both:
+// stage 0's boxes 4-7 (S0; V0 right) and 8 (S0; P0 for consumer 1), stage 1's boxes 0-3 (S1;
+// V1 left) and 8 (S1; P1 for consumer 0).
+__host__ __device__ constexpr int piece_readers(int stage, int piece) {
+  return (stage == 0 && piece == 0) || (stage == 1 && piece == 1) ? 128 : 256;
+}
 
 // Named barriers (0 is __syncthreads).
 enum Barrier : int {
@@ -119,9 +124,10 @@ __device__ __forceinline__ Segment segment(const Params& p, const Run& run, int 
 
 // Producer: one thread, the same walk over the run's pairs as the consumers. A pair's pieces
 // load in the order the pair before frees them: stage 0's boxes 0-3 (consumer 0 alone, after P0
-// V0 left), stage 1's boxes 0-3 (once consumer 0 is done with P1 V1 left) and 4-8 (once
-// consumer 1 is done with P1 V1 right), then stage 0's boxes 4-8 (consumer 1's last product,
-// P0 V0 right). So consumer 1's next odd tile is on its way before consumer 1 finishes the pair.
+// V0 left), stage 1's boxes 4-7 (consumer 1 alone, after P1 V1 right), then stage 0's boxes 4-7
+// and 8 (consumer 1's last product, P0 V0 right) and stage 1's boxes 0-3 and 8 (consumer 0's
+// last, P1 V1 left). Each consumer's next S starts on the piece it freed first: the pair's last
+// products run while that piece loads, and the next S's first 16 k-steps while the rest load.
 __device__ __forceinline__ void produce(SharedStorage& smem, const CUtensorMap& kv_map, const Params& p) {
   const Run run = load_run(p);
   int loads_even = 0, loads_odd = 0;  // tiles loaded into stages 0 and 1 so far
@@ -136,22 +142,25 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const CUtensorMap& 
       const int first_box = piece_first_box(piece);
       // The piece's readers released its previous tile (a fresh barrier passes parity 1).
       ptx::mbarrier_wait(&smem.empty[stage][piece], uint32_t(loads % 2) ^ 1u);
-      ptx::mbarrier_arrive_expect_tx(&smem.full[stage][piece], piece_boxes(piece) * kBoxBytes);
 #pragma unroll
-      for (int box = first_box; box < first_box + piece_boxes(piece); ++box)
+      for (int box = first_box; box < first_box + piece_boxes(piece); ++box) {
+        ptx::mbarrier_arrive_expect_tx(&smem.full[stage][box], kBoxBytes);
         ptx::cp_async_bulk_tensor_4d_g2s(smem.kv[stage] + box * kBoxBytes, &kv_map, box * 64, row, 0, page,
-                                         &smem.full[stage][piece]);
+                                         &smem.full[stage][box]);
+      }
     };
     for (int tile0 = seg.lo; tile0 < seg.hi; tile0 += 2) {
       const bool has_odd = tile0 + 1 < seg.hi;
       load_piece(0, 0, tile0, loads_even);
+      if (has_odd) load_piece(1, 1, tile0 + 1, loads_odd);
+      load_piece(0, 1, tile0, loads_even);
+      load_piece(0, 2, tile0, loads_even);
+      ++loads_even;
       if (has_odd) {
         load_piece(1, 0, tile0 + 1, loads_odd);
-        load_piece(1, 1, tile0 + 1, loads_odd);
+        load_piece(1, 2, tile0 + 1, loads_odd);
         ++loads_odd;
       }
-      load_piece(0, 1, tile0, loads_even);
-      ++loads_even;
     }
   }
 }
@@ -234,11 +243,11 @@ __device__ __forceinline__ void start_cta(SharedStorage& smem, const CUtensorMap
   if (threadIdx.x == 0) {
     ptx::prefetch_tensormap(&kv_map);
 #pragma unroll
-    for (int s = 0; s < kStages; ++s)
-      for (int piece = 0; piece < kPieces; ++piece) {
-        ptx::mbarrier_init(&smem.full[s][piece], 1);
+    for (int s = 0; s < kStages; ++s) {
+      for (int box = 0; box < kBoxes; ++box) ptx::mbarrier_init(&smem.full[s][box], 1);
+      for (int piece = 0; piece < kPieces; ++piece)
         ptx::mbarrier_init(&smem.empty[s][piece], piece_readers(s, piece));  // each reader thread releases
-      }
+    }
     ptx::fence_mbarrier_init();  // the TMA unit (async proxy) must see initialized barriers
     ptx::griddepcontrol_launch_dependents();
   }
@@ -269,29 +278,31 @@ __device__ __forceinline__ uint64_t opaque(uint64_t desc) {
   return desc;
 }
 
-// S = Q K^T for the tile in `stage`: 36 k16 steps, four per box, boxes in the order its pieces
-// arrive (`first_piece` first).
-template <typename T>
-__device__ __forceinline__ void score(float (&s)[32], SharedStorage& smem, const TileContext& c, int stage,
-                                      int first_piece, uint32_t parity) {
+// The order a stage's boxes are scored in: first the piece the scorer itself freed early in the
+// pair before (stage 0: boxes 0-3; stage 1: boxes 4-7), then the other four, then the rope box.
+__host__ __device__ constexpr int scored_box(int stage, int i) { return stage == 1 && i < 8 ? (i + 4) % 8 : i; }
+
+// Waits until boxes first .. first + count - 1 of `stage` have landed.
+__device__ __forceinline__ void wait_boxes(SharedStorage& smem, int stage, int first, int count, uint32_t parity) {
+#pragma unroll
+  for (int box = first; box < first + count; ++box) ptx::mbarrier_wait(&smem.full[stage][box], parity);
+}
+
+// S = Q K^T for the tile in `stage`: 36 k16 steps, four per box, each box's as soon as it lands.
+template <typename T, int stage>
+__device__ __forceinline__ void score(float (&s)[32], SharedStorage& smem, const TileContext& c, uint32_t parity) {
   const uint64_t q_desc = opaque(c.q_desc), k_base = opaque(c.k_desc);
 #pragma unroll
-  for (int i = 0; i < kPieces; ++i) {
-    const int piece = i == 0 ? first_piece : 1 - first_piece;
-    ptx::mbarrier_wait(&smem.full[stage][piece], parity);
+  for (int i = 0; i < kBoxes; ++i) {
+    const int box = scored_box(stage, i);
+    ptx::mbarrier_wait(&smem.full[stage][box], parity);
     ptx::wgmma_fence();  // after the wait's loop: before the chain's first product, and again
                          // where the compiler would otherwise insert it
-    const int first_box = piece_first_box(piece);
 #pragma unroll
-    for (int box = 0; box < kBoxes; ++box) {
-      if (box < first_box || box >= first_box + piece_boxes(piece)) continue;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint64_t k_desc = ptx::advance_smem_desc(k_base, stage * kTileBytes + box * kBoxBytes + k * 32);
-        const bool accumulate = !(i == 0 && box == first_box && k == 0);
-        ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, box * kBoxBytes + k * 32),
-                                                      k_desc, accumulate);
-      }
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t k_desc = ptx::advance_smem_desc(k_base, stage * kTileBytes + box * kBoxBytes + k * 32);
+      ptx::WgmmaM64K16<T, kBlockN>::template ss<0>(s, ptx::advance_smem_desc(q_desc, box * kBoxBytes + k * 32),
+                                                    k_desc, i > 0 || k > 0);
     }
   }
   ptx::wgmma_commit_group();
@@ -470,11 +481,12 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
       uint32_t frag[4][4];
       if constexpr (w == 0) {
         // S0, m0, P0; O rescaled to m0.
-        score<T>(s, smem, c, 0, 0, uses++ % 2);
-        // S0 read boxes 4-8. The piece is free only once consumer 1 arrives too, after P0 V0
-        // right, and after this consumer's writes to it below (tail zeros, P0), which reach it
-        // through kMaxReady0 / kP0Ready first.
+        score<T, 0>(s, smem, c, uses++ % 2);
+        // S0 read boxes 4-7 and 8. Those pieces are free only once consumer 1 arrives too, after
+        // P0 V0 right, and after this consumer's writes to them below (tail zeros, P0), which
+        // reach it through kMaxReady0 / kP0Ready first.
         ptx::mbarrier_arrive(&smem.empty[0][1]);
+        ptx::mbarrier_arrive(&smem.empty[0][2]);
         mask_and_max(s, c, tile0, tile_max);
         const float m0[2] = {fmaxf(st.max[0], tile_max[0]), fmaxf(st.max[1], tile_max[1])};
         take_max(st.max, m0, p.scale_log2, rescale, max_scaled);
@@ -507,22 +519,24 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
         ptx::bar_arrive(kP0Ready, kConsumerThreads);
         rescale_rows(st, rescale);
         if (has_odd) {  // O += P1 V1 (left), P1 from consumer 1
-          ptx::mbarrier_wait(&smem.full[1][0], other_uses % 2);
-          ptx::mbarrier_wait(&smem.full[1][1], other_uses++ % 2);
+          wait_boxes(smem, 1, 0, 4, other_uses % 2);                     // V1's left boxes
+          ptx::mbarrier_wait(&smem.full[1][kRopeBox], other_uses++ % 2);  // P1's box
           fence_o(st);
           add_pv_shared<T>(st, p_desc, v_desc, 1);
           wait_pv(st);
           ptx::mbarrier_arrive(&smem.empty[1][0]);  // P1 V1 left read boxes 0-3
-          ptx::mbarrier_arrive(&smem.empty[1][1]);  // and P1 in the rope box
+          ptx::mbarrier_arrive(&smem.empty[1][2]);  // and P1 in the rope box
         }
       } else {
         // S1 (the odd tile, if any), then m1 = max(m0, its max), P1; O rescaled to m1.
         tile_max[0] = tile_max[1] = -INFINITY;
         if (has_odd) {
-          score<T>(s, smem, c, 1, 0, uses++ % 2);  // boxes 0-3 come first (produce())
-          // S1 read boxes 0-3. The piece is free only once consumer 0 arrives too, after P1 V1
-          // left, and after this consumer's tail zeros below, which reach it through kMaxReady1.
+          score<T, 1>(s, smem, c, uses++ % 2);
+          // S1 read boxes 0-3 and 8. Those pieces are free only once consumer 0 arrives too,
+          // after P1 V1 left, and after this consumer's writes to them below (tail zeros, P1),
+          // which reach it through kMaxReady1.
           ptx::mbarrier_arrive(&smem.empty[1][0]);
+          ptx::mbarrier_arrive(&smem.empty[1][2]);
           mask_and_max(s, c, tile0 + 1, tile_max);
         }
         ptx::bar_sync(kMaxReady0, kConsumerThreads);
@@ -545,7 +559,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
           ptx::fence_proxy_async_shared_cta();
         }
         ptx::bar_arrive(kMaxReady1, kConsumerThreads);
-        ptx::mbarrier_wait(&smem.full[0][1], other_uses++ % 2);  // V0's right boxes, read below
+        wait_boxes(smem, 0, 4, 5, other_uses++ % 2);  // V0's right boxes and P0's, read below
         fence_o(st);
         // O += P1 V1 (right), then P0 V0 (right) with P0 from consumer 0, already rescaled to
         // m1. Two straight paths: a chain of matrix products with a branch inside is serialized.
@@ -554,18 +568,22 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
           add_pv_regs<T>(st, frag, v_desc, 1);
           ptx::bar_sync(kP0Ready, kConsumerThreads);
           add_pv_shared<T>(st, p_desc, v_desc, 0);
-          wait_pv(st);
+          ptx::wgmma_wait_group<1>();  // P1 V1 right is done (products complete in order)
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
             for (int i = 0; i < 4; ++i) ptx::fence_operand(frag[kk][i]);
-          ptx::mbarrier_arrive(&smem.empty[1][1]);  // S1 and P1 V1 right read boxes 4-8
+          // S1 and P1 V1 right read boxes 4-7: released a product before the pair ends, so the
+          // next odd tile's first boxes load while P0 V0 right runs.
+          ptx::mbarrier_arrive(&smem.empty[1][1]);
+          wait_pv(st);
         } else {
           ptx::bar_sync(kP0Ready, kConsumerThreads);
           add_pv_shared<T>(st, p_desc, v_desc, 0);
           wait_pv(st);
         }
-        ptx::mbarrier_arrive(&smem.empty[0][1]);  // P0 V0 right read boxes 4-8
+        ptx::mbarrier_arrive(&smem.empty[0][1]);  // P0 V0 right read boxes 4-7
+        ptx::mbarrier_arrive(&smem.empty[0][2]);  // and P0 in the rope box
       }
     }
 
