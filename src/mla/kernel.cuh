@@ -108,6 +108,7 @@ enum Barrier : int {
   kP0Ready = 4,       // consumer 0 wrote P0 rescaled to m1
   kSumExchange = 5,   // both wrote their row sums
   kOwnGroup = 6,      // (+ w) consumer w's four warps, around zeroing V rows
+  kS0Issued = 8,      // consumer 0 issued S0's products (consumer 1's S1 goes to the tensor cores after them)
 };
 
 #ifdef __CUDACC__
@@ -306,6 +307,7 @@ __device__ __forceinline__ void score(float (&s)[32], SharedStorage& smem, const
     }
   }
   ptx::wgmma_commit_group();
+  if (stage == 0) ptx::bar_arrive(kS0Issued, kConsumerThreads);
   ptx::wgmma_wait_group<0>();
 #pragma unroll
   for (int i = 0; i < 32; ++i) ptx::fence_operand(s[i]);
@@ -530,6 +532,11 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
       } else {
         // S1 (the odd tile, if any), then m1 = max(m0, its max), P1; O rescaled to m1.
         tile_max[0] = tile_max[1] = -INFINITY;
+        // Consumer 1 finishes a pair first. Its S1 waits until consumer 0 has issued S0: the
+        // tensor cores take a warpgroup's products in the order they are issued, and S0 leads
+        // the pair (m0, then P0 V0 while consumer 1 takes its softmax). Issued first, S1 would
+        // delay S0 by its own length, and the tensor cores would idle through both softmaxes.
+        ptx::bar_sync(kS0Issued, kConsumerThreads);
         if (has_odd) {
           score<T, 1>(s, smem, c, uses++ % 2);
           // S1 read boxes 0-3 and 8. Those pieces are free only once consumer 0 arrives too,
