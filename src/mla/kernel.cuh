@@ -15,6 +15,8 @@
 //     N-major from the same boxes): consumer 0 adds P0 V0 (P0 in registers) while consumer 1
 //     scores; consumer 1 adds P1 V1 (registers), then P0 V0 with P0 rescaled to m1 and shared
 //     by consumer 0; consumer 0 adds P1 V1 with P1 shared by consumer 1.
+//   - consumer 1 finishes a pair first, but its next S1 waits until consumer 0 has issued the
+//     next S0 (kS0Issued): the pair waits on m0, so S0 goes to the tensor cores first.
 // The shared P tiles take the place of their tiles' rope boxes (K's last 64 columns), which
 // only the scorer reads: Q and the two stages fill shared memory. A request's segment ends with
 // O / sum, the sums added across the two consumers: to out and lse when the request is not
