@@ -25,13 +25,17 @@ def kernel_key(mangled):
     """'FILE_STEM KERNEL_AND_ARGS' for a kernel in a file's anonymous namespace (the namespace's
     hashes differ between checkouts), 'attention KERNEL_AND_ARGS' for the production forward's
     (namespace hattn::fwd, src/attention/), 'attention_backward KERNEL_AND_ARGS' for the production
-    backward's (hattn::bwd, src/attention/backward/), else the mangled name."""
+    backward's (hattn::bwd, src/attention/backward/), 'mla KERNEL_AND_ARGS' for MLA decoding's
+    (hattn::mla, src/mla/), else the mangled name."""
     m = re.match(r"_ZN5hattn\d+_GLOBAL__N__[0-9a-f]+_\d+_(\w+?)_cu_[0-9a-f]{8}\d+(\w+)$", mangled)
     if m:
         return f"{m.group(1)} {m.group(2)}"
     m = re.match(r"_ZN5hattn3fwd\d+(\w+)$", mangled)
     if m:
         return f"attention {m.group(1)}"
+    m = re.match(r"_ZN5hattn3mla\d+(\w+)$", mangled)
+    if m:
+        return f"mla {m.group(1)}"
     m = re.match(r"_ZN5hattn3bwd\d+(\w+)$", mangled)
     return f"attention_backward {m.group(1)}" if m else mangled
 

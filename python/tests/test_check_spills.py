@@ -26,6 +26,12 @@ def test_log_gives_each_kernel_its_spill_stores_by_file_and_template_arguments()
     assert spills == {"08_x main_kernelI6__halfLi128EEEvv": 24, "08_x main_kernelI6__halfLi64EEEvv": 0}
 
 
+def test_named_namespaces_give_their_folder_as_the_stem():
+    assert check_spills.kernel_key("_ZN5hattn3fwd14forward_kernelIvEEvv") == "attention forward_kernelIvEEvv"
+    assert check_spills.kernel_key("_ZN5hattn3bwd15backward_kernelIvEEvv") == "attention_backward backward_kernelIvEEvv"
+    assert check_spills.kernel_key("_ZN5hattn3mla17mla_decode_kernelIvEEvv") == "mla mla_decode_kernelIvEEvv"
+
+
 def test_a_kernel_without_a_budget_line_must_not_spill():
     failures, _ = check_spills.check(check_spills.parse_log(LOG), [])
     assert failures == ["08_x main_kernelI6__halfLi128EEEvv: 24 bytes of spill stores, budget 0"]

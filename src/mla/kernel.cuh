@@ -26,7 +26,9 @@
 // columns, the row maxima and P exchanged per tile), so that both waited through each softmax.
 // In one H100 run (results/evidence/h100_9b25b3f/) the seesaw took 0.87 to 0.93 of that one's
 // time at 128 heads x 2 new tokens with 32 or 128 requests, and 0.98 to 1.03 at the other
-// points, where memory or a call's floor bounds both.
+// points, where memory or a call's floor bounds both. The barrier per box, S0 first and the
+// rescale skip then took 0.89 to 0.93 of the seesaw's time at 256 rows and 0.96 to 1.01 at 16
+// to 64 rows, on 1 to 128 requests of 1k to 32k keys (results/evidence/h100_29e7535/, an H100).
 #pragma once
 
 #include <cuda.h>
