@@ -21,6 +21,10 @@ ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
+# A named namespace's kernels, keyed by the folder they come from.
+NAMESPACE_STEMS = {"fwd": "attention", "bwd": "attention_backward", "mla": "mla"}
+
+
 def kernel_key(mangled):
     """'FILE_STEM KERNEL_AND_ARGS' for a kernel in a file's anonymous namespace (the namespace's
     hashes differ between checkouts), 'attention KERNEL_AND_ARGS' for the production forward's
@@ -30,14 +34,8 @@ def kernel_key(mangled):
     m = re.match(r"_ZN5hattn\d+_GLOBAL__N__[0-9a-f]+_\d+_(\w+?)_cu_[0-9a-f]{8}\d+(\w+)$", mangled)
     if m:
         return f"{m.group(1)} {m.group(2)}"
-    m = re.match(r"_ZN5hattn3fwd\d+(\w+)$", mangled)
-    if m:
-        return f"attention {m.group(1)}"
-    m = re.match(r"_ZN5hattn3mla\d+(\w+)$", mangled)
-    if m:
-        return f"mla {m.group(1)}"
-    m = re.match(r"_ZN5hattn3bwd\d+(\w+)$", mangled)
-    return f"attention_backward {m.group(1)}" if m else mangled
+    m = re.match(r"_ZN5hattn3(fwd|bwd|mla)\d+(\w+)$", mangled)
+    return f"{NAMESPACE_STEMS[m.group(1)]} {m.group(2)}" if m else mangled
 
 
 def parse_log(text):
