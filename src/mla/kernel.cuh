@@ -65,8 +65,9 @@ constexpr int kConsumerRegisters = 232;             // 128 x (40 + 2 x 232) <= 6
 // A stage's three pieces, the units it is released and reloaded in: boxes 0-3 (K's first 256
 // features, V's left half), boxes 4-7 (V's right half) and box 8 (the rope part, then P).
 constexpr int kPieces = 3;
+constexpr int kRopePiece = 2;  // the piece that is box 8 alone
 __host__ __device__ constexpr int piece_first_box(int piece) { return piece * 4; }
-__host__ __device__ constexpr int piece_boxes(int piece) { return piece == 2 ? 1 : 4; }
+__host__ __device__ constexpr int piece_boxes(int piece) { return piece == kRopePiece ? 1 : 4; }
 
 struct Params {
   const void* q;  // [B, Sq, Hq, 576]
@@ -159,11 +160,11 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const CUtensorMap& 
       load_piece(0, 0, tile0, loads_even);
       if (has_odd) load_piece(1, 1, tile0 + 1, loads_odd);
       load_piece(0, 1, tile0, loads_even);
-      load_piece(0, 2, tile0, loads_even);
+      load_piece(0, kRopePiece, tile0, loads_even);
       ++loads_even;
       if (has_odd) {
         load_piece(1, 0, tile0 + 1, loads_odd);
-        load_piece(1, 2, tile0 + 1, loads_odd);
+        load_piece(1, kRopePiece, tile0 + 1, loads_odd);
         ++loads_odd;
       }
     }
@@ -495,7 +496,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
         // P0 V0 right, and after this consumer's writes to them below (tail zeros, P0), which
         // reach it through kMaxReady0 / kP0Ready first.
         ptx::mbarrier_arrive(&smem.empty[0][1]);
-        ptx::mbarrier_arrive(&smem.empty[0][2]);
+        ptx::mbarrier_arrive(&smem.empty[0][kRopePiece]);
         mask_and_max(s, c, tile0, tile_max);
         const float m0[2] = {fmaxf(st.max[0], tile_max[0]), fmaxf(st.max[1], tile_max[1])};
         take_max(st.max, m0, p.scale_log2, rescale, max_scaled);
@@ -534,7 +535,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
           add_pv_shared<T>(st, p_desc, v_desc, 1);
           wait_pv(st);
           ptx::mbarrier_arrive(&smem.empty[1][0]);  // P1 V1 left read boxes 0-3
-          ptx::mbarrier_arrive(&smem.empty[1][2]);  // and P1 in the rope box
+          ptx::mbarrier_arrive(&smem.empty[1][kRopePiece]);  // and P1 in the rope box
         }
       } else {
         // S1 (the odd tile, if any), then m1 = max(m0, its max), P1; O rescaled to m1.
@@ -550,7 +551,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
           // after P1 V1 left, and after this consumer's writes to them below (tail zeros, P1),
           // which reach it through kMaxReady1.
           ptx::mbarrier_arrive(&smem.empty[1][0]);
-          ptx::mbarrier_arrive(&smem.empty[1][2]);
+          ptx::mbarrier_arrive(&smem.empty[1][kRopePiece]);
           mask_and_max(s, c, tile0 + 1, tile_max);
         }
         ptx::bar_sync(kMaxReady0, kConsumerThreads);
@@ -597,7 +598,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Params& p, in
           wait_pv(st);
         }
         ptx::mbarrier_arrive(&smem.empty[0][1]);  // P0 V0 right read boxes 4-7
-        ptx::mbarrier_arrive(&smem.empty[0][2]);  // and P0 in the rope box
+        ptx::mbarrier_arrive(&smem.empty[0][kRopePiece]);  // and P0 in the rope box
       }
     }
 

@@ -192,8 +192,9 @@ Status launch_typed(const MlaDecodeProblem& problem, const CUtensorMap& kv_map, 
   // 16 an SM (a long cache's few requests), else a warp per row. Started early, beside the
   // attention kernel's last CTAs.
   const int64_t rows = int64_t(problem.batch) * params.rows;
-  const bool wide = rows * (mla::kDimV / 128) <= int64_t(16) * params.parts * m_blocks;
-  const int64_t warps = wide ? rows * (mla::kDimV / 128) : rows;
+  const int64_t wide_warps = rows * (mla::kDimV / 128);
+  const bool wide = wide_warps <= int64_t(16) * params.parts * m_blocks;
+  const int64_t warps = wide ? wide_warps : rows;
   const dim3 grid(unsigned((warps + mla::kCombineWarps - 1) / mla::kCombineWarps)), block(32 * mla::kCombineWarps);
   const std::string what = std::string(kName) + ": launching the combine";
   return wide ? launch_dependent(mla::combine_kernel<T, 128>, grid, block, stream, what, params)
